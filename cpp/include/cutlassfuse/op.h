@@ -1,0 +1,49 @@
+// The torch-facing operator: argument validation, the reference (composite)
+// implementation, and the CUDA implementation that picks the fused kernels when
+// they apply. Schema in src/registration.cpp.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+
+#include <optional>
+#include <string>
+
+#include "cutlassfuse/problem.h"
+
+namespace cutlassfuse {
+
+// The op's arguments as the schema passes them.
+struct OpArgs {
+  const at::Tensor& input;
+  const at::Tensor& weight;
+  const std::optional<at::Tensor>& bias;
+  const std::optional<at::Tensor>& norm_weight;
+  const std::optional<at::Tensor>& norm_bias;
+  int64_t num_groups;
+  double eps;
+  at::IntArrayRef stride;
+  at::IntArrayRef padding;
+  at::IntArrayRef output_padding;
+  int64_t groups;
+  at::IntArrayRef dilation;
+};
+
+// Checks every argument (raising ValueError/TypeError naming the argument) and
+// resolves the sizes. Runs before any kernel launches.
+Problem validate_and_describe(const OpArgs& args);
+
+// The memory format PyTorch's composite returns: channels-last when the input or the
+// weight is channels-last (cuDNN's and the CPU kernels' rule), else contiguous.
+at::MemoryFormat output_memory_format(const at::Tensor& input, const at::Tensor& weight);
+
+// GroupNorm(ReLU(ConvTranspose3d(...))) through ATen's own kernels on any device.
+at::Tensor reference_forward(const OpArgs& args);
+
+#if CUTLASSFUSE_WITH_CUDA
+// Empty when the fused sm90 path takes the call, else why not.
+std::string fused_path_unsupported_reason(const OpArgs& args, const Problem& problem);
+at::Tensor fused_forward_cuda(const OpArgs& args, const Problem& problem);
+#endif
+
+}  // namespace cutlassfuse

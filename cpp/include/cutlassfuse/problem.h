@@ -1,0 +1,48 @@
+// The problem cutlassfuse solves, with every size resolved:
+//
+//     out = GroupNorm(ReLU(ConvTranspose3d(input)))
+//
+// Plain C++ (no torch, no CUDA) so host dispatch code and kernel translation units
+// share one description.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace cutlassfuse {
+
+// One value per spatial dimension, ordered (depth, height, width) as in PyTorch.
+using Extent3 = std::array<int64_t, 3>;
+
+struct Problem {
+  int64_t batch = 0;
+  int64_t in_channels = 0;
+  int64_t out_channels = 0;
+  Extent3 input_size{};   // D, H, W of the ConvTranspose3d input
+  Extent3 kernel_size{};  // T, R, S
+  Extent3 output_size{};  // Do, Ho, Wo
+  Extent3 stride{};
+  Extent3 padding{};
+  Extent3 output_padding{};
+  Extent3 dilation{};
+  int64_t conv_groups = 1;
+  int64_t num_groups = 1;  // GroupNorm groups over out_channels
+  double eps = 1e-5;
+
+  int64_t output_spatial() const { return output_size[0] * output_size[1] * output_size[2]; }
+  int64_t input_spatial() const { return input_size[0] * input_size[1] * input_size[2]; }
+  int64_t output_numel() const { return batch * out_channels * output_spatial(); }
+  int64_t input_numel() const { return batch * in_channels * input_spatial(); }
+};
+
+// ConvTranspose3d's output extent along one dimension (PyTorch's formula).
+constexpr int64_t transposed_conv_output_extent(int64_t input, int64_t kernel, int64_t stride,
+                                                int64_t padding, int64_t output_padding,
+                                                int64_t dilation) {
+  return (input - 1) * stride - 2 * padding + dilation * (kernel - 1) + output_padding + 1;
+}
+
+// Element types the CUDA kernels are written for.
+enum class ElementType { kFloat32, kFloat16, kBFloat16 };
+
+}  // namespace cutlassfuse

@@ -1,0 +1,20 @@
+// The reference implementation: ATen's ConvTranspose3d, ReLU and GroupNorm kernels.
+// The CPU kernel of the op, and the CUDA fallback wherever the fused path does not
+// apply.
+#include <ATen/ATen.h>
+
+#include "cutlassfuse/op.h"
+
+namespace cutlassfuse {
+
+at::Tensor reference_forward(const OpArgs& a) {
+  at::Tensor y = at::conv_transpose3d(a.input, a.weight, a.bias, a.stride, a.padding, a.output_padding, a.groups,
+                                      a.dilation);
+  y.relu_();
+  y = at::group_norm(y, a.num_groups, a.norm_weight, a.norm_bias, a.eps);
+  // ATen's kernels already follow this rule; stating it keeps the op's contract
+  // (and its fake kernel) independent of backend details.
+  return y.contiguous(output_memory_format(a.input, a.weight));
+}
+
+}  // namespace cutlassfuse

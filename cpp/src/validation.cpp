@@ -1,0 +1,98 @@
+#include <c10/util/Exception.h>
+
+#include <string>
+
+#include "cutlassfuse/op.h"
+
+namespace cutlassfuse {
+namespace {
+
+Extent3 to_extent3(at::IntArrayRef values, const char* name) {
+  TORCH_CHECK_VALUE(values.size() == 3, "cutlassfuse: ", name, " must have 3 values (depth, height, width), got ",
+                    values.size());
+  return {values[0], values[1], values[2]};
+}
+
+void check_optional_vector(const std::optional<at::Tensor>& t, const char* name, int64_t size,
+                           const at::Tensor& input, bool same_dtype) {
+  if (!t.has_value() || !t->defined()) return;
+  TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == size, "cutlassfuse: ", name, " must have shape (", size,
+                    ",), got ", t->sizes());
+  TORCH_CHECK_VALUE(t->device() == input.device(), "cutlassfuse: ", name, " is on ", t->device(),
+                    " but input is on ", input.device());
+  TORCH_CHECK_TYPE(at::isFloatingType(t->scalar_type()), "cutlassfuse: ", name,
+                   " must be a floating-point tensor, got ", t->scalar_type());
+  TORCH_CHECK_TYPE(!same_dtype || t->scalar_type() == input.scalar_type(), "cutlassfuse: ", name,
+                   " must have the input's dtype ", input.scalar_type(), ", got ", t->scalar_type());
+}
+
+}  // namespace
+
+Problem validate_and_describe(const OpArgs& a) {
+  const at::Tensor& input = a.input;
+  const at::Tensor& weight = a.weight;
+  TORCH_CHECK_VALUE(input.dim() == 5, "cutlassfuse: input must be 5-D (N, C_in, D, H, W), got ", input.dim(),
+                    "-D with shape ", input.sizes());
+  TORCH_CHECK_VALUE(weight.dim() == 5, "cutlassfuse: weight must be 5-D (C_in, C_out / groups, kD, kH, kW), got ",
+                    weight.dim(), "-D with shape ", weight.sizes());
+  TORCH_CHECK_TYPE(at::isFloatingType(input.scalar_type()), "cutlassfuse: input must be a floating-point tensor, got ",
+                   input.scalar_type());
+  TORCH_CHECK_TYPE(weight.scalar_type() == input.scalar_type(), "cutlassfuse: weight dtype ", weight.scalar_type(),
+                   " differs from input dtype ", input.scalar_type());
+  TORCH_CHECK_VALUE(weight.device() == input.device(), "cutlassfuse: weight is on ", weight.device(),
+                    " but input is on ", input.device());
+
+  Problem p;
+  p.stride = to_extent3(a.stride, "stride");
+  p.padding = to_extent3(a.padding, "padding");
+  p.output_padding = to_extent3(a.output_padding, "output_padding");
+  p.dilation = to_extent3(a.dilation, "dilation");
+  p.conv_groups = a.groups;
+  p.num_groups = a.num_groups;
+  p.eps = a.eps;
+  TORCH_CHECK_VALUE(a.groups > 0, "cutlassfuse: groups must be positive, got ", a.groups);
+  for (int i = 0; i < 3; ++i) {
+    TORCH_CHECK_VALUE(p.stride[i] > 0, "cutlassfuse: stride must be positive, got ", a.stride);
+    TORCH_CHECK_VALUE(p.dilation[i] > 0, "cutlassfuse: dilation must be positive, got ", a.dilation);
+    TORCH_CHECK_VALUE(p.padding[i] >= 0, "cutlassfuse: padding must be non-negative, got ", a.padding);
+    TORCH_CHECK_VALUE(p.output_padding[i] >= 0 &&
+                          (p.output_padding[i] < p.stride[i] || p.output_padding[i] < p.dilation[i]),
+                      "cutlassfuse: output_padding must be smaller than either stride or dilation, got "
+                      "output_padding=", a.output_padding, ", stride=", a.stride, ", dilation=", a.dilation);
+  }
+
+  p.batch = input.size(0);
+  p.in_channels = input.size(1);
+  TORCH_CHECK_VALUE(weight.size(0) == p.in_channels, "cutlassfuse: weight.shape[0] (", weight.size(0),
+                    ") must equal the input's channels (", p.in_channels, ")");
+  TORCH_CHECK_VALUE(p.in_channels % a.groups == 0, "cutlassfuse: input channels (", p.in_channels,
+                    ") must be divisible by groups (", a.groups, ")");
+  p.out_channels = weight.size(1) * a.groups;
+  for (int i = 0; i < 3; ++i) {
+    p.input_size[i] = input.size(2 + i);
+    p.kernel_size[i] = weight.size(2 + i);
+    TORCH_CHECK_VALUE(p.kernel_size[i] > 0, "cutlassfuse: kernel size must be positive, got weight shape ",
+                      weight.sizes());
+    p.output_size[i] = transposed_conv_output_extent(p.input_size[i], p.kernel_size[i], p.stride[i], p.padding[i],
+                                                     p.output_padding[i], p.dilation[i]);
+    TORCH_CHECK_VALUE(p.output_size[i] > 0, "cutlassfuse: the output would be empty along spatial dimension ", i,
+                      " (input ", input.sizes(), ", kernel ", weight.sizes(), ", padding ", a.padding, ")");
+  }
+  TORCH_CHECK_VALUE(p.out_channels > 0, "cutlassfuse: weight gives zero output channels");
+  TORCH_CHECK_VALUE(a.num_groups > 0 && p.out_channels % a.num_groups == 0, "cutlassfuse: num_groups (",
+                    a.num_groups, ") must be positive and divide the output channels (", p.out_channels, ")");
+  TORCH_CHECK_VALUE(a.eps >= 0, "cutlassfuse: eps must be non-negative, got ", a.eps);
+
+  check_optional_vector(a.bias, "bias", p.out_channels, input, /*same_dtype=*/true);
+  check_optional_vector(a.norm_weight, "norm_weight", p.out_channels, input, /*same_dtype=*/false);
+  check_optional_vector(a.norm_bias, "norm_bias", p.out_channels, input, /*same_dtype=*/false);
+  return p;
+}
+
+at::MemoryFormat output_memory_format(const at::Tensor& input, const at::Tensor& weight) {
+  const bool channels_last = input.suggest_memory_format() == at::MemoryFormat::ChannelsLast3d ||
+                             weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast3d;
+  return channels_last ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::Contiguous;
+}
+
+}  // namespace cutlassfuse

@@ -1,0 +1,26 @@
+"""cutlassfuse: GroupNorm(ReLU(ConvTranspose3d(x))) as one PyTorch op.
+
+On Hopper GPUs (sm_90) in float16/bfloat16 the op runs a CUTLASS implicit-GEMM
+deconvolution on tensor cores with bias + ReLU fused into its epilogue, then
+cutlassfuse's GroupNorm kernels; everywhere else it computes the same function with
+PyTorch's own kernels. ``cutlassfuse.explain(...)`` says which path a call takes.
+"""
+
+import torch  # noqa: F401  (libtorch must be loaded before the extension)
+
+from ._loader import load_extension
+
+load_extension()
+
+from ._build_info import VERSION as __version__  # noqa: E402
+from .info import info  # noqa: E402
+from .modules import ConvTranspose3dReLUGroupNorm  # noqa: E402
+from .ops import conv_transpose3d_relu_group_norm, explain  # noqa: E402
+
+__all__ = [
+    "ConvTranspose3dReLUGroupNorm",
+    "conv_transpose3d_relu_group_norm",
+    "explain",
+    "info",
+    "__version__",
+]

@@ -1,0 +1,37 @@
+"""What this installation of cutlassfuse was built with and can run here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import _build_info
+
+
+def _device_summary() -> dict[str, Any] | None:
+    if not torch.cuda.is_available():
+        return None
+    index = torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    return {
+        "name": torch.cuda.get_device_name(index),
+        "capability": f"{major}.{minor}",
+        "fused_kernels_apply": (major, minor) == (9, 0) and "90a" in _build_info.CUDA_ARCHITECTURES,
+    }
+
+
+def info() -> dict[str, Any]:
+    """Package version, the torch/CUDA/CUTLASS it was built against, the CUDA
+    architectures compiled, and the current GPU (None without one)."""
+    return {
+        "version": _build_info.VERSION,
+        "torch_built_against": _build_info.TORCH_VERSION,
+        "torch_cuda_built_against": _build_info.TORCH_CUDA_VERSION or None,
+        "torch_runtime": torch.__version__,
+        "cuda_kernels": _build_info.WITH_CUDA,
+        "cuda_toolkit": _build_info.CUDA_VERSION or None,
+        "cuda_architectures": list(_build_info.CUDA_ARCHITECTURES),
+        "cutlass_version": _build_info.CUTLASS_VERSION or None,
+        "device": _device_summary(),
+    }

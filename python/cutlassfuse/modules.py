@@ -1,0 +1,52 @@
+"""nn.Module front end: a drop-in for ConvTranspose3d -> ReLU -> GroupNorm."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+from torch.nn.common_types import _size_3_t
+
+from .ops import conv_transpose3d_relu_group_norm
+
+
+class ConvTranspose3dReLUGroupNorm(nn.Module):
+    """``GroupNorm(ReLU(ConvTranspose3d(x)))`` computed by one fused op.
+
+    The constructor takes KernelBench's ``Model(in_channels, out_channels, kernel_size,
+    groups, bias=False)`` arguments (``groups`` is GroupNorm's group count) plus every
+    other ConvTranspose3d / GroupNorm option. The parameters live in
+    ``conv_transpose`` (an ``nn.ConvTranspose3d``) and ``group_norm`` (an
+    ``nn.GroupNorm``), created in that order, so state_dict keys and same-seed
+    initialisation are exactly those of the original model.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: _size_3_t,
+        groups: int,
+        bias: bool = False,
+        *,
+        stride: _size_3_t = 1,
+        padding: _size_3_t = 0,
+        output_padding: _size_3_t = 0,
+        dilation: _size_3_t = 1,
+        conv_groups: int = 1,
+        eps: float = 1e-5,
+        affine: bool = True,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.conv_transpose = nn.ConvTranspose3d(
+            in_channels, out_channels, kernel_size, stride=stride, padding=padding,
+            output_padding=output_padding, groups=conv_groups, bias=bias, dilation=dilation, **factory)
+        self.group_norm = nn.GroupNorm(groups, out_channels, eps=eps, affine=affine, **factory)
+
+    def forward(self, x: Tensor) -> Tensor:
+        conv, norm = self.conv_transpose, self.group_norm
+        return conv_transpose3d_relu_group_norm(
+            x, conv.weight, conv.bias, conv.stride, conv.padding, conv.output_padding, conv.groups,
+            conv.dilation, num_groups=norm.num_groups, norm_weight=norm.weight, norm_bias=norm.bias,
+            eps=norm.eps)

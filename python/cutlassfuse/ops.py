@@ -1,0 +1,107 @@
+"""The functional API of torch.ops.cutlassfuse and its fake (meta) kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+from torch._prims_common import suggest_memory_format
+
+IntOrTriple = Union[int, Sequence[int]]
+
+_OP = "cutlassfuse::conv_transpose3d_relu_group_norm"
+
+
+def _triple(value: IntOrTriple, name: str) -> list[int]:
+    if isinstance(value, int):
+        return [value] * 3
+    values = list(value)
+    if len(values) != 3 or not all(isinstance(v, int) for v in values):
+        raise ValueError(f"cutlassfuse: {name} must be an int or 3 ints (depth, height, width), got {value!r}")
+    return values
+
+
+def _op_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation,
+                  num_groups, norm_weight, norm_bias, eps) -> tuple:
+    return (input, weight, bias, norm_weight, norm_bias, int(num_groups), float(eps),
+            _triple(stride, "stride"), _triple(padding, "padding"),
+            _triple(output_padding, "output_padding"), int(groups), _triple(dilation, "dilation"))
+
+
+def conv_transpose3d_relu_group_norm(
+    input: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+    stride: IntOrTriple = 1,
+    padding: IntOrTriple = 0,
+    output_padding: IntOrTriple = 0,
+    groups: int = 1,
+    dilation: IntOrTriple = 1,
+    *,
+    num_groups: int,
+    norm_weight: Optional[Tensor] = None,
+    norm_bias: Optional[Tensor] = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """``F.group_norm(F.relu(F.conv_transpose3d(input, weight, bias, stride, padding,
+    output_padding, groups, dilation)), num_groups, norm_weight, norm_bias, eps)`` in one op.
+
+    The positional arguments are those of ``torch.nn.functional.conv_transpose3d``; the
+    GroupNorm ones are keyword-only (``norm_weight``/``norm_bias`` are GroupNorm's
+    affine gamma/beta). Input (N, C_in, D, H, W), weight (C_in, C_out / groups, kD,
+    kH, kW). The output has the input's dtype, and is channels_last_3d when the input
+    or the weight is, contiguous otherwise (as PyTorch's composite).
+    """
+    return torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm(
+        *_op_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation,
+                       num_groups, norm_weight, norm_bias, eps))
+
+
+def explain(
+    input: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+    stride: IntOrTriple = 1,
+    padding: IntOrTriple = 0,
+    output_padding: IntOrTriple = 0,
+    groups: int = 1,
+    dilation: IntOrTriple = 1,
+    *,
+    num_groups: int,
+    norm_weight: Optional[Tensor] = None,
+    norm_bias: Optional[Tensor] = None,
+    eps: float = 1e-5,
+) -> str:
+    """Which implementation ``conv_transpose3d_relu_group_norm`` takes for these
+    arguments, and why: ``"fused_sm90: ..."`` or ``"reference: ..., because ..."``."""
+    return torch.ops.cutlassfuse.explain(
+        *_op_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation,
+                       num_groups, norm_weight, norm_bias, eps))
+
+
+def transposed_conv_output_size(input_size: Sequence[int], kernel_size: Sequence[int], stride: Sequence[int],
+                                padding: Sequence[int], output_padding: Sequence[int],
+                                dilation: Sequence[int]) -> list[int]:
+    """ConvTranspose3d's output (D, H, W), PyTorch's formula."""
+    return [(i - 1) * s - 2 * p + d * (k - 1) + op + 1
+            for i, k, s, p, op, d in zip(input_size, kernel_size, stride, padding, output_padding, dilation)]
+
+
+@torch.library.register_fake(_OP)
+def _conv_transpose3d_relu_group_norm_fake(input, weight, bias, norm_weight, norm_bias, num_groups, eps,
+                                           stride, padding, output_padding, groups, dilation):
+    torch._check(input.dim() == 5, lambda: f"cutlassfuse: input must be 5-D, got {input.dim()}-D")
+    torch._check(weight.dim() == 5, lambda: f"cutlassfuse: weight must be 5-D, got {weight.dim()}-D")
+    torch._check(weight.shape[0] == input.shape[1],
+                 lambda: f"cutlassfuse: weight.shape[0] ({weight.shape[0]}) must equal the input's channels "
+                         f"({input.shape[1]})")
+    out_channels = weight.shape[1] * groups
+    torch._check(out_channels % num_groups == 0,
+                 lambda: f"cutlassfuse: num_groups ({num_groups}) must divide the output channels ({out_channels})")
+    spatial = transposed_conv_output_size(input.shape[2:], weight.shape[2:], stride, padding, output_padding,
+                                          dilation)
+    channels_last = torch.channels_last_3d in (suggest_memory_format(input), suggest_memory_format(weight))
+    return torch.empty((input.shape[0], out_channels, *spatial), dtype=input.dtype, device=input.device,
+                       memory_format=torch.channels_last_3d if channels_last else torch.contiguous_format)

@@ -1,0 +1,58 @@
+"""Helpers to check cutlassfuse against PyTorch: a float64 reference and error metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+# Accepted error of the op against float64, per dtype: relative error is
+# ||out - ref|| / ||ref||. Half precision rounds the conv output and the result
+# (2^-11); bfloat16 has 8 bits of mantissa (2^-8).
+RELATIVE_TOLERANCE = {torch.float16: 5e-3, torch.bfloat16: 2e-2, torch.float32: 1e-5, torch.float64: 1e-12}
+
+
+def _float64(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.detach().to(torch.float64)
+
+
+def reference_float64(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0,
+                      output_padding=0, groups: int = 1, dilation=1, *, num_groups: int,
+                      norm_weight: Optional[Tensor] = None, norm_bias: Optional[Tensor] = None,
+                      eps: float = 1e-5) -> Tensor:
+    """GroupNorm(ReLU(ConvTranspose3d)) with PyTorch's ops in float64 on the inputs' device."""
+    y = F.conv_transpose3d(_float64(input), _float64(weight), _float64(bias), stride, padding, output_padding,
+                           groups, dilation)
+    return F.group_norm(F.relu(y), num_groups, _float64(norm_weight), _float64(norm_bias), eps)
+
+
+@dataclass(frozen=True)
+class Errors:
+    relative: float  # ||out - ref||_2 / ||ref||_2
+    max_abs: float
+
+    def __str__(self) -> str:
+        return f"rel {self.relative:.2e}, max abs {self.max_abs:.2e}"
+
+
+def errors(actual: Tensor, expected: Tensor) -> Errors:
+    """Errors of `actual` against `expected`, computed in float64. NaN anywhere gives NaN."""
+    diff = actual.to(torch.float64) - expected.to(torch.float64)
+    return Errors(relative=(diff.norm() / expected.to(torch.float64).norm()).item(),
+                  max_abs=diff.abs().max().item())
+
+
+class KernelBenchModel(torch.nn.Module):
+    """KernelBench level2/61's original ``Model``: the three PyTorch modules in a row."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, groups: int, bias: bool = False):
+        super().__init__()
+        self.conv_transpose = torch.nn.ConvTranspose3d(in_channels, out_channels, kernel_size, bias=bias)
+        self.relu = torch.nn.ReLU()
+        self.group_norm = torch.nn.GroupNorm(num_groups=groups, num_channels=out_channels)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.group_norm(self.relu(self.conv_transpose(x)))
