@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One whole GPU iteration on the device machine (see docs/device.md):
+#   1. install the carried nvidia-cutlass wheel (.whl/; the machine has no network),
+#   2. build and install cutlassfuse against the machine's torch (incremental: the
+#      ignored build/ folder survives between calls on a warm machine),
+#   3. run the GPU tests, 4. run the KernelBench demo, 5. print a short table last.
+# Logs go to $OUT (the device tool brings them back).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/cutlassfuse-device}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+export CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)"
+PYTHON="${PYTHON:-python3}"
+
+step() { printf '\n=== %s\n' "$*"; }
+status=()
+
+step "environment"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+"$PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+
+step "install carried wheels"
+"$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || { echo "carry .whl (docs/device.md)"; exit 1; }
+export PYTHONPATH=/tmp/site
+
+step "build"
+start=$(date +%s)
+if "$PYTHON" -m pip install --no-build-isolation --no-deps --no-index -v . >"$OUT/build.log" 2>&1; then
+  status+=("build: ok in $(( $(date +%s) - start )) s")
+else
+  tail -50 "$OUT/build.log"; echo "build failed"; exit 1
+fi
+grep -E "registers|spill" "$OUT/build.log" | sort | uniq -c | head -20
+
+step "GPU tests"
+"$PYTHON" -m pytest -m gpu tests/gpu -q -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" 2>&1 | tee "$OUT/gpu-tests.log"
+status+=("gpu tests: $(tail -1 "$OUT/gpu-tests.log")")
+
+step "demo (KernelBench level2/61)"
+"$PYTHON" -m cutlassfuse demo 2>&1 | tee "$OUT/demo.log"
+
+step "summary"
+cat "$OUT/gpu.txt"
+printf '%s\n' "${status[@]}"
+sed -n '/^dtype/,$p' "$OUT/demo.log"

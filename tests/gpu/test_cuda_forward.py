@@ -1,0 +1,116 @@
+"""The CUDA op against float64, on shapes the fused sm90 path takes and on the ones it
+hands to the reference path. Run on the device: scripts/device_iteration.sh."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cutlassfuse
+from cutlassfuse.testing import RELATIVE_TOLERANCE, errors, reference_float64
+
+pytestmark = pytest.mark.gpu
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    batch: int
+    in_channels: int
+    out_channels: int
+    size: tuple[int, int, int]
+    kernel: int
+    num_groups: int
+    stride: int = 1
+    padding: int = 0
+    output_padding: int = 0
+    dilation: int = 1
+    bias: bool = False
+    affine: bool = True
+    channels_last: bool = False
+    fused: bool = True  # the sm90 fused path must take it (fp16/bf16 on an sm_90 GPU)
+
+
+CASES = [
+    Case("kb61", 16, 64, 128, (32, 32, 32), 3, 8),
+    Case("kb61_v0", 16, 64, 128, (8, 16, 16), 3, 8),
+    Case("unet_k2s2", 2, 256, 128, (24, 24, 24), 2, 8, stride=2, fused=False),
+    Case("gan_k4s2p1", 32, 256, 128, (8, 8, 8), 4, 32, stride=2, padding=1, fused=False),
+    Case("vid_k3s2p1op1", 4, 128, 64, (8, 32, 32), 3, 16, stride=2, padding=1, output_padding=1, fused=False),
+    Case("bias_group_per_channel", 1, 32, 16, (5, 6, 7), 3, 16, padding=1, bias=True),
+    Case("pointwise_one_group", 2, 16, 64, (7, 5, 3), 1, 1),
+    Case("dilated_channels_last", 3, 24, 40, (4, 4, 4), 2, 5, dilation=2, bias=True, channels_last=True),
+    Case("padded_256_channels", 2, 64, 256, (6, 6, 6), 3, 32, padding=1),
+    Case("kernel5_padding2", 4, 8, 24, (3, 3, 3), 5, 3, padding=2),
+    Case("1024_channels", 1, 128, 1024, (2, 2, 2), 3, 64),
+    Case("single_voxel", 5, 16, 16, (1, 1, 1), 1, 2),
+    Case("no_affine_channels_last", 2, 32, 64, (9, 9, 9), 3, 4, affine=False, channels_last=True),
+    Case("odd_channels", 2, 3, 12, (5, 5, 5), 3, 4, fused=False),
+]
+
+DTYPES = [torch.float16, torch.bfloat16]
+
+
+def make_inputs(case: Case, dtype: torch.dtype, generator: torch.Generator) -> dict:
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=generator, device="cuda") * scale).to(dtype)
+
+    memory_format = torch.channels_last_3d if case.channels_last else torch.contiguous_format
+    fan_in = case.in_channels * case.kernel**3
+    return dict(
+        input=torch.rand(case.batch, case.in_channels, *case.size, generator=generator, device="cuda").to(dtype)
+        .contiguous(memory_format=memory_format),
+        weight=randn(case.in_channels, case.out_channels, case.kernel, case.kernel, case.kernel,
+                     scale=fan_in**-0.5),
+        bias=randn(case.out_channels, scale=0.1) if case.bias else None,
+        stride=case.stride, padding=case.padding, output_padding=case.output_padding, dilation=case.dilation,
+        num_groups=case.num_groups,
+        norm_weight=1 + randn(case.out_channels, scale=0.1) if case.affine else None,
+        norm_bias=randn(case.out_channels, scale=0.1) if case.affine else None,
+    )
+
+
+def poison_allocator(nbytes: int) -> None:
+    """Leaves NaN in the caching allocator's free blocks, so an element the op fails
+    to write reads back as NaN rather than as stale plausible data."""
+    torch.cuda.synchronize()
+    poison = torch.full((nbytes // 2 + 1,), float("nan"), dtype=torch.float16, device="cuda")
+    del poison
+
+
+def eager(inputs: dict) -> torch.Tensor:
+    y = F.conv_transpose3d(inputs["input"], inputs["weight"], inputs["bias"], inputs["stride"], inputs["padding"],
+                           inputs["output_padding"], 1, inputs["dilation"])
+    return F.group_norm(F.relu(y), inputs["num_groups"], inputs["norm_weight"], inputs["norm_bias"])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_matches_float64(case: Case, dtype: torch.dtype):
+    generator = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{case.name}/{dtype}".encode()))
+    inputs = make_inputs(case, dtype, generator)
+    on_sm90 = torch.cuda.get_device_capability() == (9, 0)
+    path = cutlassfuse.explain(**inputs)
+    if case.fused and on_sm90:
+        assert path.startswith("fused_sm90"), path
+
+    expected_like = eager(inputs)  # shape and dtype of PyTorch's result
+    poison_allocator(4 * expected_like.numel() * expected_like.element_size())
+    out = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
+    torch.cuda.synchronize()
+
+    assert out.shape == expected_like.shape and out.dtype == dtype
+    # The op's rule on every device (the CPU composite's and cuDNN's): channels-last in,
+    # channels-last out. PyTorch's CUDA GroupNorm (2.11) returns contiguous instead.
+    memory_format = torch.channels_last_3d if case.channels_last else torch.contiguous_format
+    assert out.is_contiguous(memory_format=memory_format), f"output is not {memory_format}"
+    assert torch.isfinite(out).all(), "unwritten (poisoned) or non-finite output elements"
+    err = errors(out, reference_float64(**inputs))
+    assert err.relative <= RELATIVE_TOLERANCE[dtype], f"{case.name} {dtype} via {path}: {err}"
+
+    again = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
+    assert torch.equal(out, again), "two runs on the same inputs differ"

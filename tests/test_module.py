@@ -1,0 +1,68 @@
+"""ConvTranspose3dReLUGroupNorm as a drop-in for KernelBench level2/61's Model."""
+
+import pytest
+import torch
+
+from cutlassfuse import ConvTranspose3dReLUGroupNorm
+from cutlassfuse.testing import KernelBenchModel
+
+
+def build_pair(*args, seed=1234, **kwargs):
+    torch.manual_seed(seed)
+    fused = ConvTranspose3dReLUGroupNorm(*args, **kwargs)
+    torch.manual_seed(seed)
+    original = KernelBenchModel(*args, **kwargs)
+    return fused, original
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_state_dict_keys_equal_original(bias):
+    fused, original = build_pair(8, 16, 3, 4, bias=bias)
+    assert list(fused.state_dict()) == list(original.state_dict())
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_same_seed_gives_identical_parameters(bias):
+    fused, original = build_pair(8, 16, 3, 4, bias=bias)
+    for (name, a), (_, b) in zip(fused.state_dict().items(), original.state_dict().items()):
+        assert torch.equal(a, b), name
+    # ... and the generator ends where the original leaves it.
+    torch.manual_seed(7)
+    ConvTranspose3dReLUGroupNorm(8, 16, 3, 4)
+    after_fused = torch.rand(4)
+    torch.manual_seed(7)
+    KernelBenchModel(8, 16, 3, 4)
+    assert torch.equal(after_fused, torch.rand(4))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_same_outputs_as_original(bias):
+    fused, original = build_pair(8, 16, 3, 4, bias=bias)
+    x = torch.rand(2, 8, 5, 6, 7)
+    torch.testing.assert_close(fused(x), original(x), rtol=1e-5, atol=1e-5)
+
+
+def test_loads_original_state_dict():
+    fused, original = build_pair(8, 16, 3, 4, bias=True, seed=1)
+    _, other = build_pair(8, 16, 3, 4, bias=True, seed=2)
+    fused.load_state_dict(other.state_dict())
+    x = torch.rand(1, 8, 4, 4, 4)
+    torch.testing.assert_close(fused(x), other(x), rtol=1e-5, atol=1e-5)
+
+
+def test_every_option_reaches_the_op():
+    torch.manual_seed(0)
+    fused = ConvTranspose3dReLUGroupNorm(6, 12, (3, 2, 4), 3, bias=True, stride=(2, 1, 2), padding=(1, 0, 1),
+                                         output_padding=(1, 0, 0), dilation=(1, 2, 1), conv_groups=2, eps=1e-3,
+                                         affine=False)
+    conv, norm = fused.conv_transpose, fused.group_norm
+    x = torch.rand(2, 6, 3, 4, 5)
+    expected = norm(torch.relu(conv(x)))
+    torch.testing.assert_close(fused(x), expected, rtol=1e-5, atol=1e-5)
+    assert list(fused.state_dict()) == ["conv_transpose.weight", "conv_transpose.bias"]
+
+
+def test_dtype_and_device_arguments():
+    fused = ConvTranspose3dReLUGroupNorm(8, 16, 3, 4, dtype=torch.float64)
+    assert all(p.dtype == torch.float64 for p in fused.parameters())
+    assert fused(torch.rand(1, 8, 3, 3, 3, dtype=torch.float64)).dtype == torch.float64

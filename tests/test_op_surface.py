@@ -1,0 +1,53 @@
+"""The registered operator: schema, library loading, explain() and info()."""
+
+import torch
+
+import cutlassfuse
+
+EXPECTED_ARGUMENTS = [
+    ("input", "Tensor"), ("weight", "Tensor"), ("bias", "Optional[Tensor]"), ("norm_weight", "Optional[Tensor]"),
+    ("norm_bias", "Optional[Tensor]"), ("num_groups", "int"), ("eps", "float"), ("stride", "List[int]"),
+    ("padding", "List[int]"), ("output_padding", "List[int]"), ("groups", "int"), ("dilation", "List[int]"),
+]
+
+
+def test_op_is_registered_with_full_schema():
+    schema = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm.default._schema
+    assert schema.name == "cutlassfuse::conv_transpose3d_relu_group_norm"
+    assert [(a.name, str(a.type)) for a in schema.arguments] == EXPECTED_ARGUMENTS
+    assert [str(r.type) for r in schema.returns] == ["Tensor"]
+    assert not any(a.alias_info for a in schema.arguments), "the op must not mutate its inputs"
+
+
+def test_op_has_cpu_and_cuda_kernels():
+    op = "cutlassfuse::conv_transpose3d_relu_group_norm"
+    for key in ("CPU", "CUDA"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op, key), key
+
+
+def test_explain_on_cpu_names_the_reference_path():
+    x, w = torch.rand(1, 8, 3, 3, 3), torch.randn(8, 8, 3, 3, 3)
+    assert cutlassfuse.explain(x, w, num_groups=2).startswith("reference")
+
+
+def test_explain_validates_like_the_op():
+    x, w = torch.rand(1, 8, 3, 3, 3), torch.randn(8, 8, 3, 3, 3)
+    try:
+        cutlassfuse.explain(x, w, num_groups=3)
+    except ValueError as error:
+        assert "num_groups" in str(error)
+    else:
+        raise AssertionError("explain accepted num_groups=3 for 8 channels")
+
+
+def test_info_reports_build_facts():
+    facts = cutlassfuse.info()
+    assert facts["version"] == cutlassfuse.__version__
+    assert facts["torch_built_against"].split("+")[0] == torch.__version__.split("+")[0]
+    assert isinstance(facts["cuda_kernels"], bool)
+    if facts["cuda_kernels"]:
+        assert facts["cuda_architectures"], "a CUDA build must list its architectures"
+        assert facts["cutlass_version"] == "4.2.0"
+    else:
+        assert facts["cuda_architectures"] == []
+    assert (facts["device"] is None) == (not torch.cuda.is_available())
