@@ -41,6 +41,9 @@ status+=("gpu tests: $(tail -1 "$OUT/gpu-tests.log")")
 step "demo (KernelBench level2/61)"
 "$PYTHON" -m cutlassfuse demo 2>&1 | tee "$OUT/demo.log"
 
+step "kernel breakdown"
+"$PYTHON" benchmarks/kernel_breakdown.py 2>&1 | tee "$OUT/breakdown.log"
+
 step "summary"
 cat "$OUT/gpu.txt"
 printf '%s\n' "${status[@]}"
