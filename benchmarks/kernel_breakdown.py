@@ -34,7 +34,8 @@ def kernel_times_us(fn) -> dict[str, float]:
 
 
 def short(name: str) -> str:
-    for key in ("ConvUniversal", "partial_stats", "apply_ncdhw", "apply_channels_last"):
+    for key in ("ConvUniversal", "ncdhw_to_ndhwc", "group_norm_apply_kernel<__half, true", "group_norm_apply_kernel<__half, false",
+                "partial_stats"):
         if key in name:
             return key
     return name[:70]

@@ -44,7 +44,11 @@ step "demo (KernelBench level2/61)"
 step "kernel breakdown"
 "$PYTHON" benchmarks/kernel_breakdown.py 2>&1 | tee "$OUT/breakdown.log"
 
+step "benchmark: fused vs baselines"
+"$PYTHON" benchmarks/fused_vs_baselines.py 2>&1 | tee "$OUT/bench.log"
+
 step "summary"
 cat "$OUT/gpu.txt"
 printf '%s\n' "${status[@]}"
 sed -n '/^dtype/,$p' "$OUT/demo.log"
+grep -E "^kb61|fused\(CL in\)" "$OUT/bench.log"

@@ -18,7 +18,7 @@ def sample_args(channels_last=False, bias=True, affine=True):
     b = torch.randn(8) if bias else None
     gamma = torch.rand(8) + 0.5 if affine else None
     beta = torch.randn(8) if affine else None
-    return (x, w, b, gamma, beta, 4, 1e-5, [2, 1, 1], [1, 0, 1], [1, 0, 0], 2, [1, 1, 2])
+    return (x, w, b, gamma, beta, 4, 1e-5, [2, 1, 1], [1, 0, 1], [1, 0, 0], 2, [1, 1, 2], None)
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
@@ -46,7 +46,7 @@ def test_fake_kernel_rejects_mismatched_channels():
         x = torch.empty(1, 8, 3, 3, 3)
         w = torch.empty(4, 8, 3, 3, 3)
         with pytest.raises(RuntimeError, match="weight.shape"):
-            OP(x, w, None, None, None, 2, 1e-5, [1] * 3, [0] * 3, [0] * 3, 1, [1] * 3)
+            OP(x, w, None, None, None, 2, 1e-5, [1] * 3, [0] * 3, [0] * 3, 1, [1] * 3, None)
 
 
 def test_torch_compile_fullgraph():

@@ -8,6 +8,7 @@ EXPECTED_ARGUMENTS = [
     ("input", "Tensor"), ("weight", "Tensor"), ("bias", "Optional[Tensor]"), ("norm_weight", "Optional[Tensor]"),
     ("norm_bias", "Optional[Tensor]"), ("num_groups", "int"), ("eps", "float"), ("stride", "List[int]"),
     ("padding", "List[int]"), ("output_padding", "List[int]"), ("groups", "int"), ("dilation", "List[int]"),
+    ("packed_weight", "Optional[Tensor]"),
 ]
 
 

@@ -7,6 +7,7 @@
 
 #include "cutlassfuse/dgrad_sm90.h"
 #include "cutlassfuse/group_norm.h"
+#include "cutlassfuse/layout.h"
 #include "cutlassfuse/op.h"
 
 namespace cutlassfuse {
@@ -19,6 +20,13 @@ std::optional<ElementType> element_type(at::ScalarType t) {
     case at::kFloat: return ElementType::kFloat32;
     default: return std::nullopt;
   }
+}
+
+// Calls f with the element type as a compile-time constant (fused path: 16-bit types).
+template <class F>
+decltype(auto) with_element(ElementType element, F&& f) {
+  if (element == ElementType::kBFloat16) return f(std::integral_constant<ElementType, ElementType::kBFloat16>{});
+  return f(std::integral_constant<ElementType, ElementType::kFloat16>{});
 }
 
 bool present(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
@@ -43,6 +51,23 @@ const void* data_or_null(const std::optional<at::Tensor>& t, std::optional<at::T
   return keep_alive->data_ptr();
 }
 
+// NDHWC view of the input: free when it already is; otherwise one pass of our
+// transpose kernel (ATen's permuted copy is 5x slower on this pattern).
+at::Tensor to_channels_last(const at::Tensor& input, ElementType element, const Problem& p, cudaStream_t stream) {
+  if (input.is_contiguous(at::MemoryFormat::ChannelsLast3d)) return input;
+  const at::Tensor packed = input.contiguous();
+  at::Tensor out = at::empty_like(packed, at::MemoryFormat::ChannelsLast3d);
+  ncdhw_to_ndhwc(element, packed.data_ptr(), out.data_ptr(), p.batch, p.in_channels, p.input_spatial(), stream);
+  return out;
+}
+
+// The filter [Cin, T, R, S, Cout]: the caller's pre-packed copy when given (the module
+// caches one per weight version), else permuted here.
+at::Tensor filter_of(const OpArgs& a) {
+  if (present(a.packed_weight)) return a.packed_weight->contiguous();
+  return a.weight.permute({0, 2, 3, 4, 1}).contiguous();
+}
+
 }  // namespace
 
 std::string fused_path_unsupported_reason(const OpArgs& a, const Problem& p) {
@@ -57,8 +82,14 @@ std::string fused_path_unsupported_reason(const OpArgs& a, const Problem& p) {
   if (!affine_element_type(a)) return "norm_weight and norm_bias have different dtypes";
   if (p.batch == 0) return "empty batch";
   if (const char* why = group_norm_unsupported_reason(group_norm_shape(p)); *why != '\0') return why;
-  return sm90::dgrad_bias_relu_unsupported_reason(*element, p);
+  const sm90::DgradConfig config = sm90::choose_config(p);
+  return with_element(*element, [&](auto e) { return sm90::dgrad_unsupported_reason<decltype(e)::value>(config, p); });
 #endif
+}
+
+std::string fused_path_description(const Problem& p) {
+  return std::string("CUTLASS sm90 dgrad ") + sm90::config_name(sm90::choose_config(p)) +
+         " (epilogue: bias, ReLU, GroupNorm partial statistics) + normalize";
 }
 
 at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
@@ -68,31 +99,49 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   const ElementType element = *element_type(a.input.scalar_type());
   const auto options = a.input.options();
 
-  // TMA reads the input NDHWC and the filter as [Cin, T, R, S, Cout].
-  const at::Tensor input = a.input.contiguous(at::MemoryFormat::ChannelsLast3d);
-  const at::Tensor filter = a.weight.permute({0, 2, 3, 4, 1}).contiguous();
+  const at::Tensor input = to_channels_last(a.input, element, p, stream);
+  const at::Tensor filter = filter_of(a);
   std::optional<at::Tensor> bias, gamma, beta;
   at::Tensor activation = at::empty({p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]},
                                     options.memory_format(at::MemoryFormat::ChannelsLast3d));
-  sm90::dgrad_bias_relu(element, p,
-                        {input.data_ptr(), filter.data_ptr(), data_or_null(a.bias, bias), activation.data_ptr()},
-                        sm_count, stream);
 
+  const sm90::DgradConfig config = sm90::choose_config(p);
+  const sm90::TileExtent tile = sm90::tile_extent(config);
   const GroupNormShape shape = group_norm_shape(p);
-  const int64_t num_chunks = group_norm_num_chunks(shape, sm_count);
+  const TilePartials layout = TilePartials::for_tiles(shape, tile.m, tile.n);
   static_assert(sizeof(WelfordPartial) == 3 * sizeof(float));
-  at::Tensor partials = at::empty({p.batch, num_chunks, p.num_groups, 3}, options.dtype(at::kFloat));
+  at::Tensor partials = at::empty({layout.slots(shape), 3}, options.dtype(at::kFloat));
   auto* partials_ptr = reinterpret_cast<WelfordPartial*>(partials.data_ptr<float>());
-  group_norm_partial_stats(element, activation.data_ptr(), shape, num_chunks, partials_ptr, stream);
+  const sm90::DgradOperands operands{input.data_ptr(), filter.data_ptr(), data_or_null(a.bias, bias),
+                                     activation.data_ptr(), partials_ptr};
+  with_element(element, [&](auto e) { sm90::dgrad_fused<decltype(e)::value>(config, p, operands, sm_count, stream); });
 
   // Channels-last output is normalized in place: each element is read and written by
-  // the same thread, after the statistics pass has finished reading it.
+  // the same thread, and the statistics were complete when the conv kernel ended.
   const bool channels_last = output_memory_format(a.input, a.weight) == at::MemoryFormat::ChannelsLast3d;
   at::Tensor out = channels_last ? activation : at::empty_like(activation, at::MemoryFormat::Contiguous);
   const GroupNormAffine affine{data_or_null(a.norm_weight, gamma), data_or_null(a.norm_bias, beta),
                                *affine_element_type(a)};
-  group_norm_apply(element, activation.data_ptr(), partials_ptr, num_chunks, shape, affine,
-                   static_cast<float>(p.eps), channels_last, out.data_ptr(), stream);
+  group_norm_apply(element, activation.data_ptr(), partials_ptr, layout, shape, affine, static_cast<float>(p.eps),
+                   channels_last, out.data_ptr(), sm_count, stream);
+  return out;
+}
+
+at::Tensor cutlass_dgrad_plain(const OpArgs& a, const Problem& p) {
+  TORCH_CHECK_VALUE(a.input.is_cuda() && at::cuda::getDeviceProperties(a.input.device().index())->major == 9,
+                    "cutlassfuse: the plain CUTLASS dgrad runs on sm_90 GPUs only");
+  const auto element = element_type(a.input.scalar_type());
+  TORCH_CHECK_TYPE(element && *element != ElementType::kFloat32, "cutlassfuse: the plain CUTLASS dgrad takes float16 or bfloat16");
+  const c10::cuda::CUDAGuard device_guard(a.input.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const at::Tensor input = to_channels_last(a.input, *element, p, stream);
+  const at::Tensor filter = filter_of(a);
+  at::Tensor out = at::empty({p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]},
+                             a.input.options().memory_format(at::MemoryFormat::ChannelsLast3d));
+  const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  with_element(*element, [&](auto e) {
+    sm90::dgrad_plain<decltype(e)::value>(p, input.data_ptr(), filter.data_ptr(), out.data_ptr(), sm_count, stream);
+  });
   return out;
 }
 

@@ -1,8 +1,11 @@
-// The operator's schema and its per-backend kernels.
+// The operators' schemas and their per-backend kernels.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include "cutlassfuse/op.h"
+#if CUTLASSFUSE_WITH_CUDA
+#include "cutlassfuse/dgrad_sm90.h"
+#endif
 
 namespace cutlassfuse {
 namespace {
@@ -11,55 +14,61 @@ namespace {
 // torch.nn.functional.group_norm (its weight/bias renamed norm_weight/norm_bias).
 constexpr const char* kArguments =
     "(Tensor input, Tensor weight, Tensor? bias, Tensor? norm_weight, Tensor? norm_bias, int num_groups, "
-    "float eps, int[3] stride, int[3] padding, int[3] output_padding, int groups, int[3] dilation)";
+    "float eps, int[3] stride, int[3] padding, int[3] output_padding, int groups, int[3] dilation, "
+    "Tensor? packed_weight=None)";
 
-at::Tensor forward_reference(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                       const std::optional<at::Tensor>& norm_weight, const std::optional<at::Tensor>& norm_bias,
-                       int64_t num_groups, double eps, at::IntArrayRef stride, at::IntArrayRef padding,
-                       at::IntArrayRef output_padding, int64_t groups, at::IntArrayRef dilation) {
-  const OpArgs args{input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding, output_padding,
-                    groups, dilation};
+constexpr const char* kReference = "reference: ATen conv_transpose3d + relu + group_norm";
+
+// Unpacks the schema's arguments into OpArgs for `Impl`: one signature for every kernel.
+template <class Result, Result (*Impl)(const OpArgs&)>
+Result kernel(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+              const std::optional<at::Tensor>& norm_weight, const std::optional<at::Tensor>& norm_bias,
+              int64_t num_groups, double eps, at::IntArrayRef stride, at::IntArrayRef padding,
+              at::IntArrayRef output_padding, int64_t groups, at::IntArrayRef dilation,
+              const std::optional<at::Tensor>& packed_weight) {
+  return Impl({input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding, output_padding, groups,
+               dilation, packed_weight});
+}
+
+at::Tensor forward_reference(const OpArgs& args) {
   validate_and_describe(args);
   // The composite's own autograd bookkeeping is not wanted inside the op.
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
   return reference_forward(args);
 }
 
-constexpr const char* kReference = "reference: ATen conv_transpose3d + relu + group_norm";
-
-std::string explain_reference(const at::Tensor& input, const at::Tensor& weight,
-                              const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& norm_weight,
-                              const std::optional<at::Tensor>& norm_bias, int64_t num_groups, double eps,
-                              at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef output_padding,
-                              int64_t groups, at::IntArrayRef dilation) {
-  validate_and_describe({input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding,
-                         output_padding, groups, dilation});
-  const bool cuda_tensor = input.is_cuda();
-  return std::string(kReference) + (cuda_tensor ? ", because the library was built without CUDA kernels" : "");
+std::string explain_reference(const OpArgs& args) {
+  validate_and_describe(args);
+  return std::string(kReference) + (args.input.is_cuda() ? ", because the library was built without CUDA kernels" : "");
 }
 
 #if CUTLASSFUSE_WITH_CUDA
-at::Tensor forward_cuda(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                        const std::optional<at::Tensor>& norm_weight, const std::optional<at::Tensor>& norm_bias,
-                        int64_t num_groups, double eps, at::IntArrayRef stride, at::IntArrayRef padding,
-                        at::IntArrayRef output_padding, int64_t groups, at::IntArrayRef dilation) {
-  const OpArgs args{input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding, output_padding,
-                    groups, dilation};
+at::Tensor forward_cuda(const OpArgs& args) {
   const Problem problem = validate_and_describe(args);
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
   if (fused_path_unsupported_reason(args, problem).empty()) return fused_forward_cuda(args, problem);
   return reference_forward(args);
 }
 
-std::string explain_cuda(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                         const std::optional<at::Tensor>& norm_weight, const std::optional<at::Tensor>& norm_bias,
-                         int64_t num_groups, double eps, at::IntArrayRef stride, at::IntArrayRef padding,
-                         at::IntArrayRef output_padding, int64_t groups, at::IntArrayRef dilation) {
-  const OpArgs args{input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding, output_padding,
-                    groups, dilation};
-  const std::string why_not = fused_path_unsupported_reason(args, validate_and_describe(args));
-  if (why_not.empty()) return "fused_sm90: CUTLASS dgrad (bias + ReLU epilogue) + GroupNorm stats + normalize";
+std::string explain_cuda(const OpArgs& args) {
+  const Problem problem = validate_and_describe(args);
+  const std::string why_not = fused_path_unsupported_reason(args, problem);
+  if (why_not.empty()) return "fused_sm90: " + fused_path_description(problem);
   return std::string(kReference) + ", because " + why_not;
+}
+
+at::Tensor conv_transpose3d_cutlass(const OpArgs& args) {
+  return cutlass_dgrad_plain(args, validate_and_describe(args));
+}
+
+// Pins the sm90 kernel configuration ("" restores the heuristic), for benchmarks.
+void set_dgrad_config(std::string_view name) {
+  if (name.empty()) return sm90::set_config_override(std::nullopt);
+  const auto config = sm90::config_from_name(name);
+  std::string known;
+  for (sm90::DgradConfig c : sm90::kDgradConfigs) known += std::string(known.empty() ? "" : ", ") + sm90::config_name(c);
+  TORCH_CHECK_VALUE(config.has_value(), "cutlassfuse: unknown dgrad config '", name, "'; known: ", known);
+  sm90::set_config_override(config);
 }
 #endif
 
@@ -69,21 +78,28 @@ TORCH_LIBRARY(cutlassfuse, m) {
   m.def((std::string("conv_transpose3d_relu_group_norm") + kArguments + " -> Tensor").c_str());
   // Which implementation a call with these arguments takes, and why.
   m.def((std::string("explain") + kArguments + " -> str").c_str());
+#if CUTLASSFUSE_WITH_CUDA
+  m.def("set_dgrad_config(str name) -> ()", [](c10::string_view name) { set_dgrad_config(name); });
+  // The deconvolution alone through the stock CUTLASS kernel (benchmark baseline); the
+  // GroupNorm arguments are accepted and ignored.
+  m.def((std::string("conv_transpose3d_cutlass") + kArguments + " -> Tensor").c_str());
+#endif
 }
 
 TORCH_LIBRARY_IMPL(cutlassfuse, CPU, m) {
-  m.impl("conv_transpose3d_relu_group_norm", &forward_reference);
-  m.impl("explain", &explain_reference);
+  m.impl("conv_transpose3d_relu_group_norm", &kernel<at::Tensor, &forward_reference>);
+  m.impl("explain", &kernel<std::string, &explain_reference>);
 }
 
 // A library built without the CUDA toolkit still serves CUDA tensors, through ATen.
 TORCH_LIBRARY_IMPL(cutlassfuse, CUDA, m) {
 #if CUTLASSFUSE_WITH_CUDA
-  m.impl("conv_transpose3d_relu_group_norm", &forward_cuda);
-  m.impl("explain", &explain_cuda);
+  m.impl("conv_transpose3d_relu_group_norm", &kernel<at::Tensor, &forward_cuda>);
+  m.impl("explain", &kernel<std::string, &explain_cuda>);
+  m.impl("conv_transpose3d_cutlass", &kernel<at::Tensor, &conv_transpose3d_cutlass>);
 #else
-  m.impl("conv_transpose3d_relu_group_norm", &forward_reference);
-  m.impl("explain", &explain_reference);
+  m.impl("conv_transpose3d_relu_group_norm", &kernel<at::Tensor, &forward_reference>);
+  m.impl("explain", &kernel<std::string, &explain_reference>);
 #endif
 }
 

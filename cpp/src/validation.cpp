@@ -86,6 +86,14 @@ Problem validate_and_describe(const OpArgs& a) {
   check_optional_vector(a.bias, "bias", p.out_channels, input, /*same_dtype=*/true);
   check_optional_vector(a.norm_weight, "norm_weight", p.out_channels, input, /*same_dtype=*/false);
   check_optional_vector(a.norm_bias, "norm_bias", p.out_channels, input, /*same_dtype=*/false);
+  if (a.packed_weight.has_value() && a.packed_weight->defined()) {
+    const at::Tensor& packed = *a.packed_weight;
+    TORCH_CHECK_VALUE(packed.sizes() == weight.permute({0, 2, 3, 4, 1}).sizes(),
+                      "cutlassfuse: packed_weight must be weight.permute(0, 2, 3, 4, 1), shape ",
+                      weight.permute({0, 2, 3, 4, 1}).sizes(), ", got ", packed.sizes());
+    TORCH_CHECK_VALUE(packed.device() == input.device() && packed.scalar_type() == weight.scalar_type(),
+                      "cutlassfuse: packed_weight must have the weight's device and dtype");
+  }
   return p;
 }
 

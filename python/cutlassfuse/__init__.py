@@ -15,12 +15,14 @@ load_extension()
 from ._build_info import VERSION as __version__  # noqa: E402
 from .info import info  # noqa: E402
 from .modules import ConvTranspose3dReLUGroupNorm  # noqa: E402
-from .ops import conv_transpose3d_relu_group_norm, explain  # noqa: E402
+from .ops import conv_transpose3d_relu_group_norm, explain, pack_weight, set_dgrad_config  # noqa: E402
 
 __all__ = [
     "ConvTranspose3dReLUGroupNorm",
     "conv_transpose3d_relu_group_norm",
     "explain",
     "info",
+    "pack_weight",
+    "set_dgrad_config",
     "__version__",
 ]

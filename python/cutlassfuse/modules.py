@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
+import torch
 from torch import Tensor, nn
 from torch.nn.common_types import _size_3_t
 
-from .ops import conv_transpose3d_relu_group_norm
+from .ops import conv_transpose3d_relu_group_norm, pack_weight
 
 
 class ConvTranspose3dReLUGroupNorm(nn.Module):
@@ -43,10 +46,24 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
             in_channels, out_channels, kernel_size, stride=stride, padding=padding,
             output_padding=output_padding, groups=conv_groups, bias=bias, dilation=dilation, **factory)
         self.group_norm = nn.GroupNorm(groups, out_channels, eps=eps, affine=affine, **factory)
+        self._packed: Optional[Tensor] = None
+        self._packed_key: Optional[tuple] = None
+
+    def packed_weight(self) -> Optional[Tensor]:
+        """The weight in the tensor-core kernel's layout, re-packed only when the weight
+        changed (in place, replaced, moved or cast) since the last call. None on the CPU
+        and while compiling (there the permutation is part of the traced graph)."""
+        weight = self.conv_transpose.weight
+        if not weight.is_cuda or torch.compiler.is_compiling():
+            return None
+        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, weight.shape)
+        if key != self._packed_key:
+            self._packed, self._packed_key = pack_weight(weight), key
+        return self._packed
 
     def forward(self, x: Tensor) -> Tensor:
         conv, norm = self.conv_transpose, self.group_norm
         return conv_transpose3d_relu_group_norm(
             x, conv.weight, conv.bias, conv.stride, conv.padding, conv.output_padding, conv.groups,
             conv.dilation, num_groups=norm.num_groups, norm_weight=norm.weight, norm_bias=norm.bias,
-            eps=norm.eps)
+            eps=norm.eps, packed_weight=self.packed_weight())

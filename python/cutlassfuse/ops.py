@@ -24,10 +24,10 @@ def _triple(value: IntOrTriple, name: str) -> list[int]:
 
 
 def _op_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation,
-                  num_groups, norm_weight, norm_bias, eps) -> tuple:
+                  num_groups, norm_weight, norm_bias, eps, packed_weight) -> tuple:
     return (input, weight, bias, norm_weight, norm_bias, int(num_groups), float(eps),
             _triple(stride, "stride"), _triple(padding, "padding"),
-            _triple(output_padding, "output_padding"), int(groups), _triple(dilation, "dilation"))
+            _triple(output_padding, "output_padding"), int(groups), _triple(dilation, "dilation"), packed_weight)
 
 
 def conv_transpose3d_relu_group_norm(
@@ -44,6 +44,7 @@ def conv_transpose3d_relu_group_norm(
     norm_weight: Optional[Tensor] = None,
     norm_bias: Optional[Tensor] = None,
     eps: float = 1e-5,
+    packed_weight: Optional[Tensor] = None,
 ) -> Tensor:
     """``F.group_norm(F.relu(F.conv_transpose3d(input, weight, bias, stride, padding,
     output_padding, groups, dilation)), num_groups, norm_weight, norm_bias, eps)`` in one op.
@@ -53,10 +54,25 @@ def conv_transpose3d_relu_group_norm(
     affine gamma/beta). Input (N, C_in, D, H, W), weight (C_in, C_out / groups, kD,
     kH, kW). The output has the input's dtype, and is channels_last_3d when the input
     or the weight is, contiguous otherwise (as PyTorch's composite).
+
+    ``packed_weight``, if given, must be ``pack_weight(weight)``: callers that reuse a
+    weight (the module does) pass it to skip re-permuting the weight on every call.
     """
     return torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm(
         *_op_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation,
-                       num_groups, norm_weight, norm_bias, eps))
+                       num_groups, norm_weight, norm_bias, eps, packed_weight))
+
+
+def pack_weight(weight: Tensor) -> Tensor:
+    """The weight (C_in, C_out, kD, kH, kW) laid out as the tensor-core kernel reads it:
+    (C_in, kD, kH, kW, C_out), contiguous."""
+    return weight.detach().permute(0, 2, 3, 4, 1).contiguous()
+
+
+def set_dgrad_config(name: Optional[str]) -> None:
+    """Pins the sm90 kernel's tile configuration (for benchmarking); None restores the
+    heuristic. Names: "128x128_cluster1x1", "128x128_cluster2x1", "128x64_cluster1x1"."""
+    torch.ops.cutlassfuse.set_dgrad_config(name or "")
 
 
 def explain(
@@ -78,7 +94,7 @@ def explain(
     arguments, and why: ``"fused_sm90: ..."`` or ``"reference: ..., because ..."``."""
     return torch.ops.cutlassfuse.explain(
         *_op_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation,
-                       num_groups, norm_weight, norm_bias, eps))
+                       num_groups, norm_weight, norm_bias, eps, None))
 
 
 def transposed_conv_output_size(input_size: Sequence[int], kernel_size: Sequence[int], stride: Sequence[int],
@@ -91,7 +107,7 @@ def transposed_conv_output_size(input_size: Sequence[int], kernel_size: Sequence
 
 @torch.library.register_fake(_OP)
 def _conv_transpose3d_relu_group_norm_fake(input, weight, bias, norm_weight, norm_bias, num_groups, eps,
-                                           stride, padding, output_padding, groups, dilation):
+                                           stride, padding, output_padding, groups, dilation, packed_weight=None):
     torch._check(input.dim() == 5, lambda: f"cutlassfuse: input must be 5-D, got {input.dim()}-D")
     torch._check(weight.dim() == 5, lambda: f"cutlassfuse: weight must be 5-D, got {weight.dim()}-D")
     torch._check(weight.shape[0] == input.shape[1],

@@ -29,6 +29,14 @@ def reference_float64(input: Tensor, weight: Tensor, bias: Optional[Tensor] = No
     return F.group_norm(F.relu(y), num_groups, _float64(norm_weight), _float64(norm_bias), eps)
 
 
+def poison_cuda_allocator(nbytes: int) -> None:
+    """Leaves NaN in the CUDA caching allocator's free blocks, so that an element an op
+    allocates but fails to write reads back as NaN rather than as stale plausible data."""
+    torch.cuda.synchronize()
+    poison = torch.full((nbytes // 2 + 1,), float("nan"), dtype=torch.float16, device="cuda")
+    del poison
+
+
 @dataclass(frozen=True)
 class Errors:
     relative: float  # ||out - ref||_2 / ||ref||_2

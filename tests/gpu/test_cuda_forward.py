@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import cutlassfuse
-from cutlassfuse.testing import RELATIVE_TOLERANCE, errors, reference_float64
+from cutlassfuse.testing import RELATIVE_TOLERANCE, errors, poison_cuda_allocator, reference_float64
 
 pytestmark = pytest.mark.gpu
 
@@ -74,14 +74,6 @@ def make_inputs(case: Case, dtype: torch.dtype, generator: torch.Generator) -> d
     )
 
 
-def poison_allocator(nbytes: int) -> None:
-    """Leaves NaN in the caching allocator's free blocks, so an element the op fails
-    to write reads back as NaN rather than as stale plausible data."""
-    torch.cuda.synchronize()
-    poison = torch.full((nbytes // 2 + 1,), float("nan"), dtype=torch.float16, device="cuda")
-    del poison
-
-
 def eager(inputs: dict) -> torch.Tensor:
     y = F.conv_transpose3d(inputs["input"], inputs["weight"], inputs["bias"], inputs["stride"], inputs["padding"],
                            inputs["output_padding"], 1, inputs["dilation"])
@@ -99,7 +91,7 @@ def test_matches_float64(case: Case, dtype: torch.dtype):
         assert path.startswith("fused_sm90"), path
 
     expected_like = eager(inputs)  # shape and dtype of PyTorch's result
-    poison_allocator(4 * expected_like.numel() * expected_like.element_size())
+    poison_cuda_allocator(4 * expected_like.numel() * expected_like.element_size())
     out = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
     torch.cuda.synchronize()
 

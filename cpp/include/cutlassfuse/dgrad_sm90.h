@@ -1,34 +1,70 @@
-// Host interface of the Hopper (sm90a) tensor-core deconvolution:
+// Host interface of the Hopper (sm90a) fused deconvolution:
 //
-//     activation = ReLU(ConvTranspose3d(input, weight) + bias)
+//     activation = ReLU(ConvTranspose3d(input, weight) + bias), stored NDHWC,
+//     plus GroupNorm partial statistics of the stored values (TilePartials layout),
 //
 // computed as the data gradient (dgrad) of the Conv3d whose input is `activation`
-// and whose output is `input`: a CUTLASS 3.x implicit GEMM with TMA im2col loads,
-// wgmma, and an epilogue that adds the bias and applies ReLU before the TMA store.
+// and whose output is `input`: a CUTLASS 3.x implicit GEMM (TMA im2col loads, wgmma)
+// whose epilogue visitor tree adds the bias, applies ReLU, stores, and reduces the
+// statistics (group_norm_stats_visitor.cuh).
 // GEMM view: M = batch * Do * Ho * Wo, N = out_channels, K = in_channels * T * R * S.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <optional>
 #include <string>
+#include <string_view>
 
+#include "cutlassfuse/group_norm.h"
 #include "cutlassfuse/problem.h"
 
 namespace cutlassfuse::sm90 {
 
+// CTA tile (M pixels x N channels, K = 64) and thread-block cluster.
+enum class DgradConfig { k128x128_cluster1x1, k128x128_cluster2x1, k128x64_cluster1x1 };
+inline constexpr DgradConfig kDgradConfigs[] = {DgradConfig::k128x128_cluster1x1, DgradConfig::k128x128_cluster2x1,
+                                                DgradConfig::k128x64_cluster1x1};
+
+struct TileExtent {
+  int m;
+  int n;
+};
+TileExtent tile_extent(DgradConfig config);
+const char* config_name(DgradConfig config);
+std::optional<DgradConfig> config_from_name(std::string_view name);
+
+// The heuristic (dgrad_sm90_config.cpp), unless set_config_override() pinned one.
+DgradConfig choose_config(const Problem& problem);
+void set_config_override(std::optional<DgradConfig> config);
+
 struct DgradOperands {
-  const void* input;   // [N, D, H, W, Cin] (NDHWC, packed)
-  const void* filter;  // [Cin, T, R, S, Cout]: PyTorch's (Cin, Cout, T, R, S) permuted
-  const void* bias;    // [Cout], or nullptr for no bias
-  void* activation;    // [N, Do, Ho, Wo, Cout] (NDHWC, packed)
+  const void* input;         // [N, D, H, W, Cin] (NDHWC, packed)
+  const void* filter;        // [Cin, T, R, S, Cout]: PyTorch's (Cin, Cout, T, R, S) permuted
+  const void* bias;          // [Cout], or nullptr for no bias
+  void* activation;          // [N, Do, Ho, Wo, Cout] (NDHWC, packed)
+  WelfordPartial* partials;  // TilePartials::for_tiles(shape, tile).slots(shape) entries
 };
 
-// Empty when the kernel can run `problem` in `element`, else why not (for explain()
-// and fallbacks). Checks the shape rules of this kernel and CUTLASS's can_implement.
-std::string dgrad_bias_relu_unsupported_reason(ElementType element, const Problem& problem);
+// Empty when the kernel can run `problem`, else why not. Checks this kernel's rules and
+// CUTLASS's can_implement.
+template <ElementType E>
+std::string dgrad_unsupported_reason(DgradConfig config, const Problem& problem);
 
 // Launches on `stream`. Throws std::runtime_error if CUTLASS refuses or the launch fails.
-void dgrad_bias_relu(ElementType element, const Problem& problem, const DgradOperands& operands,
-                     int sm_count, cudaStream_t stream);
+template <ElementType E>
+void dgrad_fused(DgradConfig config, const Problem& problem, const DgradOperands& operands, int sm_count,
+                 cudaStream_t stream);
+
+}  // namespace cutlassfuse::sm90
+
+namespace cutlassfuse::sm90 {
+
+// The same mainloop (128x128x64, cluster 1x1) with CUTLASS's stock epilogue: a plain
+// store of the convolution, no bias, ReLU or statistics. The baseline the fused
+// epilogue is measured against (benchmarks, explain), not a path of the op.
+template <ElementType E>
+void dgrad_plain(const Problem& problem, const void* input, const void* filter, void* output, int sm_count,
+                 cudaStream_t stream);
 
 }  // namespace cutlassfuse::sm90

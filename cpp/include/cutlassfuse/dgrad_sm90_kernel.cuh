@@ -1,6 +1,5 @@
-// Type assembly of the sm90 dgrad kernel family: mainloop, epilogue and kernel from
-// CUTLASS's collective builders. Included by exactly one translation unit per
-// family so each configuration is instantiated once.
+// Type assembly of the sm90 fused dgrad family: epilogue visitor tree, collective
+// epilogue and mainloop from CUTLASS's builders, kernel and device adapter.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -9,55 +8,72 @@
 #include <cutlass/conv/device/conv_universal_adapter.hpp>
 #include <cutlass/conv/kernel/conv_universal.hpp>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
-#include <cutlass/epilogue/fusion/operations.hpp>
+#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
 #include <cutlass/epilogue/thread/activation.h>
+
+#include "cutlassfuse/group_norm_stats_visitor.cuh"
 
 namespace cutlassfuse::sm90 {
 
-// A CTA tile (M = output pixels, N = output channels, K = reduction) and a cluster.
-template <int TileM, int TileN, int TileK, int ClusterM, int ClusterN>
+template <int TileM, int TileN, int ClusterM>
 struct TileConfig {
   // The conv builders expect the K mode wrapped in its own tuple.
-  using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Shape<cute::Int<TileK>>>;
-  using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>;
+  using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Shape<cute::_64>>;
+  using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::_1, cute::_1>;
 };
 
-// activation = ReLU(acc + bias[channel]) stored as Element; fp32 accumulation. No C
-// operand is read (source type void), and a null bias pointer reads as zeros, so one
-// instantiation serves conv layers with and without bias.
+template <class Element, class TileShape>
+struct FusedEpilogueTree {
+  using Accumulator = float;
+  static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+  static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;  // 16-byte vectors
+  template <class... Ts>
+  using EVT = cutlass::epilogue::fusion::Sm90EVT<Ts...>;
+  template <template <class> class Fn>
+  using Compute = cutlass::epilogue::fusion::Sm90Compute<Fn, Accumulator, Accumulator, kRound>;
+
+  // bias[channel] broadcast along the pixels; a null pointer reads as zeros, so one
+  // instantiation serves layers with and without bias.
+  using Bias = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, Element, Accumulator,
+                                                           cute::Stride<cute::_0, cute::_1, int64_t>, kAlignment>;
+  using BiasRelu = EVT<Compute<cutlass::epilogue::thread::ReLu>,
+                       EVT<Compute<cutlass::plus>, cutlass::epilogue::fusion::Sm90AccFetch, Bias>>;
+  // Root: passes ReLU(acc + bias) to the store and reduces GroupNorm partials of it.
+  using Tree = EVT<Sm90GroupNormStats<Element, TileShape>, BiasRelu>;
+};
+
 template <class Element, class Config>
-struct DgradBiasReluKernel {
+struct DgradFusedKernel {
   using Layout = cutlass::layout::TensorNDHWC;
   using Accumulator = float;
-  static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;  // 16-byte vectors
+  using TileShape = typename Config::TileShape;
+  using ClusterShape = typename Config::ClusterShape;
+  using Trees = FusedEpilogueTree<Element, TileShape>;
+  static constexpr int kAlignment = Trees::kAlignment;
 
-  using FusionOp = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<
-      cutlass::epilogue::thread::ReLu, Element, Accumulator, Element, void>;
+  template <class Callbacks>
+  using EpilogueWith = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, Accumulator,
+      void, Layout, kAlignment, Element, Layout, kAlignment,
+      cutlass::epilogue::TmaWarpSpecialized, Callbacks>::CollectiveOp;
+  using Epilogue = EpilogueWith<typename Trees::Tree>;
 
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
-      typename Config::TileShape, typename Config::ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto,
-      Accumulator, Accumulator,
-      void, Layout, kAlignment,
-      Element, Layout, kAlignment,
-      cutlass::epilogue::TmaWarpSpecialized,
-      FusionOp>::CollectiveOp;
+  // The sm90 conv kernel is non-persistent: its mainloop and epilogue shared memory
+  // are a union, so the statistics' staging tile need not be carved out of the
+  // mainloop's stages. Carve out what the epilogue needs without it.
+  static constexpr int kCarveout = static_cast<int>(sizeof(typename EpilogueWith<typename Trees::BiasRelu>::SharedStorage));
 
   using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
-      cutlass::conv::Operator::kDgrad,
-      Element, Layout, kAlignment,
-      Element, Layout, kAlignment,
-      Accumulator,
-      typename Config::TileShape, typename Config::ClusterShape,
-      cutlass::conv::collective::StageCountAutoCarveout<
-          static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kDgrad,
+      Element, Layout, kAlignment, Element, Layout, kAlignment, Accumulator, TileShape, ClusterShape,
+      cutlass::conv::collective::StageCountAutoCarveout<kCarveout>,
       cutlass::conv::collective::KernelScheduleAuto>::CollectiveOp;
 
   using ProblemShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kDgrad, 3>;
   using Kernel = cutlass::conv::kernel::ConvUniversal<ProblemShape, Mainloop, Epilogue>;
   using Device = cutlass::conv::device::ConvUniversalAdapter<Kernel>;
+  static_assert(sizeof(typename Kernel::SharedStorage) <= 227 * 1024, "shared memory over the sm90 limit");
 };
 
 }  // namespace cutlassfuse::sm90

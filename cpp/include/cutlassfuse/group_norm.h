@@ -1,12 +1,16 @@
 // Host interface of cutlassfuse's GroupNorm kernels over a post-ReLU activation
-// stored NDHWC ([batch, spatial, channels], channels fastest):
+// stored NDHWC ([batch, spatial, channels], channels fastest).
 //
-//   1. group_norm_partial_stats: one Welford partial (count, mean, M2) per
-//      (sample, chunk of spatial rows, group), written to fixed positions of a
-//      workspace: no atomics, so results are bitwise reproducible.
-//   2. group_norm_apply: merges each (sample, group)'s partials in a fixed order
-//      (Chan et al.'s pairwise update, robust where E[x^2] - E[x]^2 cancels),
-//      then writes (x - mean) * rstd * gamma + beta, channels-last or NCDHW.
+// Statistics arrive as Welford partials (count, mean, M2), each at a fixed position of
+// a workspace, so the result is bitwise reproducible (no atomics). They come from one
+// of two producers, described by a layout:
+//   - TilePartials: the deconvolution's epilogue, one partial per (CTA tile, sample
+//     segment of the tile, group segment of the tile);
+//   - ChunkPartials: group_norm_partial_stats, one per (sample, chunk of spatial rows,
+//     group), for activations that another kernel produced.
+// group_norm_apply merges each (sample, group)'s partials in a fixed order with Chan
+// et al.'s pairwise update (robust where E[x^2] - E[x]^2 cancels), then writes
+// (x - mean) * rstd * gamma + beta, channels-last (in place allowed) or NCDHW.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -36,19 +40,38 @@ struct GroupNormAffine {
   ElementType element;
 };
 
-// Empty when the kernels take `shape` (channels a multiple of 8, at most
-// kMaxChannels, 32-bit row indexing), else why not.
+// Partials of CTA tiles of tile_m output pixels x tile_n channels. A tile covers the
+// rows of up to max_segments samples and the channels of up to max_local_groups
+// groups; slot [tile row][sample segment][tile column][group segment].
+struct TilePartials {
+  int tile_m;
+  int tile_n;
+  int tiles_n;
+  int max_segments;
+  int max_local_groups;
+
+  static TilePartials for_tiles(const GroupNormShape& shape, int tile_m, int tile_n);
+  int64_t slots(const GroupNormShape& shape) const;
+};
+
+// Partials of group_norm_partial_stats: slot [sample][chunk][group].
+struct ChunkPartials {
+  int64_t num_chunks;
+
+  // Enough chunks to fill `sm_count` SMs a few times over.
+  static ChunkPartials for_device(const GroupNormShape& shape, int sm_count);
+  int64_t slots(const GroupNormShape& shape) const;
+};
+
+// Empty when the kernels take `shape`, else why not.
 const char* group_norm_unsupported_reason(const GroupNormShape& shape);
 
-// Spatial chunks per sample: enough blocks to fill `sm_count` SMs a few times over.
-int64_t group_norm_num_chunks(const GroupNormShape& shape, int sm_count);
-
-// partials: [batch, num_chunks, num_groups]
 void group_norm_partial_stats(ElementType element, const void* activation, const GroupNormShape& shape,
-                              int64_t num_chunks, WelfordPartial* partials, cudaStream_t stream);
+                              ChunkPartials layout, WelfordPartial* partials, cudaStream_t stream);
 
-void group_norm_apply(ElementType element, const void* activation, const WelfordPartial* partials,
-                      int64_t num_chunks, const GroupNormShape& shape, const GroupNormAffine& affine,
-                      float eps, bool channels_last_output, void* output, cudaStream_t stream);
+template <class Partials>
+void group_norm_apply(ElementType element, const void* activation, const WelfordPartial* partials, Partials layout,
+                      const GroupNormShape& shape, const GroupNormAffine& affine, float eps,
+                      bool channels_last_output, void* output, int sm_count, cudaStream_t stream);
 
 }  // namespace cutlassfuse

@@ -27,6 +27,9 @@ struct OpArgs {
   at::IntArrayRef output_padding;
   int64_t groups;
   at::IntArrayRef dilation;
+  // Optional: weight already permuted to [Cin, kD, kH, kW, Cout] (a cache of the
+  // module's); used by the fused path only.
+  const std::optional<at::Tensor>& packed_weight;
 };
 
 // Checks every argument (raising ValueError/TypeError naming the argument) and
@@ -44,6 +47,11 @@ at::Tensor reference_forward(const OpArgs& args);
 // Empty when the fused sm90 path takes the call, else why not.
 std::string fused_path_unsupported_reason(const OpArgs& args, const Problem& problem);
 at::Tensor fused_forward_cuda(const OpArgs& args, const Problem& problem);
+// What the fused path runs for `problem` (kernel configuration included).
+std::string fused_path_description(const Problem& problem);
+// ConvTranspose3d alone through the stock CUTLASS sm90 dgrad (plain store, NDHWC
+// output): the baseline of the fused epilogue, for benchmarks.
+at::Tensor cutlass_dgrad_plain(const OpArgs& args, const Problem& problem);
 #endif
 
 }  // namespace cutlassfuse

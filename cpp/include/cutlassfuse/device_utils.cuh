@@ -1,0 +1,51 @@
+// Small device helpers shared by cutlassfuse's own (non-CUTLASS) kernels: 16-byte
+// vector access to 16-bit elements, and launch checking.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace cutlassfuse {
+
+// Every thread moves 16 bytes at a time: 8 elements of a 16-bit type.
+constexpr int kVector = 8;
+
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <class T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+template <class T>
+__device__ __forceinline__ void load_vector(const T* src, float (&v)[kVector]) {
+  static_assert(sizeof(T) * kVector == sizeof(uint4));
+  const uint4 raw = *reinterpret_cast<const uint4*>(src);
+  const T* elems = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < kVector; ++i) v[i] = to_float(elems[i]);
+}
+
+template <class T>
+__device__ __forceinline__ void store_vector(T* dst, const float (&v)[kVector]) {
+  uint4 raw;
+  T* elems = reinterpret_cast<T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < kVector; ++i) elems[i] = from_float<T>(v[i]);
+  *reinterpret_cast<uint4*>(dst) = raw;
+}
+
+inline void check_launch(const char* kernel) {
+  const cudaError_t error = cudaGetLastError();
+  if (error != cudaSuccess) {
+    throw std::runtime_error(std::string("cutlassfuse: launching ") + kernel + " failed: " + cudaGetErrorString(error));
+  }
+}
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace cutlassfuse

@@ -1,0 +1,215 @@
+// An sm90 epilogue visitor (EVT) node that passes its input through to the output
+// store and emits GroupNorm partial statistics of the values stored.
+//
+// Placement: the root of the EVT tree, so its input is exactly what the epilogue
+// converts and stores (here ReLU(acc + bias)). Per CTA tile it
+//   1. visit():  writes each element, rounded to the stored type, into a shared-memory
+//                copy of the tile (the statistics are those of the stored activation,
+//                which the normalize pass reads back);
+//   2. reduce(): after the tile's last subtile, one warp per (sample segment, group
+//                segment) of the tile computes count, mean and M2 over that rectangle of
+//                shared memory in two exact passes, and writes them to a fixed slot of
+//                the partials workspace (layout: cutlassfuse::TilePartials).
+// A tile may hold rows of any number of samples (output D*H*W smaller than, or not a
+// multiple of, the tile's M extent) and columns of any number of groups, including
+// groups that continue in the next N tile; each (sample, group) piece gets its own
+// slot, so the partials are exact in every case and no atomics are needed.
+//
+// Why shared memory rather than registers: a thread's fragment mixes rows of several
+// samples and columns of several groups, both run-time quantities; the tile copy makes
+// the reduction layout-independent. The sm90 conv kernel is non-persistent and its
+// epilogue storage is a union with the mainloop's, so the 128 x 136 staging tile costs
+// no pipeline stages.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
+#include <cutlass/numeric_conversion.h>
+
+#include "cutlassfuse/group_norm.h"
+
+namespace cutlassfuse::sm90 {
+
+struct GroupNormStatsArguments {
+  WelfordPartial* partials = nullptr;  // TilePartials::slots() entries
+  int64_t spatial = 1;                 // output rows per sample (Do * Ho * Wo)
+  int channels_per_group = 1;
+  int max_segments = 1;
+  int max_local_groups = 1;
+  int tiles_n = 1;
+};
+
+template <class Element, class CtaTileShapeMNK>
+struct Sm90GroupNormStats {
+  static constexpr int kTileM = cute::size<0>(CtaTileShapeMNK{});
+  static constexpr int kTileN = cute::size<1>(CtaTileShapeMNK{});
+  // Row pitch in elements: 16-byte aligned rows, and 4 banks between consecutive rows
+  // so the fragment writes of a warp (8 rows x 4 column pairs) are conflict-free.
+  static constexpr int kPitch = kTileN + 8;
+  static constexpr int kVector = 16 / sizeof(Element);
+  static constexpr int kWarps = 4;  // the consumer warpgroup
+
+  struct SharedStorage {
+    alignas(16) Element tile[kTileM * kPitch];
+  };
+  using Arguments = GroupNormStatsArguments;
+  using Params = Arguments;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
+    return args;
+  }
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const&, Arguments const& args) {
+    return args.partials != nullptr && args.spatial > 0 && args.channels_per_group > 0;
+  }
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;  // the partials buffer comes in through Arguments (the sm90 conv kernel sizes no epilogue workspace)
+  }
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+
+  CUTLASS_HOST_DEVICE Sm90GroupNormStats() {}
+  CUTLASS_HOST_DEVICE Sm90GroupNormStats(Params const& params, SharedStorage const& shared_storage)
+      : params_(params), smem_(const_cast<Element*>(shared_storage.tile)) {}
+
+  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
+  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
+
+  template <class... Args>
+  CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
+    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
+  }
+
+  template <class TileCoords>
+  struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
+    TileCoords tile_coords;  // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) -> tile-local (m, n) of this thread's elements
+    Element* smem;
+    Params const& params;
+    int64_t tile_row_begin;  // global output row (n * spatial + pixel) of the tile's first row
+    int tile_col_begin;
+    int rows;  // valid rows and columns of this tile
+    int cols;
+    int tile_m_index;
+    int tile_n_index;
+    int thread_idx;
+
+    CUTLASS_DEVICE ConsumerStoreCallbacks(TileCoords tile_coords, Element* smem, Params const& params,
+                                          int64_t tile_row_begin, int tile_col_begin, int rows, int cols,
+                                          int tile_m_index, int tile_n_index, int thread_idx)
+        : tile_coords(tile_coords), smem(smem), params(params), tile_row_begin(tile_row_begin),
+          tile_col_begin(tile_col_begin), rows(rows), cols(cols), tile_m_index(tile_m_index),
+          tile_n_index(tile_n_index), thread_idx(thread_idx) {}
+
+    template <class ElementAccumulator, class ElementInput, int FragmentSize>
+    CUTLASS_DEVICE cutlass::Array<ElementInput, FragmentSize> visit(
+        cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int epi_m, int epi_n,
+        cutlass::Array<ElementInput, FragmentSize> const& frg_input) {
+      // The same rounding the collective applies before its store.
+      cutlass::NumericConverter<Element, ElementInput, cutlass::FloatRoundStyle::round_to_nearest> convert;
+      auto coords = tile_coords(cute::_, cute::_, cute::_, epi_m, epi_n);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; ++i) {
+        auto [m, n] = coords(epi_v * FragmentSize + i);
+        smem[m * kPitch + n] = convert(frg_input[i]);
+      }
+      return frg_input;
+    }
+
+    template <class STensor, class SyncFn, class VTensor>
+    CUTLASS_DEVICE void reduce(STensor&&, SyncFn const& sync_fn, int, int, bool is_last_iteration, VTensor) {
+      if (!is_last_iteration) return;
+      sync_fn();  // every thread's subtiles are in shared memory
+      write_partials();
+    }
+
+   private:
+    struct Rectangle {
+      int row_begin, row_end, col_begin, col_end;
+    };
+
+    // Sum over the rectangle of f(value), lanes strided over it, then a fixed butterfly.
+    template <class F>
+    CUTLASS_DEVICE float warp_sum(Rectangle r, int lane, F f) const {
+      float sum = 0.f;
+      const int width = r.col_end - r.col_begin;
+      if (r.col_begin % kVector == 0 && width % kVector == 0) {
+        const int vectors = width / kVector;
+        for (int e = lane; e < (r.row_end - r.row_begin) * vectors; e += 32) {
+          const Element* p = smem + (r.row_begin + e / vectors) * kPitch + r.col_begin + (e % vectors) * kVector;
+          cutlass::Array<Element, kVector> v = *reinterpret_cast<cutlass::Array<Element, kVector> const*>(p);
+          CUTLASS_PRAGMA_UNROLL
+          for (int k = 0; k < kVector; ++k) sum += f(static_cast<float>(v[k]));
+        }
+      } else {
+        for (int e = lane; e < (r.row_end - r.row_begin) * width; e += 32) {
+          sum += f(static_cast<float>(smem[(r.row_begin + e / width) * kPitch + r.col_begin + e % width]));
+        }
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      return sum;
+    }
+
+    CUTLASS_DEVICE void write_partials() const {
+      const int64_t spatial = params.spatial;
+      const int cpg = params.channels_per_group;
+      const int64_t first_sample = tile_row_begin / spatial;
+      const int segments = static_cast<int>((tile_row_begin + rows - 1) / spatial - first_sample + 1);
+      const int first_group = tile_col_begin / cpg;
+      const int local_groups = (tile_col_begin + cols - 1) / cpg - first_group + 1;
+      const int warp = thread_idx / 32;
+      const int lane = thread_idx % 32;
+      for (int item = warp; item < segments * local_groups; item += kWarps) {
+        const int segment = item / local_groups;
+        const int local_group = item % local_groups;
+        const int64_t sample_row = (first_sample + segment) * spatial;  // global row of the sample's first pixel
+        const int group_col = (first_group + local_group) * cpg;
+        const Rectangle r{static_cast<int>(cute::max(sample_row - tile_row_begin, int64_t{0})),
+                          static_cast<int>(cute::min(sample_row + spatial - tile_row_begin, int64_t{rows})),
+                          cute::max(group_col - tile_col_begin, 0), cute::min(group_col + cpg - tile_col_begin, cols)};
+        const float count = static_cast<float>((r.row_end - r.row_begin) * (r.col_end - r.col_begin));
+        const float mean = warp_sum(r, lane, [](float v) { return v; }) / count;
+        const float m2 = warp_sum(r, lane, [mean](float v) { return (v - mean) * (v - mean); });
+        if (lane == 0) {
+          const int64_t slot =
+              ((int64_t{tile_m_index} * params.max_segments + segment) * params.tiles_n + tile_n_index) *
+                  params.max_local_groups + local_group;
+          params.partials[slot] = {count, mean, m2};
+        }
+      }
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(
+      cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
+    using namespace cute;
+    // Tile-local coordinates of this thread's fragment elements, in the order visit()
+    // receives them.
+    Tensor tile_coords = cutlass::epilogue::fusion::sm90_partition_for_epilogue<ReferenceSrc>(
+        make_identity_tensor(take<0, 2>(args.tile_shape_mnk)), args.epi_tile, args.tiled_copy, args.thread_idx);
+    // Inside the kernel the conv problem's M is linear over (n, d, h, w): the output
+    // row of pixel (d, h, w) of sample n is n * spatial + (d * Ho + h) * Wo + w.
+    auto [M, N, K, L] = args.problem_shape_mnkl;
+    const int tile_m_index = static_cast<int>(get<0>(args.tile_coord_mnkl));
+    const int tile_n_index = static_cast<int>(get<1>(args.tile_coord_mnkl));
+    const int64_t row_begin = int64_t{tile_m_index} * kTileM;
+    const int col_begin = tile_n_index * kTileN;
+    const int rows = static_cast<int>(cute::min(int64_t(M) - row_begin, int64_t{kTileM}));
+    const int cols = cute::min(int(N) - col_begin, int{kTileN});
+    return ConsumerStoreCallbacks<decltype(tile_coords)>(tile_coords, smem_, params_, row_begin, col_begin, rows,
+                                                          cols, tile_m_index, tile_n_index, args.thread_idx);
+  }
+
+ private:
+  Params params_;
+  Element* smem_ = nullptr;
+};
+
+}  // namespace cutlassfuse::sm90

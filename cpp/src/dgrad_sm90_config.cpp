@@ -1,0 +1,44 @@
+// Tile configurations of the sm90 fused dgrad family and the heuristic choosing one.
+#include <atomic>
+
+#include "cutlassfuse/dgrad_sm90.h"
+
+namespace cutlassfuse::sm90 {
+namespace {
+
+// -1: no override. Set through torch.ops.cutlassfuse.set_dgrad_config for benchmarks.
+std::atomic<int> g_override{-1};
+
+}  // namespace
+
+TileExtent tile_extent(DgradConfig config) {
+  return config == DgradConfig::k128x64_cluster1x1 ? TileExtent{128, 64} : TileExtent{128, 128};
+}
+
+const char* config_name(DgradConfig config) {
+  switch (config) {
+    case DgradConfig::k128x128_cluster2x1: return "128x128_cluster2x1";
+    case DgradConfig::k128x64_cluster1x1: return "128x64_cluster1x1";
+    default: return "128x128_cluster1x1";
+  }
+}
+
+std::optional<DgradConfig> config_from_name(std::string_view name) {
+  for (DgradConfig config : kDgradConfigs) {
+    if (name == config_name(config)) return config;
+  }
+  return std::nullopt;
+}
+
+void set_config_override(std::optional<DgradConfig> config) {
+  g_override.store(config ? static_cast<int>(*config) : -1);
+}
+
+DgradConfig choose_config(const Problem& problem) {
+  if (const int pinned = g_override.load(); pinned >= 0) return static_cast<DgradConfig>(pinned);
+  // A 128-channel tile would compute half zeros for 64 or fewer output channels.
+  if (problem.out_channels <= 64) return DgradConfig::k128x64_cluster1x1;
+  return DgradConfig::k128x128_cluster1x1;
+}
+
+}  // namespace cutlassfuse::sm90

@@ -1,0 +1,119 @@
+"""The fused sm90 path on random shapes chosen to hit its edge cases: tiles that
+straddle samples (output D*H*W of 1, 7, not a multiple of the tile, above 2^16),
+groups of one channel, of Cout/8 channels, of all channels, groups crossing an N-tile
+boundary, padding 0-2, kernels 1-5, dilation 1-2, batch 1 and 32, bias on and off."""
+
+from __future__ import annotations
+
+import random
+import zlib
+
+import pytest
+import torch
+
+import cutlassfuse
+from cutlassfuse.testing import errors, poison_cuda_allocator, reference_float64
+
+pytestmark = pytest.mark.gpu
+
+MAX_ABS = {torch.float16: 3e-2, torch.bfloat16: 2e-1}
+RELATIVE = {torch.float16: 5e-3, torch.bfloat16: 2e-2}
+
+
+def output_extent(size, kernel, padding, dilation):
+    return size - 1 - 2 * padding + dilation * (kernel - 1) + 1
+
+
+def random_case(rng: random.Random, **fixed) -> dict:
+    """A random valid configuration; `fixed` pins some of its values."""
+    while True:
+        c = dict(
+            batch=rng.choice([1, 2, 3, 5, 32]),
+            in_channels=8 * rng.randint(1, 16),
+            out_channels=8 * rng.randint(2, 32),
+            kernel=rng.choice([1, 2, 3, 5]),
+            padding=rng.choice([0, 1, 2]),
+            dilation=rng.choice([1, 2]),
+            size=tuple(rng.randint(1, 9) for _ in range(3)),
+            bias=rng.random() < 0.5,
+            channels_last=rng.random() < 0.3,
+        )
+        c.update(fixed)
+        cout = c["out_channels"]
+        if "num_groups" not in fixed:
+            c["num_groups"] = rng.choice([1, cout // 8, cout] + [g for g in (3, 5, 6, 12) if cout % g == 0])
+        out = [output_extent(s, c["kernel"], c["padding"], c["dilation"]) for s in c["size"]]
+        if min(out) >= 1 and c["batch"] * cout * out[0] * out[1] * out[2] <= 40_000_000:
+            c["output_size"] = tuple(out)
+            return c
+
+
+def named_cases() -> list[dict]:
+    rng = random.Random(2026)
+    cases = [
+        # output D*H*W == 1: every 128-row tile holds up to 128 samples
+        random_case(rng, size=(1, 1, 1), kernel=1, padding=0, batch=32),
+        # output D*H*W == 7
+        random_case(rng, size=(7, 1, 1), kernel=1, padding=0, batch=5),
+        # above 2^16 rows per sample, batch 1
+        random_case(rng, size=(40, 40, 40), kernel=3, padding=0, dilation=1, batch=1, in_channels=16,
+                    out_channels=32, num_groups=4),
+        # groups of one channel / of Cout/8 channels / one group
+        random_case(rng, out_channels=64, num_groups=64),
+        random_case(rng, out_channels=256, num_groups=32),
+        random_case(rng, out_channels=96, num_groups=1),
+        # 48-channel groups cross the 128-channel N-tile boundary; 40-channel ones too
+        random_case(rng, out_channels=192, num_groups=4),
+        random_case(rng, out_channels=120, num_groups=3),
+        # kernel 5 with padding 2, dilation 2
+        random_case(rng, kernel=5, padding=2, dilation=2, size=(5, 6, 7)),
+        # batch 32
+        random_case(rng, batch=32, size=(4, 4, 4), kernel=3),
+    ]
+    cases += [random_case(rng) for _ in range(26)]
+    return cases
+
+
+CASES = named_cases()
+
+
+def case_id(c: dict) -> str:
+    return (f"n{c['batch']}-{c['in_channels']}to{c['out_channels']}-{'x'.join(map(str, c['output_size']))}"
+            f"-k{c['kernel']}p{c['padding']}d{c['dilation']}-g{c['num_groups']}"
+            + ("-bias" if c["bias"] else "") + ("-cl" if c["channels_last"] else ""))
+
+
+def make_inputs(c: dict, dtype: torch.dtype) -> dict:
+    g = torch.Generator(device="cuda").manual_seed(zlib.crc32(case_id(c).encode()))
+    k = c["kernel"]
+    x = torch.randn(c["batch"], c["in_channels"], *c["size"], generator=g, device="cuda").to(dtype)
+    if c["channels_last"]:
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    w = torch.randn(c["in_channels"], c["out_channels"], k, k, k, generator=g, device="cuda")
+    w = (w * (c["in_channels"] * k**3) ** -0.5).to(dtype)
+    cout = c["out_channels"]
+    return dict(
+        input=x, weight=w,
+        bias=(0.2 * torch.randn(cout, generator=g, device="cuda")).to(dtype) if c["bias"] else None,
+        padding=c["padding"], dilation=c["dilation"], num_groups=c["num_groups"],
+        norm_weight=(1 + 0.2 * torch.randn(cout, generator=g, device="cuda")).to(dtype),
+        norm_bias=(0.2 * torch.randn(cout, generator=g, device="cuda")).to(dtype),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_fused_path_matches_float64(case: dict, dtype: torch.dtype):
+    inputs = make_inputs(case, dtype)
+    if torch.cuda.get_device_capability() == (9, 0):
+        path = cutlassfuse.explain(**inputs)
+        assert path.startswith("fused_sm90"), path
+    numel = case["batch"] * case["out_channels"] * torch.Size(case["output_size"]).numel()
+    poison_cuda_allocator(6 * numel * 2)
+    out = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all(), "unwritten (poisoned) or non-finite output elements"
+    err = errors(out, reference_float64(**inputs))
+    assert err.relative <= RELATIVE[dtype] and err.max_abs <= MAX_ABS[dtype], err
+    poison_cuda_allocator(6 * numel * 2)
+    assert torch.equal(out, cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)), "two runs differ"
