@@ -1,7 +1,6 @@
-// GroupNorm over a post-ReLU activation stored NDHWC: merge of deterministic partial
-// statistics and a normalize pass writing the caller's memory format; plus a
-// statistics pass for activations the fused epilogue did not produce.
-// See cutlassfuse/group_norm.h.
+// GroupNorm over a post-ReLU activation stored NDHWC: a fixed-order merge of the
+// epilogue's partial statistics, then a normalize pass writing the caller's memory
+// format. See cutlassfuse/group_norm.h.
 #include <algorithm>
 
 #include "cutlassfuse/device_utils.cuh"
@@ -12,11 +11,10 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-// Per-channel scale/shift and per-group statistics live in shared memory next to
-// the transpose tile; 1024 channels keep the normalize kernels under 48 KB.
+// Per-channel scale and shift live in shared memory next to the transpose tile.
 constexpr int64_t kMaxChannels = 1024;
-// Normalize blocks walk their rows kTile at a time; NCDHW output goes through a
-// shared-memory transpose of kTile rows x kTile channels.
+// A normalize block handles kTile rows; NCDHW output goes through a shared-memory
+// transpose of kTile rows x kTile channels.
 constexpr int kTile = 64;
 
 __device__ __forceinline__ float load_affine(const void* p, ElementType type, int64_t i, float absent) {
@@ -46,19 +44,6 @@ __device__ __forceinline__ WelfordPartial shuffle_down(WelfordPartial p, int off
 }
 
 // --- where a (sample, group)'s partials are ----------------------------------------------
-
-struct ChunkIndexer {
-  int64_t num_chunks;
-  int num_groups;
-
-  struct Range {
-    int64_t base;
-    int64_t stride;
-    int64_t count;
-    __device__ int64_t slot(int64_t p) const { return base + p * stride; }
-  };
-  __device__ Range range(int64_t n, int g) const { return {n * num_chunks * num_groups + g, num_groups, num_chunks}; }
-};
 
 struct TileIndexer {
   TilePartials tiles;
@@ -94,128 +79,75 @@ struct TileIndexer {
   }
 };
 
-// --- statistics pass (activations not produced by the fused epilogue) --------------------
+// --- finalize: partials -> mean, rstd -------------------------------------------------------
 
-// Block (chunk, n) reduces rows [chunk * rows_per_chunk, ...) of sample n. Thread
-// (row slot, vector) walks its column of 8 channels with a per-channel Welford update;
-// the block then merges row slots per channel and channels per group, in fixed order.
-template <class T>
+struct GroupStats {
+  float mean;
+  float rstd;
+};
+
+// Warp w of block b merges the partials of (sample, group) pair kWarps * b + w: lanes
+// strided over the partials, then a fixed shuffle tree; lane 0 writes mean and rstd.
 __global__ void __launch_bounds__(kThreads)
-partial_stats_kernel(const T* __restrict__ activation, int64_t spatial, int channels, int num_groups,
-                     int64_t rows_per_chunk, WelfordPartial* __restrict__ partials) {
-  __shared__ float slot_mean[kThreads * kVector];
-  __shared__ float slot_m2[kThreads * kVector];
-  __shared__ float slot_count[kThreads];
-
-  const int vectors_per_row = channels / kVector;
-  const int rows_per_pass = kThreads / vectors_per_row;
-  const int row_slot = threadIdx.x / vectors_per_row;
-  const int vector = threadIdx.x % vectors_per_row;
-  const int64_t n = blockIdx.y;
-  const int64_t row_begin = blockIdx.x * rows_per_chunk;
-  const int64_t row_end = min(spatial, row_begin + rows_per_chunk);
-
-  float mean[kVector] = {};
-  float m2[kVector] = {};
-  float count = 0.f;
-  if (row_slot < rows_per_pass) {
-    const T* column = activation + n * spatial * channels + vector * kVector;
-    for (int64_t row = row_begin + row_slot; row < row_end; row += rows_per_pass) {
-      float v[kVector];
-      load_vector(column + row * channels, v);
-      count += 1.f;
-      const float inv_count = 1.f / count;  // shared by the 8 channels
+group_norm_finalize_kernel(const WelfordPartial* __restrict__ partials, TileIndexer indexer, int64_t pairs,
+                           int num_groups, float eps, GroupStats* __restrict__ stats) {
+  const int64_t pair = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (pair >= pairs) return;
+  const auto range = indexer.range(pair / num_groups, static_cast<int>(pair % num_groups));
+  WelfordPartial acc{0.f, 0.f, 0.f};
+  // Unrolled so that several independent loads are in flight ahead of the merges.
+#pragma unroll 4
+  for (int64_t p = lane; p < range.count; p += 32) acc = merge(acc, partials[range.slot(p)]);
 #pragma unroll
-      for (int i = 0; i < kVector; ++i) {
-        const float delta = v[i] - mean[i];
-        mean[i] += delta * inv_count;
-        m2[i] += delta * (v[i] - mean[i]);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kVector; ++i) {
-      slot_mean[threadIdx.x * kVector + i] = mean[i];
-      slot_m2[threadIdx.x * kVector + i] = m2[i];
-    }
-    slot_count[threadIdx.x] = count;
-  }
-  __syncthreads();
-
-  // Per channel: merge the row slots in order. Thread c owns column c of the slot
-  // table, so the result can overwrite slot 0 in place.
-  for (int c = threadIdx.x; c < channels; c += kThreads) {
-    WelfordPartial acc{0.f, 0.f, 0.f};
-    for (int slot = 0; slot < rows_per_pass; ++slot) {
-      const int index = slot * channels + c;
-      acc = merge(acc, {slot_count[index / kVector], slot_mean[index], slot_m2[index]});
-    }
-    slot_mean[c] = acc.mean;
-    slot_m2[c] = acc.m2;
-  }
-  __syncthreads();
-
-  // Per group: merge its channels in order. Every channel saw every row of the chunk.
-  const int channels_per_group = channels / num_groups;
-  const float rows = row_end > row_begin ? static_cast<float>(row_end - row_begin) : 0.f;
-  for (int g = threadIdx.x; g < num_groups; g += kThreads) {
-    WelfordPartial acc{0.f, 0.f, 0.f};
-    for (int c = g * channels_per_group; c < (g + 1) * channels_per_group; ++c) {
-      acc = merge(acc, {rows, slot_mean[c], slot_m2[c]});
-    }
-    partials[(n * gridDim.x + blockIdx.x) * num_groups + g] = acc;
+  for (int offset = 16; offset > 0; offset /= 2) acc = merge(acc, shuffle_down(acc, offset));
+  if (lane == 0) {
+    const float variance = acc.count > 0.f ? acc.m2 / acc.count : 0.f;  // biased, as GroupNorm
+    stats[pair] = {acc.mean, rsqrtf(variance + eps)};
   }
 }
 
-// --- normalize pass ------------------------------------------------------------------------
+// --- normalize ---------------------------------------------------------------------------
 
-// Merges sample n's partials per group (warp per group, lanes strided over the
-// partials, then a fixed shuffle tree) and folds mean, rstd, gamma and beta into one
-// multiply-add per element: out = x * scale[c] + shift[c].
-template <class Indexer>
-__device__ void load_scale_shift(const WelfordPartial* __restrict__ partials, Indexer indexer, int64_t n,
-                                 int channels, int num_groups, GroupNormAffine affine, float eps, float* scale,
-                                 float* shift) {
-  __shared__ float group_mean[kMaxChannels];
-  __shared__ float group_rstd[kMaxChannels];
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  for (int g = warp; g < num_groups; g += kWarps) {
-    const auto range = indexer.range(n, g);
-    WelfordPartial acc{0.f, 0.f, 0.f};
-    for (int64_t p = lane; p < range.count; p += 32) acc = merge(acc, partials[range.slot(p)]);
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) acc = merge(acc, shuffle_down(acc, offset));
-    if (lane == 0) {
-      const float variance = acc.count > 0.f ? acc.m2 / acc.count : 0.f;  // biased, as GroupNorm
-      group_mean[g] = acc.mean;
-      group_rstd[g] = rsqrtf(variance + eps);
-    }
-  }
-  __syncthreads();
+// Folds mean, rstd, gamma and beta into one multiply-add per element:
+// out = x * scale[c] + shift[c].
+__device__ void load_scale_shift(const GroupStats* __restrict__ stats, int64_t n, int channels, int num_groups,
+                                 GroupNormAffine affine, float* scale, float* shift) {
   const int channels_per_group = channels / num_groups;
   for (int c = threadIdx.x; c < channels; c += kThreads) {
-    const int g = c / channels_per_group;
-    const float s = group_rstd[g] * load_affine(affine.gamma, affine.element, c, 1.f);
+    const GroupStats g = stats[n * num_groups + c / channels_per_group];
+    const float s = g.rstd * load_affine(affine.gamma, affine.element, c, 1.f);
     scale[c] = s;
-    shift[c] = load_affine(affine.beta, affine.element, c, 0.f) - group_mean[g] * s;
+    shift[c] = load_affine(affine.beta, affine.element, c, 0.f) - g.mean * s;
   }
   __syncthreads();
 }
 
 // kTile rows of channels-last output, 16-byte vectors, in place allowed (each element
-// is read and written by the same thread).
+// is read and written by the same thread). Loads are issued kBatch at a time before
+// any store: with in-place aliasing the compiler may not hoist them itself.
 template <class T>
 __device__ void normalize_rows_channels_last(const T* activation, T* out, int64_t row_begin, int rows, int channels,
                                              const float* scale, const float* shift) {
+  constexpr int kBatch = 4;
   const int vectors_per_row = channels / kVector;
-  for (int i = threadIdx.x; i < rows * vectors_per_row; i += kThreads) {
-    const int64_t offset = (row_begin + i / vectors_per_row) * channels;
-    const int c0 = (i % vectors_per_row) * kVector;
-    float v[kVector];
-    load_vector(activation + offset + c0, v);
+  const int total = rows * vectors_per_row;
+  for (int first = threadIdx.x; first < total; first += kThreads * kBatch) {
+    float v[kBatch][kVector];
 #pragma unroll
-    for (int k = 0; k < kVector; ++k) v[k] = fmaf(v[k], scale[c0 + k], shift[c0 + k]);
-    store_vector(out + offset + c0, v);
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = first + b * kThreads;
+      if (i < total) load_vector(activation + (row_begin + i / vectors_per_row) * channels + (i % vectors_per_row) * kVector, v[b]);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = first + b * kThreads;
+      if (i >= total) break;
+      const int c0 = (i % vectors_per_row) * kVector;
+#pragma unroll
+      for (int k = 0; k < kVector; ++k) v[b][k] = fmaf(v[b][k], scale[c0 + k], shift[c0 + k]);
+      store_vector(out + (row_begin + i / vectors_per_row) * channels + c0, v[b]);
+    }
   }
 }
 
@@ -260,67 +192,50 @@ __device__ void normalize_rows_ncdhw(const T* activation, T* sample_out, int64_t
   }
 }
 
-// Block (b, n) normalizes row tiles b, b + gridDim.x, ... of sample n. A few blocks per
-// sample keep the per-block merge of the partials cheap next to the data they move.
-template <class T, bool kChannelsLast, class Indexer>
+// Block (tile, n) normalizes kTile rows of sample n.
+template <class T, bool kChannelsLast>
 __global__ void __launch_bounds__(kThreads)
-group_norm_apply_kernel(const T* activation, const WelfordPartial* __restrict__ partials, Indexer indexer,
-                        int64_t spatial, int channels, int num_groups, GroupNormAffine affine, float eps, T* out) {
+group_norm_apply_kernel(const T* activation, const GroupStats* __restrict__ stats, int64_t spatial, int channels,
+                        int num_groups, GroupNormAffine affine, T* out) {
   __shared__ float scale[kMaxChannels];
   __shared__ float shift[kMaxChannels];
   const int64_t n = blockIdx.y;
-  load_scale_shift(partials, indexer, n, channels, num_groups, affine, eps, scale, shift);
+  load_scale_shift(stats, n, channels, num_groups, affine, scale, shift);
 
+  const int64_t row_begin = blockIdx.x * int64_t{kTile};
+  const int rows = static_cast<int>(min(spatial - row_begin, int64_t{kTile}));
   const T* sample_in = activation + n * spatial * channels;
   T* sample_out = out + n * spatial * channels;
-  for (int64_t row_begin = blockIdx.x * int64_t{kTile}; row_begin < spatial; row_begin += gridDim.x * int64_t{kTile}) {
-    const int rows = static_cast<int>(min(spatial - row_begin, int64_t{kTile}));
-    if constexpr (kChannelsLast) {
-      normalize_rows_channels_last(sample_in, sample_out, row_begin, rows, channels, scale, shift);
-    } else {
-      __shared__ float tile[kTile][kTile + 1];  // [channel][row]; +1 keeps the transposed writes conflict-free
-      normalize_rows_ncdhw(sample_in, sample_out, row_begin, rows, channels, spatial, scale, shift, tile);
-    }
+  if constexpr (kChannelsLast) {
+    normalize_rows_channels_last(sample_in, sample_out, row_begin, rows, channels, scale, shift);
+  } else {
+    __shared__ float tile[kTile][kTile + 1];  // [channel][row]; +1 keeps the transposed writes conflict-free
+    normalize_rows_ncdhw(sample_in, sample_out, row_begin, rows, channels, spatial, scale, shift, tile);
   }
 }
 
 template <class T>
-void launch_partial_stats(const void* activation, const GroupNormShape& shape, ChunkPartials layout,
-                          WelfordPartial* partials, cudaStream_t stream) {
-  const int64_t rows_per_chunk = ceil_div(shape.spatial, layout.num_chunks);
-  const dim3 grid(static_cast<unsigned>(layout.num_chunks), static_cast<unsigned>(shape.batch));
-  partial_stats_kernel<T><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(activation), shape.spatial,
-                                                         static_cast<int>(shape.channels),
-                                                         static_cast<int>(shape.num_groups), rows_per_chunk, partials);
-  check_launch("partial_stats_kernel");
-}
+void launch_apply(const void* activation, const WelfordPartial* partials, TilePartials layout,
+                  const GroupNormShape& shape, const GroupNormAffine& affine, float eps, bool channels_last_output,
+                  void* output, void* scratch, cudaStream_t stream) {
+  auto* stats = static_cast<GroupStats*>(scratch);
+  const int64_t pairs = shape.batch * shape.num_groups;
+  const TileIndexer indexer{layout, shape.spatial, static_cast<int>(shape.channels / shape.num_groups)};
+  group_norm_finalize_kernel<<<static_cast<unsigned>(ceil_div(pairs, kWarps)), kThreads, 0, stream>>>(
+      partials, indexer, pairs, static_cast<int>(shape.num_groups), eps, stats);
+  check_launch("group_norm_finalize_kernel");
 
-ChunkIndexer make_indexer(ChunkPartials layout, const GroupNormShape& shape) {
-  return {layout.num_chunks, static_cast<int>(shape.num_groups)};
-}
-
-TileIndexer make_indexer(TilePartials layout, const GroupNormShape& shape) {
-  return {layout, shape.spatial, static_cast<int>(shape.channels / shape.num_groups)};
-}
-
-template <class T, class Partials>
-void launch_apply(const void* activation, const WelfordPartial* partials, Partials layout, const GroupNormShape& shape,
-                  const GroupNormAffine& affine, float eps, bool channels_last_output, void* output, int sm_count,
-                  cudaStream_t stream) {
-  const int64_t row_tiles = ceil_div(shape.spatial, kTile);
-  const int64_t blocks_per_sample = std::clamp<int64_t>(ceil_div(4 * int64_t{sm_count}, shape.batch), 1, row_tiles);
-  const dim3 grid(static_cast<unsigned>(blocks_per_sample), static_cast<unsigned>(shape.batch));
-  const auto indexer = make_indexer(layout, shape);
+  const dim3 grid(static_cast<unsigned>(ceil_div(shape.spatial, kTile)), static_cast<unsigned>(shape.batch));
   const auto* in = static_cast<const T*>(activation);
   auto* out = static_cast<T*>(output);
   const int channels = static_cast<int>(shape.channels);
   const int groups = static_cast<int>(shape.num_groups);
   if (channels_last_output) {
-    group_norm_apply_kernel<T, true><<<grid, kThreads, 0, stream>>>(in, partials, indexer, shape.spatial, channels,
-                                                                     groups, affine, eps, out);
+    group_norm_apply_kernel<T, true><<<grid, kThreads, 0, stream>>>(in, stats, shape.spatial, channels, groups,
+                                                                     affine, out);
   } else {
-    group_norm_apply_kernel<T, false><<<grid, kThreads, 0, stream>>>(in, partials, indexer, shape.spatial, channels,
-                                                                      groups, affine, eps, out);
+    group_norm_apply_kernel<T, false><<<grid, kThreads, 0, stream>>>(in, stats, shape.spatial, channels, groups,
+                                                                      affine, out);
   }
   check_launch("group_norm_apply_kernel");
 }
@@ -339,52 +254,30 @@ int64_t TilePartials::slots(const GroupNormShape& shape) const {
   return ceil_div(shape.batch * shape.spatial, tile_m) * max_segments * tiles_n * max_local_groups;
 }
 
-ChunkPartials ChunkPartials::for_device(const GroupNormShape& shape, int sm_count) {
-  const int64_t rows_per_pass = kThreads / (shape.channels / kVector);
-  const int64_t chunks = std::clamp<int64_t>(ceil_div(4 * int64_t{sm_count}, shape.batch), 1,
-                                             std::max<int64_t>(1, ceil_div(shape.spatial, rows_per_pass)));
-  return {ceil_div(shape.spatial, ceil_div(shape.spatial, chunks))};  // no empty chunk
+int64_t group_norm_scratch_bytes(const GroupNormShape& shape) {
+  return shape.batch * shape.num_groups * static_cast<int64_t>(sizeof(GroupStats));
 }
-
-int64_t ChunkPartials::slots(const GroupNormShape& shape) const { return shape.batch * num_chunks * shape.num_groups; }
 
 const char* group_norm_unsupported_reason(const GroupNormShape& shape) {
   if (shape.channels % kVector != 0) return "channels not a multiple of 8 (16-byte vectors)";
   if (shape.channels > kMaxChannels) return "more than 1024 output channels";
   if (shape.batch > 65535) return "batch larger than 65535 (grid y limit)";
+  if (ceil_div(shape.spatial, kTile) > (int64_t{1} << 31) - 1) return "spatial extent too large";
   return "";
 }
 
-void group_norm_partial_stats(ElementType element, const void* activation, const GroupNormShape& shape,
-                              ChunkPartials layout, WelfordPartial* partials, cudaStream_t stream) {
-  switch (element) {
-    case ElementType::kFloat16: return launch_partial_stats<__half>(activation, shape, layout, partials, stream);
-    case ElementType::kBFloat16:
-      return launch_partial_stats<__nv_bfloat16>(activation, shape, layout, partials, stream);
-    default: throw std::invalid_argument("cutlassfuse: group_norm kernels take float16 or bfloat16");
-  }
-}
-
-template <class Partials>
-void group_norm_apply(ElementType element, const void* activation, const WelfordPartial* partials, Partials layout,
-                      const GroupNormShape& shape, const GroupNormAffine& affine, float eps,
-                      bool channels_last_output, void* output, int sm_count, cudaStream_t stream) {
+void group_norm_apply(ElementType element, const void* activation, const WelfordPartial* partials,
+                      TilePartials layout, const GroupNormShape& shape, const GroupNormAffine& affine, float eps,
+                      bool channels_last_output, void* output, void* scratch, cudaStream_t stream) {
   switch (element) {
     case ElementType::kFloat16:
       return launch_apply<__half>(activation, partials, layout, shape, affine, eps, channels_last_output, output,
-                                  sm_count, stream);
+                                  scratch, stream);
     case ElementType::kBFloat16:
       return launch_apply<__nv_bfloat16>(activation, partials, layout, shape, affine, eps, channels_last_output,
-                                         output, sm_count, stream);
+                                         output, scratch, stream);
     default: throw std::invalid_argument("cutlassfuse: group_norm kernels take float16 or bfloat16");
   }
 }
-
-template void group_norm_apply<TilePartials>(ElementType, const void*, const WelfordPartial*, TilePartials,
-                                             const GroupNormShape&, const GroupNormAffine&, float, bool, void*, int,
-                                             cudaStream_t);
-template void group_norm_apply<ChunkPartials>(ElementType, const void*, const WelfordPartial*, ChunkPartials,
-                                              const GroupNormShape&, const GroupNormAffine&, float, bool, void*, int,
-                                              cudaStream_t);
 
 }  // namespace cutlassfuse

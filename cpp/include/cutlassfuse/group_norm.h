@@ -1,16 +1,16 @@
 // Host interface of cutlassfuse's GroupNorm kernels over a post-ReLU activation
 // stored NDHWC ([batch, spatial, channels], channels fastest).
 //
-// Statistics arrive as Welford partials (count, mean, M2), each at a fixed position of
-// a workspace, so the result is bitwise reproducible (no atomics). They come from one
-// of two producers, described by a layout:
-//   - TilePartials: the deconvolution's epilogue, one partial per (CTA tile, sample
-//     segment of the tile, group segment of the tile);
-//   - ChunkPartials: group_norm_partial_stats, one per (sample, chunk of spatial rows,
-//     group), for activations that another kernel produced.
-// group_norm_apply merges each (sample, group)'s partials in a fixed order with Chan
-// et al.'s pairwise update (robust where E[x^2] - E[x]^2 cancels), then writes
-// (x - mean) * rstd * gamma + beta, channels-last (in place allowed) or NCDHW.
+// Statistics arrive from the deconvolution's epilogue as partials (count, mean, M2),
+// one per (CTA tile, sample segment of the tile, group segment of the tile), each at
+// a fixed position of a workspace (TilePartials), so results are bitwise reproducible
+// (no atomics). group_norm_apply
+//   1. merges each (sample, group)'s partials once, in a fixed order, with Chan et
+//      al.'s pairwise update (robust where E[x^2] - E[x]^2 cancels) into mean, rstd;
+//   2. writes (x - mean) * rstd * gamma + beta, channels-last (in place allowed) or
+//      NCDHW through an on-chip transpose.
+// Two small launches: merging in every normalize block instead re-reads the partials
+// thousands of times and measured slower than the extra launch.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -54,24 +54,14 @@ struct TilePartials {
   int64_t slots(const GroupNormShape& shape) const;
 };
 
-// Partials of group_norm_partial_stats: slot [sample][chunk][group].
-struct ChunkPartials {
-  int64_t num_chunks;
-
-  // Enough chunks to fill `sm_count` SMs a few times over.
-  static ChunkPartials for_device(const GroupNormShape& shape, int sm_count);
-  int64_t slots(const GroupNormShape& shape) const;
-};
-
 // Empty when the kernels take `shape`, else why not.
 const char* group_norm_unsupported_reason(const GroupNormShape& shape);
 
-void group_norm_partial_stats(ElementType element, const void* activation, const GroupNormShape& shape,
-                              ChunkPartials layout, WelfordPartial* partials, cudaStream_t stream);
+// Bytes of scratch group_norm_apply needs (mean and rstd per sample and group).
+int64_t group_norm_scratch_bytes(const GroupNormShape& shape);
 
-template <class Partials>
-void group_norm_apply(ElementType element, const void* activation, const WelfordPartial* partials, Partials layout,
-                      const GroupNormShape& shape, const GroupNormAffine& affine, float eps,
-                      bool channels_last_output, void* output, int sm_count, cudaStream_t stream);
+void group_norm_apply(ElementType element, const void* activation, const WelfordPartial* partials,
+                      TilePartials layout, const GroupNormShape& shape, const GroupNormAffine& affine, float eps,
+                      bool channels_last_output, void* output, void* scratch, cudaStream_t stream);
 
 }  // namespace cutlassfuse

@@ -8,8 +8,8 @@
 //                which the normalize pass reads back);
 //   2. reduce(): after the tile's last subtile, one warp per (sample segment, group
 //                segment) of the tile computes count, mean and M2 over that rectangle of
-//                shared memory in two exact passes, and writes them to a fixed slot of
-//                the partials workspace (layout: cutlassfuse::TilePartials).
+//                shared memory (one pass of shifted sums), and writes them to a fixed
+//                slot of the partials workspace (layout: cutlassfuse::TilePartials).
 // A tile may hold rows of any number of samples (output D*H*W smaller than, or not a
 // multiple of, the tile's M extent) and columns of any number of groups, including
 // groups that continue in the next N tile; each (sample, group) piece gets its own
@@ -133,27 +133,74 @@ struct Sm90GroupNormStats {
       int row_begin, row_end, col_begin, col_end;
     };
 
-    // Sum over the rectangle of f(value), lanes strided over it, then a fixed butterfly.
-    template <class F>
-    CUTLASS_DEVICE float warp_sum(Rectangle r, int lane, F f) const {
-      float sum = 0.f;
+    // Count, mean and M2 of the rectangle of the staged tile. One pass of sums shifted
+    // by the rectangle's first value: with a shift inside the data, fp32 cancellation
+    // stays bounded over a tile's at most 16K values, and the tile costs one read of
+    // shared memory. This runs on the critical path of a non-persistent kernel with
+    // one warp per scheduler, so latency is the cost: lanes take kUnroll independent
+    // 16-byte loads per step (when the rectangle's columns are aligned to them), feed
+    // separate accumulators, and the warp sums in a fixed butterfly at the end.
+    CUTLASS_DEVICE WelfordPartial warp_moments(Rectangle r, int lane) const {
+      constexpr int kUnroll = 4;
+      const float shift = static_cast<float>(smem[r.row_begin * kPitch + r.col_begin]);
+      float sum[2] = {0.f, 0.f};
+      float squares[2] = {0.f, 0.f};
       const int width = r.col_end - r.col_begin;
-      if (r.col_begin % kVector == 0 && width % kVector == 0) {
-        const int vectors = width / kVector;
-        for (int e = lane; e < (r.row_end - r.row_begin) * vectors; e += 32) {
-          const Element* p = smem + (r.row_begin + e / vectors) * kPitch + r.col_begin + (e % vectors) * kVector;
-          cutlass::Array<Element, kVector> v = *reinterpret_cast<cutlass::Array<Element, kVector> const*>(p);
+      const bool vectorized = r.col_begin % kVector == 0 && width % kVector == 0;
+      const int per_row = vectorized ? width / kVector : width;  // work units per row
+      // (row, unit) of the lane's next unit, advanced by 32 units without divisions.
+      int row = r.row_begin + lane / per_row;
+      int unit = lane % per_row;
+      const int row_step = 32 / per_row;
+      const int unit_step = 32 % per_row;
+      auto advance = [&] {
+        row += row_step;
+        unit += unit_step;
+        if (unit >= per_row) {
+          unit -= per_row;
+          ++row;
+        }
+      };
+      if (vectorized) {
+        while (row < r.row_end) {
+          cutlass::Array<Element, kVector> v[kUnroll];
+          bool valid[kUnroll];
           CUTLASS_PRAGMA_UNROLL
-          for (int k = 0; k < kVector; ++k) sum += f(static_cast<float>(v[k]));
+          for (int u = 0; u < kUnroll; ++u) {
+            valid[u] = row < r.row_end;
+            if (valid[u]) {
+              v[u] = *reinterpret_cast<cutlass::Array<Element, kVector> const*>(
+                  smem + row * kPitch + r.col_begin + unit * kVector);
+            }
+            advance();
+          }
+          CUTLASS_PRAGMA_UNROLL
+          for (int u = 0; u < kUnroll; ++u) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < kVector; ++i) {
+              const float x = valid[u] ? static_cast<float>(v[u][i]) - shift : 0.f;
+              sum[i % 2] += x;
+              squares[i % 2] = fmaf(x, x, squares[i % 2]);
+            }
+          }
         }
       } else {
-        for (int e = lane; e < (r.row_end - r.row_begin) * width; e += 32) {
-          sum += f(static_cast<float>(smem[(r.row_begin + e / width) * kPitch + r.col_begin + e % width]));
+        for (; row < r.row_end; advance()) {
+          const float x = static_cast<float>(smem[row * kPitch + r.col_begin + unit]) - shift;
+          sum[0] += x;
+          squares[0] = fmaf(x, x, squares[0]);
         }
       }
+      float s = sum[0] + sum[1];
+      float q = squares[0] + squares[1];
       CUTLASS_PRAGMA_UNROLL
-      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-      return sum;
+      for (int offset = 16; offset > 0; offset /= 2) {
+        s += __shfl_xor_sync(0xffffffffu, s, offset);
+        q += __shfl_xor_sync(0xffffffffu, q, offset);
+      }
+      const float count = static_cast<float>((r.row_end - r.row_begin) * width);
+      const float shifted_mean = s / count;
+      return {count, shift + shifted_mean, cute::max(q - s * shifted_mean, 0.f)};
     }
 
     CUTLASS_DEVICE void write_partials() const {
@@ -173,14 +220,12 @@ struct Sm90GroupNormStats {
         const Rectangle r{static_cast<int>(cute::max(sample_row - tile_row_begin, int64_t{0})),
                           static_cast<int>(cute::min(sample_row + spatial - tile_row_begin, int64_t{rows})),
                           cute::max(group_col - tile_col_begin, 0), cute::min(group_col + cpg - tile_col_begin, cols)};
-        const float count = static_cast<float>((r.row_end - r.row_begin) * (r.col_end - r.col_begin));
-        const float mean = warp_sum(r, lane, [](float v) { return v; }) / count;
-        const float m2 = warp_sum(r, lane, [mean](float v) { return (v - mean) * (v - mean); });
+        const WelfordPartial moments = warp_moments(r, lane);
         if (lane == 0) {
           const int64_t slot =
               ((int64_t{tile_m_index} * params.max_segments + segment) * params.tiles_n + tile_n_index) *
                   params.max_local_groups + local_group;
-          params.partials[slot] = {count, mean, m2};
+          params.partials[slot] = moments;
         }
       }
     }
