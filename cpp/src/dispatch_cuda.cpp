@@ -117,13 +117,14 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   with_element(element, [&](auto e) { sm90::dgrad_fused<decltype(e)::value>(config, p, operands, sm_count, stream); });
 
   // Channels-last output is normalized in place: each element is read and written by
-  // the same thread, and the statistics were complete when the conv kernel ended.
+  // the same thread, after the statistics are complete.
   const bool channels_last = output_memory_format(a.input, a.weight) == at::MemoryFormat::ChannelsLast3d;
   at::Tensor out = channels_last ? activation : at::empty_like(activation, at::MemoryFormat::Contiguous);
   const GroupNormAffine affine{data_or_null(a.norm_weight, gamma), data_or_null(a.norm_bias, beta),
                                *affine_element_type(a)};
+  at::Tensor scratch = at::empty({group_norm_scratch_bytes(shape)}, options.dtype(at::kByte));
   group_norm_apply(element, activation.data_ptr(), partials_ptr, layout, shape, affine, static_cast<float>(p.eps),
-                   channels_last, out.data_ptr(), sm_count, stream);
+                   channels_last, out.data_ptr(), scratch.data_ptr(), stream);
   return out;
 }
 
