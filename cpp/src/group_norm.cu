@@ -16,6 +16,7 @@ constexpr int64_t kMaxChannels = 1024;
 // A normalize block handles kTile rows; NCDHW output goes through a shared-memory
 // transpose of kTile rows x kTile channels.
 constexpr int kTile = 64;
+constexpr int kTilesPerBlock = 4;
 
 __device__ __forceinline__ float load_affine(const void* p, ElementType type, int64_t i, float absent) {
   if (p == nullptr) return absent;
@@ -79,46 +80,51 @@ struct TileIndexer {
   }
 };
 
-// --- finalize: partials -> mean, rstd -------------------------------------------------------
+// --- finalize: partials -> per-channel scale and shift -------------------------------------
 
-struct GroupStats {
-  float mean;
-  float rstd;
-};
-
-// Warp w of block b merges the partials of (sample, group) pair kWarps * b + w: lanes
-// strided over the partials, then a fixed shuffle tree; lane 0 writes mean and rstd.
+// Block (g, n) merges the partials of (sample n, group g): threads strided over them,
+// then warp shuffle trees and a fixed-order merge of the warps' results. It then folds
+// mean, rstd, gamma and beta into the normalize pass's one multiply-add per element,
+// out = x * scale[n, c] + shift[n, c], for the group's channels.
 __global__ void __launch_bounds__(kThreads)
-group_norm_finalize_kernel(const WelfordPartial* __restrict__ partials, TileIndexer indexer, int64_t pairs,
-                           int num_groups, float eps, GroupStats* __restrict__ stats) {
-  const int64_t pair = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32;
+group_norm_finalize_kernel(const WelfordPartial* __restrict__ partials, TileIndexer indexer, int channels,
+                           int num_groups, GroupNormAffine affine, float eps, float2* __restrict__ scale_shift) {
+  __shared__ WelfordPartial warp_results[kWarps];
+  __shared__ float group_mean, group_rstd;
+  const int g = blockIdx.x;
+  const int64_t n = blockIdx.y;
+  const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (pair >= pairs) return;
-  const auto range = indexer.range(pair / num_groups, static_cast<int>(pair % num_groups));
+  const auto range = indexer.range(n, g);
   WelfordPartial acc{0.f, 0.f, 0.f};
-  // Unrolled so that several independent loads are in flight ahead of the merges.
-#pragma unroll 4
-  for (int64_t p = lane; p < range.count; p += 32) acc = merge(acc, partials[range.slot(p)]);
+  for (int64_t p = threadIdx.x; p < range.count; p += kThreads) acc = merge(acc, partials[range.slot(p)]);
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) acc = merge(acc, shuffle_down(acc, offset));
-  if (lane == 0) {
-    const float variance = acc.count > 0.f ? acc.m2 / acc.count : 0.f;  // biased, as GroupNorm
-    stats[pair] = {acc.mean, rsqrtf(variance + eps)};
+  if (lane == 0) warp_results[warp] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    WelfordPartial total = warp_results[0];
+    for (int w = 1; w < kWarps; ++w) total = merge(total, warp_results[w]);
+    const float variance = total.count > 0.f ? total.m2 / total.count : 0.f;  // biased, as GroupNorm
+    group_mean = total.mean;
+    group_rstd = rsqrtf(variance + eps);
+  }
+  __syncthreads();
+  const int channels_per_group = channels / num_groups;
+  for (int c = g * channels_per_group + threadIdx.x; c < (g + 1) * channels_per_group; c += kThreads) {
+    const float s = group_rstd * load_affine(affine.gamma, affine.element, c, 1.f);
+    scale_shift[n * channels + c] = {s, load_affine(affine.beta, affine.element, c, 0.f) - group_mean * s};
   }
 }
 
 // --- normalize ---------------------------------------------------------------------------
 
-// Folds mean, rstd, gamma and beta into one multiply-add per element:
-// out = x * scale[c] + shift[c].
-__device__ void load_scale_shift(const GroupStats* __restrict__ stats, int64_t n, int channels, int num_groups,
-                                 GroupNormAffine affine, float* scale, float* shift) {
-  const int channels_per_group = channels / num_groups;
+__device__ void load_scale_shift(const float2* __restrict__ scale_shift, int64_t n, int channels, float* scale,
+                                 float* shift) {
   for (int c = threadIdx.x; c < channels; c += kThreads) {
-    const GroupStats g = stats[n * num_groups + c / channels_per_group];
-    const float s = g.rstd * load_affine(affine.gamma, affine.element, c, 1.f);
-    scale[c] = s;
-    shift[c] = load_affine(affine.beta, affine.element, c, 0.f) - g.mean * s;
+    const float2 ss = scale_shift[n * channels + c];
+    scale[c] = ss.x;
+    shift[c] = ss.y;
   }
   __syncthreads();
 }
@@ -192,25 +198,28 @@ __device__ void normalize_rows_ncdhw(const T* activation, T* sample_out, int64_t
   }
 }
 
-// Block (tile, n) normalizes kTile rows of sample n.
+// Block (b, n) normalizes kTilesPerBlock row tiles of sample n: enough data per block
+// to amortize loading its sample's scale and shift.
 template <class T, bool kChannelsLast>
 __global__ void __launch_bounds__(kThreads)
-group_norm_apply_kernel(const T* activation, const GroupStats* __restrict__ stats, int64_t spatial, int channels,
-                        int num_groups, GroupNormAffine affine, T* out) {
+group_norm_apply_kernel(const T* activation, const float2* __restrict__ scale_shift, int64_t spatial, int channels,
+                        T* out) {
   __shared__ float scale[kMaxChannels];
   __shared__ float shift[kMaxChannels];
   const int64_t n = blockIdx.y;
-  load_scale_shift(stats, n, channels, num_groups, affine, scale, shift);
+  load_scale_shift(scale_shift, n, channels, scale, shift);
 
-  const int64_t row_begin = blockIdx.x * int64_t{kTile};
-  const int rows = static_cast<int>(min(spatial - row_begin, int64_t{kTile}));
   const T* sample_in = activation + n * spatial * channels;
   T* sample_out = out + n * spatial * channels;
-  if constexpr (kChannelsLast) {
-    normalize_rows_channels_last(sample_in, sample_out, row_begin, rows, channels, scale, shift);
-  } else {
-    __shared__ float tile[kTile][kTile + 1];  // [channel][row]; +1 keeps the transposed writes conflict-free
-    normalize_rows_ncdhw(sample_in, sample_out, row_begin, rows, channels, spatial, scale, shift, tile);
+  const int64_t first_row = blockIdx.x * int64_t{kTile} * kTilesPerBlock;
+  for (int64_t row_begin = first_row; row_begin < min(spatial, first_row + kTile * kTilesPerBlock); row_begin += kTile) {
+    const int rows = static_cast<int>(min(spatial - row_begin, int64_t{kTile}));
+    if constexpr (kChannelsLast) {
+      normalize_rows_channels_last(sample_in, sample_out, row_begin, rows, channels, scale, shift);
+    } else {
+      __shared__ float tile[kTile][kTile + 1];  // [channel][row]; +1 keeps the transposed writes conflict-free
+      normalize_rows_ncdhw(sample_in, sample_out, row_begin, rows, channels, spatial, scale, shift, tile);
+    }
   }
 }
 
@@ -218,24 +227,22 @@ template <class T>
 void launch_apply(const void* activation, const WelfordPartial* partials, TilePartials layout,
                   const GroupNormShape& shape, const GroupNormAffine& affine, float eps, bool channels_last_output,
                   void* output, void* scratch, cudaStream_t stream) {
-  auto* stats = static_cast<GroupStats*>(scratch);
-  const int64_t pairs = shape.batch * shape.num_groups;
-  const TileIndexer indexer{layout, shape.spatial, static_cast<int>(shape.channels / shape.num_groups)};
-  group_norm_finalize_kernel<<<static_cast<unsigned>(ceil_div(pairs, kWarps)), kThreads, 0, stream>>>(
-      partials, indexer, pairs, static_cast<int>(shape.num_groups), eps, stats);
-  check_launch("group_norm_finalize_kernel");
-
-  const dim3 grid(static_cast<unsigned>(ceil_div(shape.spatial, kTile)), static_cast<unsigned>(shape.batch));
-  const auto* in = static_cast<const T*>(activation);
-  auto* out = static_cast<T*>(output);
+  auto* scale_shift = static_cast<float2*>(scratch);
   const int channels = static_cast<int>(shape.channels);
   const int groups = static_cast<int>(shape.num_groups);
+  const TileIndexer indexer{layout, shape.spatial, channels / groups};
+  group_norm_finalize_kernel<<<dim3(groups, static_cast<unsigned>(shape.batch)), kThreads, 0, stream>>>(
+      partials, indexer, channels, groups, affine, eps, scale_shift);
+  check_launch("group_norm_finalize_kernel");
+
+  const dim3 grid(static_cast<unsigned>(ceil_div(shape.spatial, int64_t{kTile} * kTilesPerBlock)),
+                  static_cast<unsigned>(shape.batch));
+  const auto* in = static_cast<const T*>(activation);
+  auto* out = static_cast<T*>(output);
   if (channels_last_output) {
-    group_norm_apply_kernel<T, true><<<grid, kThreads, 0, stream>>>(in, stats, shape.spatial, channels, groups,
-                                                                     affine, out);
+    group_norm_apply_kernel<T, true><<<grid, kThreads, 0, stream>>>(in, scale_shift, shape.spatial, channels, out);
   } else {
-    group_norm_apply_kernel<T, false><<<grid, kThreads, 0, stream>>>(in, stats, shape.spatial, channels, groups,
-                                                                      affine, out);
+    group_norm_apply_kernel<T, false><<<grid, kThreads, 0, stream>>>(in, scale_shift, shape.spatial, channels, out);
   }
   check_launch("group_norm_apply_kernel");
 }
@@ -255,13 +262,14 @@ int64_t TilePartials::slots(const GroupNormShape& shape) const {
 }
 
 int64_t group_norm_scratch_bytes(const GroupNormShape& shape) {
-  return shape.batch * shape.num_groups * static_cast<int64_t>(sizeof(GroupStats));
+  return shape.batch * shape.channels * static_cast<int64_t>(sizeof(float2));
 }
 
 const char* group_norm_unsupported_reason(const GroupNormShape& shape) {
   if (shape.channels % kVector != 0) return "channels not a multiple of 8 (16-byte vectors)";
   if (shape.channels > kMaxChannels) return "more than 1024 output channels";
   if (shape.batch > 65535) return "batch larger than 65535 (grid y limit)";
+  if (shape.num_groups > (int64_t{1} << 31) - 1) return "too many groups";
   if (ceil_div(shape.spatial, kTile) > (int64_t{1} << 31) - 1) return "spatial extent too large";
   return "";
 }

@@ -6,11 +6,12 @@
 // a fixed position of a workspace (TilePartials), so results are bitwise reproducible
 // (no atomics). group_norm_apply
 //   1. merges each (sample, group)'s partials once, in a fixed order, with Chan et
-//      al.'s pairwise update (robust where E[x^2] - E[x]^2 cancels) into mean, rstd;
-//   2. writes (x - mean) * rstd * gamma + beta, channels-last (in place allowed) or
-//      NCDHW through an on-chip transpose.
-// Two small launches: merging in every normalize block instead re-reads the partials
-// thousands of times and measured slower than the extra launch.
+//      al.'s pairwise update (robust where E[x^2] - E[x]^2 cancels) into mean and
+//      rstd, folded with gamma and beta into a per-channel scale and shift;
+//   2. writes x * scale + shift, channels-last (in place allowed) or NCDHW through an
+//      on-chip transpose.
+// Two launches: merging in every normalize block instead re-reads the partials
+// thousands of times and measured slower than the extra small launch.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -57,7 +58,7 @@ struct TilePartials {
 // Empty when the kernels take `shape`, else why not.
 const char* group_norm_unsupported_reason(const GroupNormShape& shape);
 
-// Bytes of scratch group_norm_apply needs (mean and rstd per sample and group).
+// Bytes of scratch group_norm_apply needs (scale and shift per sample and channel).
 int64_t group_norm_scratch_bytes(const GroupNormShape& shape);
 
 void group_norm_apply(ElementType element, const void* activation, const WelfordPartial* partials,

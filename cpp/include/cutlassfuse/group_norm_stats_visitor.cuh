@@ -141,7 +141,7 @@ struct Sm90GroupNormStats {
     // 16-byte loads per step (when the rectangle's columns are aligned to them), feed
     // separate accumulators, and the warp sums in a fixed butterfly at the end.
     CUTLASS_DEVICE WelfordPartial warp_moments(Rectangle r, int lane) const {
-      constexpr int kUnroll = 4;
+      constexpr int kUnroll = 8;
       const float shift = static_cast<float>(smem[r.row_begin * kPitch + r.col_begin]);
       float sum[2] = {0.f, 0.f};
       float squares[2] = {0.f, 0.f};
