@@ -47,6 +47,9 @@ step "kernel breakdown"
 step "benchmark: fused vs baselines"
 "$PYTHON" benchmarks/fused_vs_baselines.py 2>&1 | tee "$OUT/bench.log"
 
+step "Nsight Compute (kb61 fp16)"
+bash scripts/ncu_kb61.sh "$OUT" 2>&1 | tail -8 | tee "$OUT/ncu.log"
+
 step "summary"
 cat "$OUT/gpu.txt"
 printf '%s\n' "${status[@]}"

@@ -157,49 +157,68 @@ __device__ void normalize_rows_channels_last(const T* activation, T* out, int64_
   }
 }
 
-// kTile rows of NCDHW output, kTile channels at a time: 16-byte loads along the
-// channels, a padded shared-memory transpose, then stores along the spatial
-// dimension, 16-byte vectors where the rows are aligned to them.
+// kTile rows of NCDHW output, kChunk channels at a time. All of a thread's 16-byte
+// loads (along the channels) are issued before any use; the normalized values, already
+// rounded to T, go through a shared-memory transpose whose odd word pitch keeps both
+// phases nearly conflict-free; 8 lanes then store one channel's kTile rows as 16-byte
+// vectors (128 contiguous bytes) where the rows are aligned to them.
 template <class T>
 __device__ void normalize_rows_ncdhw(const T* activation, T* sample_out, int64_t row_begin, int rows, int channels,
-                                     int64_t spatial, const float* scale, const float* shift,
-                                     float (*tile)[kTile + 1]) {
-  constexpr int kVectorsPerTileRow = kTile / kVector;  // 8
-  const bool aligned = spatial % kVector == 0;
-  for (int c_begin = 0; c_begin < channels; c_begin += kTile) {
-    const int c_count = min(kTile, channels - c_begin);
-    const int load_c = (threadIdx.x % kVectorsPerTileRow) * kVector;
-    if (load_c < c_count) {
-      for (int r = threadIdx.x / kVectorsPerTileRow; r < rows; r += kThreads / kVectorsPerTileRow) {
-        float v[kVector];
-        load_vector(activation + (row_begin + r) * channels + c_begin + load_c, v);
+                                     int64_t spatial, const float* scale, const float* shift) {
+  constexpr int kChunk = 128;
+  constexpr int kPitch = kTile + 2;  // elements: 33 words per channel row
+  constexpr int kLoads = kTile * kChunk / kVector / kThreads;  // 4
+  __shared__ alignas(16) T tile[kChunk][kPitch];
+  const bool aligned = spatial % kVector == 0 && rows == kTile;
+  for (int c_begin = 0; c_begin < channels; c_begin += kChunk) {
+    const int vectors_per_row = min(kChunk, channels - c_begin) / kVector;
+    const int loads = rows * vectors_per_row;
+    float v[kLoads][kVector];
+#pragma unroll
+    for (int b = 0; b < kLoads; ++b) {
+      const int i = threadIdx.x + b * kThreads;
+      if (i < loads) {
+        load_vector(activation + (row_begin + i / vectors_per_row) * channels + c_begin + (i % vectors_per_row) * kVector,
+                    v[b]);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kLoads; ++b) {
+      const int i = threadIdx.x + b * kThreads;
+      if (i < loads) {
+        const int r = i / vectors_per_row;
+        const int c0 = (i % vectors_per_row) * kVector;
 #pragma unroll
         for (int k = 0; k < kVector; ++k) {
-          const int c = c_begin + load_c + k;
-          tile[load_c + k][r] = fmaf(v[k], scale[c], shift[c]);
+          tile[c0 + k][r] = from_float<T>(fmaf(v[b][k], scale[c_begin + c0 + k], shift[c_begin + c0 + k]));
         }
       }
     }
     __syncthreads();
-    // 8 lanes store one channel's kTile rows: 128 contiguous bytes.
-    const int store_r = (threadIdx.x % kVectorsPerTileRow) * kVector;
-    for (int c = threadIdx.x / kVectorsPerTileRow; c < c_count; c += kThreads / kVectorsPerTileRow) {
-      T* dst = sample_out + (c_begin + c) * spatial + row_begin + store_r;
-      if (aligned && store_r + kVector <= rows) {
-        float v[kVector];
+    constexpr int kSegments = kTile / kVector;  // 8 row segments of one channel
+    for (int i = threadIdx.x; i < vectors_per_row * kVector * kSegments; i += kThreads) {
+      const int c = i / kSegments;
+      const int r0 = (i % kSegments) * kVector;
+      T* dst = sample_out + (c_begin + c) * spatial + row_begin + r0;
+      if (aligned) {
+        uint4 raw;
+        uint32_t* words = reinterpret_cast<uint32_t*>(&raw);
+        const uint32_t* src = reinterpret_cast<const uint32_t*>(&tile[c][r0]);
 #pragma unroll
-        for (int k = 0; k < kVector; ++k) v[k] = tile[c][store_r + k];
-        store_vector(dst, v);
+        for (int w = 0; w < 4; ++w) words[w] = src[w];
+        *reinterpret_cast<uint4*>(dst) = raw;
       } else {
-        for (int k = 0; k < kVector && store_r + k < rows; ++k) dst[k] = from_float<T>(tile[c][store_r + k]);
+        for (int k = 0; k < kVector && r0 + k < rows; ++k) dst[k] = tile[c][r0 + k];
       }
     }
     __syncthreads();
   }
 }
 
-// Block (b, n) normalizes kTilesPerBlock row tiles of sample n: enough data per block
-// to amortize loading its sample's scale and shift.
+// Block (b, n) normalizes row tiles of sample n: kTilesPerBlock of them for
+// channels-last output, enough to amortize loading the sample's scale and shift; one
+// for NCDHW output, whose transpose already gives each block a few loads per thread
+// and whose occupancy is bound by the transpose tile.
 template <class T, bool kChannelsLast>
 __global__ void __launch_bounds__(kThreads)
 group_norm_apply_kernel(const T* activation, const float2* __restrict__ scale_shift, int64_t spatial, int channels,
@@ -211,14 +230,14 @@ group_norm_apply_kernel(const T* activation, const float2* __restrict__ scale_sh
 
   const T* sample_in = activation + n * spatial * channels;
   T* sample_out = out + n * spatial * channels;
-  const int64_t first_row = blockIdx.x * int64_t{kTile} * kTilesPerBlock;
-  for (int64_t row_begin = first_row; row_begin < min(spatial, first_row + kTile * kTilesPerBlock); row_begin += kTile) {
+  constexpr int kTiles = kChannelsLast ? kTilesPerBlock : 1;
+  const int64_t first_row = blockIdx.x * int64_t{kTile} * kTiles;
+  for (int64_t row_begin = first_row; row_begin < min(spatial, first_row + kTile * kTiles); row_begin += kTile) {
     const int rows = static_cast<int>(min(spatial - row_begin, int64_t{kTile}));
     if constexpr (kChannelsLast) {
       normalize_rows_channels_last(sample_in, sample_out, row_begin, rows, channels, scale, shift);
     } else {
-      __shared__ float tile[kTile][kTile + 1];  // [channel][row]; +1 keeps the transposed writes conflict-free
-      normalize_rows_ncdhw(sample_in, sample_out, row_begin, rows, channels, spatial, scale, shift, tile);
+      normalize_rows_ncdhw(sample_in, sample_out, row_begin, rows, channels, spatial, scale, shift);
     }
   }
 }
@@ -235,8 +254,8 @@ void launch_apply(const void* activation, const WelfordPartial* partials, TilePa
       partials, indexer, channels, groups, affine, eps, scale_shift);
   check_launch("group_norm_finalize_kernel");
 
-  const dim3 grid(static_cast<unsigned>(ceil_div(shape.spatial, int64_t{kTile} * kTilesPerBlock)),
-                  static_cast<unsigned>(shape.batch));
+  const int64_t rows_per_block = int64_t{kTile} * (channels_last_output ? kTilesPerBlock : 1);
+  const dim3 grid(static_cast<unsigned>(ceil_div(shape.spatial, rows_per_block)), static_cast<unsigned>(shape.batch));
   const auto* in = static_cast<const T*>(activation);
   auto* out = static_cast<T*>(output);
   if (channels_last_output) {

@@ -106,3 +106,25 @@ def test_matches_float64(case: Case, dtype: torch.dtype):
 
     again = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
     assert torch.equal(out, again), "two runs on the same inputs differ"
+
+
+def test_module_repacks_weight_when_it_changes():
+    torch.manual_seed(0)
+    module = cutlassfuse.ConvTranspose3dReLUGroupNorm(16, 32, 3, 4, bias=True).cuda().half()
+    x = torch.rand(2, 16, 6, 6, 6, device="cuda", dtype=torch.half)
+    first = module.packed_weight()
+    assert module.packed_weight() is first, "an unchanged weight must reuse its packed copy"
+
+    def check():
+        conv, norm = module.conv_transpose, module.group_norm
+        expected = reference_float64(x, conv.weight, conv.bias, num_groups=4, norm_weight=norm.weight,
+                                     norm_bias=norm.bias)
+        assert errors(module(x), expected).relative <= RELATIVE_TOLERANCE[torch.float16]
+
+    check()
+    with torch.no_grad():
+        module.conv_transpose.weight.mul_(-1.5)  # in place: same storage, new version
+    assert module.packed_weight() is not first
+    check()
+    module.conv_transpose.weight = torch.nn.Parameter(torch.randn_like(module.conv_transpose.weight) * 0.05)
+    check()
