@@ -6,7 +6,8 @@ set -euo pipefail
 out="${1:-${OUT:-/tmp}}"
 NCU="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
 "$NCU" --clock-control none --target-processes all \
-  --kernel-name regex:"ConvUniversal|group_norm|ncdhw_to_ndhwc" --launch-skip 4 --launch-count 4 \
+  --kernel-name-base demangled --kernel-name regex:"ConvUniversal|group_norm|ncdhw_to_ndhwc" \
+  --launch-skip 4 --launch-count 4 \
   --section SpeedOfLight --section Occupancy \
   --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active \
   --csv --page details \
