@@ -1,5 +1,6 @@
 """The registered operator: schema, library loading, explain() and info()."""
 
+import pytest
 import torch
 
 import cutlassfuse
@@ -52,3 +53,29 @@ def test_info_reports_build_facts():
     else:
         assert facts["cuda_architectures"] == []
     assert (facts["device"] is None) == (not torch.cuda.is_available())
+
+
+def test_pack_weight_is_the_kernel_layout():
+    w = torch.randn(4, 6, 3, 2, 1)
+    packed = cutlassfuse.pack_weight(w)
+    assert packed.shape == (4, 3, 2, 1, 6) and packed.is_contiguous()
+    assert torch.equal(packed, w.permute(0, 2, 3, 4, 1))
+
+
+def test_packed_weight_gives_the_same_result():
+    x, w = torch.rand(1, 8, 3, 3, 3), torch.randn(8, 8, 3, 3, 3)
+    plain = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, num_groups=2)
+    packed = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, num_groups=2, packed_weight=cutlassfuse.pack_weight(w))
+    assert torch.equal(plain, packed)
+
+
+def test_module_packs_no_weight_on_cpu():
+    assert cutlassfuse.ConvTranspose3dReLUGroupNorm(8, 8, 3, 2).packed_weight() is None
+
+
+@pytest.mark.skipif(not cutlassfuse.info()["cuda_kernels"], reason="CPU-only build has no sm90 configurations")
+def test_set_dgrad_config_checks_names():
+    with pytest.raises(ValueError, match="unknown dgrad config"):
+        cutlassfuse.set_dgrad_config("256x256_cluster4x4")
+    cutlassfuse.set_dgrad_config("128x128_cluster2x1")
+    cutlassfuse.set_dgrad_config(None)

@@ -32,6 +32,8 @@ def call(x=None, w=None, **kwargs):
     (dict(groups=3), ValueError, "divisible by groups"),
     (dict(padding=3), ValueError, "output would be empty"),
     (dict(eps=-1.0), ValueError, "eps"),
+    (dict(packed_weight=torch.randn(8, 8, 3, 3, 3)), ValueError, "packed_weight must be weight.permute"),
+    (dict(packed_weight=torch.randn(8, 3, 3, 3, 8, dtype=torch.float64)), ValueError, "packed_weight must have"),
 ])
 def test_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
