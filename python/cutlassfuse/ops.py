@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Optional, Union
 
@@ -75,26 +76,15 @@ def set_dgrad_config(name: Optional[str]) -> None:
     torch.ops.cutlassfuse.set_dgrad_config(name or "")
 
 
-def explain(
-    input: Tensor,
-    weight: Tensor,
-    bias: Optional[Tensor] = None,
-    stride: IntOrTriple = 1,
-    padding: IntOrTriple = 0,
-    output_padding: IntOrTriple = 0,
-    groups: int = 1,
-    dilation: IntOrTriple = 1,
-    *,
-    num_groups: int,
-    norm_weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    eps: float = 1e-5,
-) -> str:
-    """Which implementation ``conv_transpose3d_relu_group_norm`` takes for these
+def explain(*args, **kwargs) -> str:
+    """Which implementation ``conv_transpose3d_relu_group_norm`` takes for the same
     arguments, and why: ``"fused_sm90: ..."`` or ``"reference: ..., because ..."``."""
-    return torch.ops.cutlassfuse.explain(
-        *_op_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation,
-                       num_groups, norm_weight, norm_bias, eps, None))
+    bound = inspect.signature(conv_transpose3d_relu_group_norm).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return torch.ops.cutlassfuse.explain(*_op_arguments(**bound.arguments))
+
+
+explain.__signature__ = inspect.signature(conv_transpose3d_relu_group_norm).replace(return_annotation=str)
 
 
 def transposed_conv_output_size(input_size: Sequence[int], kernel_size: Sequence[int], stride: Sequence[int],
