@@ -12,15 +12,19 @@ from ._loader import load_extension
 
 load_extension()
 
+from . import autograd as _autograd  # noqa: E402,F401  (registers the backward)
 from ._build_info import VERSION as __version__  # noqa: E402
 from .info import info  # noqa: E402
 from .modules import ConvTranspose3dReLUGroupNorm  # noqa: E402
 from .ops import conv_transpose3d_relu_group_norm, explain, pack_weight, set_dgrad_config  # noqa: E402
+from .rewrite import FuseResult, fuse  # noqa: E402
 
 __all__ = [
     "ConvTranspose3dReLUGroupNorm",
+    "FuseResult",
     "conv_transpose3d_relu_group_norm",
     "explain",
+    "fuse",
     "info",
     "pack_weight",
     "set_dgrad_config",

@@ -49,6 +49,23 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
         self._packed: Optional[Tensor] = None
         self._packed_key: Optional[tuple] = None
 
+    @classmethod
+    def from_modules(cls, conv: nn.ConvTranspose3d, norm: nn.GroupNorm) -> "ConvTranspose3dReLUGroupNorm":
+        """The fused block around existing modules: their very parameters (and hooks,
+        and optimizer state keyed on them) are kept, not copied."""
+        if conv.padding_mode != "zeros":
+            raise ValueError(f"cutlassfuse: ConvTranspose3d padding_mode must be 'zeros', got {conv.padding_mode!r}")
+        if norm.num_channels != conv.out_channels:
+            raise ValueError(f"cutlassfuse: GroupNorm has {norm.num_channels} channels, the conv gives "
+                             f"{conv.out_channels}")
+        block = cls.__new__(cls)
+        nn.Module.__init__(block)
+        block.conv_transpose = conv
+        block.group_norm = norm
+        block._packed = None
+        block._packed_key = None
+        return block
+
     def packed_weight(self) -> Optional[Tensor]:
         """The weight in the tensor-core kernel's layout, re-packed only when the weight
         changed (in place, replaced, moved or cast) since the last call. None on the CPU

@@ -1,0 +1,134 @@
+"""`cutlassfuse.fuse(model)`: replace ConvTranspose3d -> ReLU -> GroupNorm chains in an
+existing model by ConvTranspose3dReLUGroupNorm, keeping the very same parameters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import nn
+
+from .modules import ConvTranspose3dReLUGroupNorm
+
+_RELU_FUNCTIONS = (F.relu, torch.relu, torch.relu_)
+
+
+@dataclass
+class FuseResult:
+    model: nn.Module
+    replaced: list[str] = field(default_factory=list)  # one line per fused chain
+    not_traced: str | None = None  # why the torch.fx pass could not run, if it could not
+
+    def __str__(self) -> str:
+        lines = [f"cutlassfuse.fuse: {len(self.replaced)} chain(s) fused"] + [f"  {r}" for r in self.replaced]
+        if self.not_traced:
+            lines.append(f"  (forward() not traced: {self.not_traced})")
+        return "\n".join(lines)
+
+
+def _fusable(conv: nn.Module, relu: nn.Module | None, norm: nn.Module) -> bool:
+    return (type(conv) is nn.ConvTranspose3d and conv.padding_mode == "zeros" and type(norm) is nn.GroupNorm
+            and norm.num_channels == conv.out_channels and (relu is None or type(relu) is nn.ReLU))
+
+
+def _describe(where: str, conv: nn.ConvTranspose3d, norm: nn.GroupNorm) -> str:
+    return (f"{where}: ConvTranspose3d({conv.in_channels}->{conv.out_channels}, kernel={conv.kernel_size}, "
+            f"stride={conv.stride}) + ReLU + GroupNorm({norm.num_groups}) -> ConvTranspose3dReLUGroupNorm")
+
+
+def _fuse_sequentials(module: nn.Module, prefix: str, replaced: list[str]) -> None:
+    """In every nn.Sequential: the conv's slot takes the fused block, ReLU's and
+    GroupNorm's become nn.Identity, so the indices (and state_dict keys) of the layers
+    after them do not move."""
+    for name, child in module.named_children():
+        _fuse_sequentials(child, f"{prefix}{name}.", replaced)
+    if not isinstance(module, nn.Sequential):
+        return
+    keys = list(module._modules)
+    i = 0
+    while i + 2 < len(keys):
+        conv, relu, norm = (module._modules[k] for k in keys[i:i + 3])
+        if _fusable(conv, relu, norm):
+            module._modules[keys[i]] = ConvTranspose3dReLUGroupNorm.from_modules(conv, norm)
+            module._modules[keys[i + 1]] = nn.Identity()
+            module._modules[keys[i + 2]] = nn.Identity()
+            replaced.append(_describe(f"{prefix}{keys[i]}", conv, norm))
+            i += 3
+        else:
+            i += 1
+
+
+def _is_relu(node: torch.fx.Node, modules: dict[str, nn.Module]) -> bool:
+    if node.op == "call_module":
+        return type(modules[node.target]) is nn.ReLU
+    if node.op == "call_function":
+        return node.target in _RELU_FUNCTIONS
+    return node.op == "call_method" and node.target in ("relu", "relu_")
+
+
+class _Tracer(torch.fx.Tracer):
+    """Keeps already fused blocks (from the Sequential pass) opaque."""
+
+    def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
+        return isinstance(module, ConvTranspose3dReLUGroupNorm) or super().is_leaf_module(module, qualified_name)
+
+
+def _single_user(node: torch.fx.Node) -> torch.fx.Node | None:
+    return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+def _fuse_graph(model: nn.Module, replaced: list[str]) -> nn.Module:
+    """The same rewrite in a torch.fx trace of forward(), for chains written in code:
+    conv module -> ReLU (module, F.relu, torch.relu, .relu()) -> GroupNorm module, each
+    intermediate used once."""
+    graph_module = torch.fx.GraphModule(model, _Tracer().trace(model), type(model).__name__)
+    modules = dict(graph_module.named_modules())
+    fused_any = False
+    for node in list(graph_module.graph.nodes):
+        if node.op != "call_module" or type(modules.get(node.target)) is not nn.ConvTranspose3d:
+            continue
+        relu = _single_user(node)
+        norm = _single_user(relu) if relu is not None and _is_relu(relu, modules) else None
+        if norm is None or norm.op != "call_module" or not _fusable(modules[node.target], None, modules[norm.target]):
+            continue
+        conv_module, norm_module = modules[node.target], modules[norm.target]
+        name = f"{node.target.replace('.', '_')}_relu_group_norm"
+        graph_module.add_submodule(name, ConvTranspose3dReLUGroupNorm.from_modules(conv_module, norm_module))
+        with graph_module.graph.inserting_after(norm):
+            fused = graph_module.graph.call_module(name, node.args)
+        norm.replace_all_uses_with(fused)
+        for dead in (norm, relu, node):
+            graph_module.graph.erase_node(dead)
+        replaced.append(_describe(node.target, conv_module, norm_module))
+        fused_any = True
+    if not fused_any:
+        return model
+    graph_module.graph.lint()
+    graph_module.delete_all_unused_submodules()
+    graph_module.recompile()
+    return graph_module
+
+
+def fuse(model: nn.Module, *, trace: bool = True) -> FuseResult:
+    """Fuses every ConvTranspose3d -> ReLU -> GroupNorm chain of `model`.
+
+    nn.Sequential chains are replaced in place (model keeps its type). With
+    ``trace=True`` the forward code is then traced with torch.fx and chains written
+    there are fused too; the result is then a torch.fx.GraphModule. Models torch.fx
+    cannot trace keep the Sequential rewrite, and the result says why. The fused
+    blocks hold the original parameter objects.
+    """
+    replaced: list[str] = []
+    _fuse_sequentials(model, "", replaced)
+    result = FuseResult(model, replaced)
+    if trace:
+        try:
+            result.model = _fuse_graph(model, replaced)
+        except Exception as error:  # torch.fx raises many types for untraceable code
+            result.not_traced = f"{type(error).__name__}: {error}"
+    return result
+
+
+__all__ = ["FuseResult", "fuse"]

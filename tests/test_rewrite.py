@@ -1,0 +1,106 @@
+"""cutlassfuse.fuse on Sequential chains, traced forward() code, and a decoder-style
+model: same outputs, same parameter objects, and an honest report."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import cutlassfuse
+from cutlassfuse import ConvTranspose3dReLUGroupNorm
+
+
+def up_block(cin, cout, groups):
+    return nn.Sequential(nn.ConvTranspose3d(cin, cout, 2, stride=2, bias=True), nn.ReLU(),
+                         nn.GroupNorm(groups, cout), nn.Conv3d(cout, cout, 3, padding=1))
+
+
+class UNetDecoder3d(nn.Module):
+    """Decoder of a 3D U-Net: upsampling blocks, skip connections, a head; one more
+    upsampling chain written in forward() code rather than in a Sequential."""
+
+    def __init__(self):
+        super().__init__()
+        self.up1 = up_block(32, 16, 4)
+        self.up2 = up_block(32, 8, 2)
+        self.final_up = nn.ConvTranspose3d(16, 8, 3, padding=1)
+        self.final_norm = nn.GroupNorm(4, 8)
+        self.head = nn.Conv3d(8, 2, 1)
+
+    def forward(self, bottleneck, skip1, skip2):
+        x = torch.cat([self.up1(bottleneck), skip1], dim=1)
+        x = torch.cat([self.up2(x), skip2], dim=1)
+        x = self.final_norm(F.relu(self.final_up(x)))
+        return self.head(x)
+
+
+def decoder_inputs():
+    return torch.rand(2, 32, 2, 2, 2), torch.rand(2, 16, 4, 4, 4), torch.rand(2, 8, 8, 8, 8)
+
+
+def test_decoder_every_chain_fused_same_outputs_same_parameters():
+    torch.manual_seed(0)
+    model = UNetDecoder3d().eval()
+    inputs = decoder_inputs()
+    expected = model(*inputs)
+    parameters = {id(p) for p in model.parameters()}
+
+    result = cutlassfuse.fuse(model)
+    assert len(result.replaced) == 3, str(result)
+    assert result.not_traced is None
+    fused_blocks = [m for m in result.model.modules() if isinstance(m, ConvTranspose3dReLUGroupNorm)]
+    assert len(fused_blocks) == 3
+    assert {id(p) for p in result.model.parameters()} == parameters, "parameters must be reused, not copied"
+    torch.testing.assert_close(result.model(*inputs), expected, rtol=1e-5, atol=1e-5)
+    assert "final_up" in str(result) and "up1.0" in str(result)
+
+
+def test_sequential_rewrite_keeps_other_keys_and_type():
+    torch.manual_seed(0)
+    model = up_block(8, 8, 2)
+    keys = set(model.state_dict())
+    x = torch.rand(1, 8, 3, 3, 3)
+    expected = model(x)
+    result = cutlassfuse.fuse(model, trace=False)
+    assert result.model is model and isinstance(model, nn.Sequential)
+    assert isinstance(model[0], ConvTranspose3dReLUGroupNorm) and isinstance(model[1], nn.Identity)
+    assert "3.weight" in model.state_dict() and "0.conv_transpose.weight" in model.state_dict()
+    assert len(keys) == len(model.state_dict())
+    torch.testing.assert_close(model(x), expected)
+
+
+def test_chain_with_shared_intermediate_is_left_alone():
+    class Branching(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = nn.ConvTranspose3d(4, 4, 2)
+            self.norm = nn.GroupNorm(2, 4)
+
+        def forward(self, x):
+            y = F.relu(self.up(x))
+            return self.norm(y) + y  # the ReLU output is needed by two consumers
+
+    result = cutlassfuse.fuse(Branching())
+    assert result.replaced == []
+
+
+def test_untraceable_forward_is_reported_and_sequentials_still_fused():
+    class DataDependent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = up_block(4, 4, 2)
+
+        def forward(self, x):
+            return self.block(x) if x.sum() > 0 else x
+
+    model = DataDependent()
+    result = cutlassfuse.fuse(model)
+    assert result.model is model and len(result.replaced) == 1
+    assert result.not_traced is not None
+
+
+def test_unsupported_modules_are_not_fused():
+    model = nn.Sequential(nn.ConvTranspose3d(4, 4, 2, padding_mode="zeros"), nn.LeakyReLU(), nn.GroupNorm(2, 4),
+                          nn.ConvTranspose3d(4, 8, 2), nn.ReLU(), nn.GroupNorm(2, 4 * 2), nn.ConvTranspose2d(8, 8, 2),
+                          nn.ReLU(), nn.GroupNorm(2, 8))
+    result = cutlassfuse.fuse(model, trace=False)
+    assert len(result.replaced) == 1 and result.replaced[0].startswith("3:")
