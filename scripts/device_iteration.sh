@@ -47,6 +47,14 @@ step "kernel breakdown"
 step "benchmark: fused vs baselines"
 "$PYTHON" benchmarks/fused_vs_baselines.py 2>&1 | tee "$OUT/bench.log"
 
+step "training step: time and memory"
+"$PYTHON" benchmarks/training_step.py 2>&1 | tee "$OUT/training.log"
+
+step "examples"
+for example in examples/*.py; do
+  echo "--- $example"; "$PYTHON" "$example" 2>&1 | tail -8
+done | tee "$OUT/examples.log"
+
 step "Nsight Compute (kb61 fp16)"
 bash scripts/ncu_kb61.sh "$OUT" 2>&1 | tail -8 | tee "$OUT/ncu.log"
 
