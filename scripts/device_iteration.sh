@@ -44,8 +44,8 @@ step "demo (KernelBench level2/61)"
 step "kernel breakdown"
 "$PYTHON" benchmarks/kernel_breakdown.py 2>&1 | tee "$OUT/breakdown.log"
 
-step "benchmark: fused vs baselines"
-"$PYTHON" benchmarks/fused_vs_baselines.py 2>&1 | tee "$OUT/bench.log"
+step "benchmark: fused vs baselines, tile configurations"
+"$PYTHON" benchmarks/fused_vs_baselines.py --no-compile 2>&1 | tee "$OUT/bench.log"
 
 step "training step: time and memory"
 "$PYTHON" benchmarks/training_step.py 2>&1 | tee "$OUT/training.log"
@@ -55,8 +55,12 @@ for example in examples/*.py; do
   echo "--- $example"; "$PYTHON" "$example" 2>&1 | tail -8
 done | tee "$OUT/examples.log"
 
+step "bench CLI (all baselines.md shapes)"
+"$PYTHON" -m cutlassfuse bench --csv "$OUT/bench.csv" --json "$OUT/bench.json" --plot "$OUT/speedups.png" \
+  2>&1 | tee "$OUT/bench-cli.log"
+
 step "Nsight Compute (kb61 fp16)"
-bash scripts/ncu_kb61.sh "$OUT" 2>&1 | tail -8 | tee "$OUT/ncu.log"
+"$PYTHON" -m cutlassfuse profile --shape kb61 --dtype float16 2>&1 | tee "$OUT/ncu.log"
 
 step "summary"
 cat "$OUT/gpu.txt"

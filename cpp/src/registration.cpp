@@ -5,6 +5,7 @@
 #include "cutlassfuse/op.h"
 #if CUTLASSFUSE_WITH_CUDA
 #include "cutlassfuse/dgrad_sm90.h"
+#include "cutlassfuse/nvtx.h"
 #endif
 
 namespace cutlassfuse {
@@ -47,6 +48,7 @@ at::Tensor forward_cuda(const OpArgs& args) {
   const Problem problem = validate_and_describe(args);
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
   if (fused_path_unsupported_reason(args, problem).empty()) return fused_forward_cuda(args, problem);
+  const NvtxRange range("cutlassfuse/reference");
   return reference_forward(args);
 }
 

@@ -1,4 +1,4 @@
-"""Command line: `python -m cutlassfuse {demo,info}`."""
+"""Command line: `python -m cutlassfuse {demo,info,bench,profile}`."""
 
 from __future__ import annotations
 
@@ -13,6 +13,22 @@ def main(argv: list[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="KernelBench level2/61 through cutlassfuse and PyTorch: errors, timings")
     demo.add_argument("--cpu", action="store_true", help="run the reduced CPU demo even when a GPU is present")
     commands.add_parser("info", help="build and device information, as JSON")
+    bench = commands.add_parser("bench", help="the fused op against eager, torch.compile, cuDNN and CUTLASS alone")
+    bench.add_argument("--shapes", default="kb61,kb61_v0,unet_k2s2,gan_k4s2p1,vid_k3s2p1op1",
+                       help="names, or N,Cin,Cout,D,H,W,kernel,stride,padding,output_padding,groups; ';'-separated "
+                            "when custom")
+    bench.add_argument("--dtypes", default="float16,bfloat16")
+    bench.add_argument("--memory-formats", default="ncdhw", help="ncdhw, channels_last, or both comma-separated")
+    bench.add_argument("--no-compile", action="store_true", help="leave out torch.compile (slow to compile)")
+    bench.add_argument("--repeats", type=int, default=50)
+    bench.add_argument("--csv")
+    bench.add_argument("--json")
+    bench.add_argument("--plot", help="PNG of the speedups")
+    profile = commands.add_parser("profile", help="Nsight Compute table of one call's kernels")
+    profile.add_argument("--shape", default="kb61")
+    profile.add_argument("--dtype", default="float16")
+    profile.add_argument("--memory-format", default="ncdhw", choices=["ncdhw", "channels_last"])
+    profile.add_argument("--csv", help="keep ncu's full CSV here")
     args = parser.parse_args(argv)
 
     import torch
@@ -25,6 +41,19 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import run_demo
 
         run_demo(torch.device("cpu") if args.cpu else None)
+    elif args.command == "bench":
+        from .bench import parse_shape, run_bench
+
+        separator = ";" if ";" in args.shapes or args.shapes.count(",") >= 10 else ","
+        run_bench([parse_shape(s) for s in args.shapes.split(separator)],
+                  [getattr(torch, d) for d in args.dtypes.split(",")],
+                  [f == "channels_last" for f in args.memory_formats.split(",")],
+                  with_compile=not args.no_compile, repeats=args.repeats, csv_path=args.csv, json_path=args.json,
+                  plot_path=args.plot)
+    elif args.command == "profile":
+        from .profiling import run_profile
+
+        print(run_profile(args.shape, args.dtype, args.memory_format, args.csv))
     return 0
 
 

@@ -1,0 +1,237 @@
+"""`python -m cutlassfuse bench`: the fused op against PyTorch eager, torch.compile,
+cuDNN's convolution alone and the same CUTLASS convolution with a plain store, on the
+shapes of docs (or given ones), all ratios from one run.
+
+Timing: CUDA events around each call, medians and the 20th-80th percentile spread,
+after warm-up; each call reads the next of several input copies whose total exceeds
+twice the L2 cache, so repeated calls do not run out of cache.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .modules import ConvTranspose3dReLUGroupNorm
+
+# Measured on H200 (docs/performance.md): fp16/bf16 dense matmul and copy bandwidth.
+TENSOR_CEILING_TFLOPS = {torch.float16: 693.0, torch.bfloat16: 716.0, torch.float32: 495.0}
+COPY_CEILING_GBS = 4270.0
+
+
+@dataclass(frozen=True)
+class BenchShape:
+    name: str
+    batch: int
+    in_channels: int
+    out_channels: int
+    size: tuple[int, int, int]
+    kernel: int
+    stride: int
+    padding: int
+    output_padding: int
+    groups: int
+
+    def output_size(self) -> tuple[int, ...]:
+        return tuple((i - 1) * self.stride - 2 * self.padding + self.kernel + self.output_padding for i in self.size)
+
+    def useful_flops(self) -> float:
+        voxels = self.size[0] * self.size[1] * self.size[2]
+        return 2.0 * self.batch * self.in_channels * voxels * self.out_channels * self.kernel**3
+
+    def min_bytes(self, element_size: int) -> float:
+        out = self.output_size()
+        numel = (self.batch * self.in_channels * self.size[0] * self.size[1] * self.size[2]
+                 + self.batch * self.out_channels * out[0] * out[1] * out[2]
+                 + self.in_channels * self.out_channels * self.kernel**3)
+        return float(numel * element_size)
+
+
+# The shapes of the project's baselines (briefs/baselines.md).
+DEFAULT_SHAPES = [
+    BenchShape("kb61", 16, 64, 128, (32, 32, 32), 3, 1, 0, 0, 8),
+    BenchShape("kb61_v0", 16, 64, 128, (8, 16, 16), 3, 1, 0, 0, 8),
+    BenchShape("unet_k2s2", 2, 256, 128, (24, 24, 24), 2, 2, 0, 0, 8),
+    BenchShape("gan_k4s2p1", 32, 256, 128, (8, 8, 8), 4, 2, 1, 0, 32),
+    BenchShape("vid_k3s2p1op1", 4, 128, 64, (8, 32, 32), 3, 2, 1, 1, 16),
+]
+
+
+def parse_shape(text: str) -> BenchShape:
+    """A named default, or N,Cin,Cout,D,H,W,kernel,stride,padding,output_padding,groups."""
+    for shape in DEFAULT_SHAPES:
+        if text == shape.name:
+            return shape
+    values = [int(v) for v in text.split(",")]
+    if len(values) != 11:
+        raise ValueError(f"shape {text!r}: give a name ({', '.join(s.name for s in DEFAULT_SHAPES)}) or "
+                         "N,Cin,Cout,D,H,W,kernel,stride,padding,output_padding,groups")
+    n, cin, cout, d, h, w, k, s, p, op, g = values
+    return BenchShape(text, n, cin, cout, (d, h, w), k, s, p, op, g)
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+
+
+def time_rotating(fn: Callable[[torch.Tensor], object], inputs: list[torch.Tensor], warmup: int,
+                  repeats: int) -> Timing:
+    for i in range(warmup):
+        fn(inputs[i % len(inputs)])
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+    torch.cuda.synchronize()
+    for i, (start, end) in enumerate(events):
+        x = inputs[i % len(inputs)]
+        start.record()
+        fn(x)
+        end.record()
+    torch.cuda.synchronize()
+    samples = sorted(s.elapsed_time(e) for s, e in events)
+    return Timing(statistics.median(samples), samples[len(samples) // 5], samples[(4 * len(samples)) // 5])
+
+
+@dataclass
+class Row:
+    shape: str
+    dtype: str
+    memory_format: str
+    implementation: str
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    tflops: float
+    pct_tensor_ceiling: float
+    gbs: float
+    speedup_of_fused: Optional[float] = None  # this implementation's time / fused time
+
+
+def _models(shape: BenchShape, dtype: torch.dtype) -> tuple[nn.Module, ConvTranspose3dReLUGroupNorm]:
+    torch.manual_seed(0)
+    eager = nn.Sequential(
+        nn.ConvTranspose3d(shape.in_channels, shape.out_channels, shape.kernel, stride=shape.stride,
+                           padding=shape.padding, output_padding=shape.output_padding),
+        nn.ReLU(), nn.GroupNorm(shape.groups, shape.out_channels)).cuda().to(dtype).eval()
+    fused = ConvTranspose3dReLUGroupNorm.from_modules(eager[0], eager[2])
+    return eager, fused
+
+
+def bench_case(shape: BenchShape, dtype: torch.dtype, channels_last: bool, *, with_compile: bool, warmup: int,
+               repeats: int) -> list[Row]:
+    eager, fused = _models(shape, dtype)
+    conv = eager[0]
+    memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
+    one = torch.rand(shape.batch, shape.in_channels, *shape.size, device="cuda", dtype=dtype)
+    copies = max(1, min(16, int(2 * 60e6 // (one.numel() * one.element_size())) + 1))
+    inputs = [torch.rand_like(one).contiguous(memory_format=memory_format) for _ in range(copies)]
+    conv_args = dict(stride=conv.stride, padding=conv.padding, output_padding=conv.output_padding)
+
+    candidates: dict[str, Callable[[torch.Tensor], object]] = {
+        "pytorch eager": eager,
+        "cuDNN conv alone": lambda x: F.conv_transpose3d(x, conv.weight, conv.bias, **conv_args),
+    }
+    if with_compile:
+        compiled = torch.compile(eager)
+        candidates["torch.compile"] = compiled
+    if shape.stride == 1 and hasattr(torch.ops.cutlassfuse, "conv_transpose3d_cutlass"):
+        def cutlass_conv(x):
+            return torch.ops.cutlassfuse.conv_transpose3d_cutlass(
+                x, conv.weight, conv.bias, None, None, shape.groups, 1e-5, [1] * 3, [shape.padding] * 3,
+                [shape.output_padding] * 3, 1, [1] * 3, None)
+        candidates["CUTLASS conv alone"] = cutlass_conv
+    candidates["cutlassfuse"] = fused
+
+    timings = {}
+    with torch.no_grad():
+        for name, fn in candidates.items():
+            try:
+                timings[name] = time_rotating(fn, inputs, warmup, repeats)
+            except RuntimeError as error:  # e.g. the plain CUTLASS conv refusing a problem
+                print(f"    {name}: skipped ({str(error).splitlines()[0]})")
+    fused_ms = timings["cutlassfuse"].median_ms
+    rows = []
+    for name, t in timings.items():
+        tflops = shape.useful_flops() / (t.median_ms * 1e-3) / 1e12
+        rows.append(Row(shape.name, str(dtype).removeprefix("torch."), "channels_last" if channels_last else "ncdhw",
+                        name, t.median_ms, t.p20_ms, t.p80_ms, tflops, 100 * tflops / TENSOR_CEILING_TFLOPS[dtype],
+                        shape.min_bytes(one.element_size()) / (t.median_ms * 1e-3) / 1e9, t.median_ms / fused_ms))
+    return rows
+
+
+def print_rows(rows: list[Row]) -> None:
+    for r in rows:
+        print(f"    {r.implementation:<20}{r.median_ms:9.3f} ms [{r.p20_ms:.3f}-{r.p80_ms:.3f}]"
+              f"{r.tflops:8.1f} TFLOP/s ({r.pct_tensor_ceiling:4.1f}%){r.gbs:8.0f} GB/s"
+              f"   fused is {r.speedup_of_fused:.2f}x faster")
+
+
+def write_outputs(rows: list[Row], csv_path: Optional[str], json_path: Optional[str], plot_path: Optional[str]) -> None:
+    records = [asdict(r) for r in rows]
+    if csv_path:
+        with open(csv_path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(records[0]))
+            writer.writeheader()
+            writer.writerows(records)
+    if json_path:
+        meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda}
+        with open(json_path, "w") as f:
+            json.dump({"environment": meta, "rows": records}, f, indent=2)
+    if plot_path:
+        plot_speedups(rows, plot_path)
+
+
+def plot_speedups(rows: list[Row], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = sorted({(r.shape, r.dtype, r.memory_format) for r in rows}, key=lambda c: [r.shape for r in rows].index(c[0]))
+    baselines = ["pytorch eager", "torch.compile", "cuDNN conv alone"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(cases)), 4.5))
+    width = 0.8 / len(baselines)
+    for i, baseline in enumerate(baselines):
+        values = [next((r.speedup_of_fused for r in rows if (r.shape, r.dtype, r.memory_format) == c
+                        and r.implementation == baseline), 0.0) for c in cases]
+        ax.bar([k + i * width for k in range(len(cases))], values, width, label=f"vs {baseline}")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([k + width for k in range(len(cases))])
+    ax.set_xticklabels([f"{s}\n{d}\n{m}" for s, d, m in cases], fontsize=8)
+    ax.set_ylabel("cutlassfuse speedup (x)")
+    ax.set_title(f"cutlassfuse on {torch.cuda.get_device_name()}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def run_bench(shapes: list[BenchShape], dtypes: list[torch.dtype], channels_last_options: list[bool], *,
+              with_compile: bool = True, warmup: int = 10, repeats: int = 50, csv_path: Optional[str] = None,
+              json_path: Optional[str] = None, plot_path: Optional[str] = None) -> list[Row]:
+    if not torch.cuda.is_available():
+        raise SystemExit("cutlassfuse bench needs a CUDA device")
+    print(f"cutlassfuse bench on {torch.cuda.get_device_name()}, torch {torch.__version__}; "
+          f"{len(shapes) * len(dtypes) * len(channels_last_options)} cases")
+    rows: list[Row] = []
+    total = len(shapes) * len(dtypes) * len(channels_last_options)
+    done = 0
+    for shape in shapes:
+        for dtype in dtypes:
+            for channels_last in channels_last_options:
+                done += 1
+                print(f"[{done}/{total}] {shape.name} {str(dtype).removeprefix('torch.')} "
+                      f"{'channels_last' if channels_last else 'ncdhw'}", flush=True)
+                case_rows = bench_case(shape, dtype, channels_last, with_compile=with_compile, warmup=warmup,
+                                       repeats=repeats)
+                print_rows(case_rows)
+                rows += case_rows
+    write_outputs(rows, csv_path, json_path, plot_path)
+    return rows

@@ -1,0 +1,93 @@
+"""`python -m cutlassfuse profile`: Nsight Compute on one call of the op, a short table
+per kernel. ncu runs with --clock-control none (the card's clocks as found) and
+profiles only the kernels inside the op's NVTX ranges of the one call bracketed by
+cudaProfilerStart/Stop, after warm-up calls.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import shutil
+import subprocess
+import sys
+
+import torch
+
+from .bench import parse_shape
+
+METRICS = {
+    "Duration": "duration",
+    "Compute (SM) Throughput": "SM %",
+    "Memory Throughput": "memory %",
+    "DRAM Throughput": "DRAM %",
+    "Achieved Occupancy": "occupancy %",
+}
+KERNEL_KEYS = ("ConvUniversal", "group_norm_finalize", "group_norm_apply", "ncdhw_to_ndhwc")
+
+
+def ncu_command(shape: str, dtype: str, memory_format: str) -> list[str]:
+    ncu = os.environ.get("NCU") or shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
+    return [ncu, "--clock-control", "none", "--profile-from-start", "off", "--nvtx",
+            "--nvtx-include", "cutlassfuse/conv_transpose3d_relu_group_norm/", "--nvtx-include", "cutlassfuse/reference/",
+            "--section", "SpeedOfLight", "--section", "Occupancy", "--section", "ComputeWorkloadAnalysis",
+            "--csv", "--page", "details",
+            sys.executable, "-m", "cutlassfuse.profiling", shape, dtype, memory_format]
+
+
+def short_name(kernel: str) -> str:
+    return next((k for k in KERNEL_KEYS if k in kernel), kernel[:40])
+
+
+def summarize(csv_text: str) -> str:
+    lines = [line for line in csv_text.splitlines() if line.startswith('"')]
+    table: dict[tuple[str, str], dict[str, str]] = {}
+    for row in csv.DictReader(io.StringIO("\n".join(lines))):
+        key = (row["ID"], short_name(row["Kernel Name"]))
+        name = row["Metric Name"]
+        label = METRICS.get(name) or (f"{name} %" if "tensor" in name.lower() else None)
+        if label:
+            table.setdefault(key, {})[label] = f'{row["Metric Value"]} {row["Metric Unit"]}'.strip()
+    columns = list(dict.fromkeys(c for values in table.values() for c in values))
+    out = ["| kernel | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    out += [f"| {kernel} | " + " | ".join(values.get(c, "-") for c in columns) + " |"
+            for (_, kernel), values in table.items()]
+    return "\n".join(out)
+
+
+def run_profile(shape: str, dtype: str, memory_format: str, csv_path: str | None = None) -> str:
+    result = subprocess.run(ncu_command(shape, dtype, memory_format), capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"ncu failed ({result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
+    if csv_path:
+        with open(csv_path, "w") as f:
+            f.write(result.stdout)
+    return summarize(result.stdout)
+
+
+def _profiled_call(shape_text: str, dtype_name: str, memory_format: str) -> None:
+    """Runs inside ncu: warm-up calls, then one call between profiler start and stop."""
+    import cutlassfuse
+
+    shape = parse_shape(shape_text)
+    dtype = getattr(torch, dtype_name)
+    torch.manual_seed(0)
+    module = cutlassfuse.ConvTranspose3dReLUGroupNorm(
+        shape.in_channels, shape.out_channels, shape.kernel, shape.groups, stride=shape.stride,
+        padding=shape.padding, output_padding=shape.output_padding).cuda().to(dtype)
+    x = torch.rand(shape.batch, shape.in_channels, *shape.size, device="cuda", dtype=dtype)
+    if memory_format == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    with torch.no_grad():
+        for _ in range(2):
+            module(x)
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        module(x)
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+
+
+if __name__ == "__main__":
+    _profiled_call(*sys.argv[1:4])

@@ -1,0 +1,23 @@
+"""The profile CLI's ncu command and its CSV summary (ncu itself needs a GPU)."""
+
+from cutlassfuse.profiling import ncu_command, summarize
+
+CSV = '''==PROF== Connected to process
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","1","python","h","void cutlass::device_kernel<cutlass::conv::kernel::ConvUniversal<X>>(T1)","1","7","(384, 1, 1)","(4913, 1, 1)","0","9.0","GPU Speed Of Light Throughput","Duration","us","533.86"
+"0","1","python","h","void cutlass::device_kernel<cutlass::conv::kernel::ConvUniversal<X>>(T1)","1","7","(384, 1, 1)","(4913, 1, 1)","0","9.0","GPU Speed Of Light Throughput","Compute (SM) Throughput","%","54.74"
+"1","1","python","h","void cutlassfuse::group_norm_apply_kernel<__half, false>(...)","1","7","(256, 1, 1)","(615, 16, 1)","0","9.0","Occupancy","Achieved Occupancy","%","60.22"
+'''
+
+
+def test_summary_table():
+    table = summarize(CSV)
+    assert "| ConvUniversal | 533.86 us | 54.74 % | - |" in table
+    assert "| group_norm_apply | - | - | 60.22 % |" in table
+
+
+def test_command_keeps_clocks_and_selects_the_op_by_nvtx():
+    command = ncu_command("kb61", "float16", "ncdhw")
+    assert command[command.index("--clock-control") + 1] == "none"
+    assert "cutlassfuse/conv_transpose3d_relu_group_norm/" in command
+    assert command[-3:] == ["kb61", "float16", "ncdhw"]
