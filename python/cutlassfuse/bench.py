@@ -140,6 +140,7 @@ def bench_case(shape: BenchShape, dtype: torch.dtype, channels_last: bool, *, wi
         "cuDNN conv alone": lambda x: F.conv_transpose3d(x, conv.weight, conv.bias, **conv_args),
     }
     if with_compile:
+        torch._dynamo.reset()  # every case compiles afresh instead of piling up recompilations
         compiled = torch.compile(eager)
         candidates["torch.compile"] = compiled
     if shape.stride == 1 and hasattr(torch.ops.cutlassfuse, "conv_transpose3d_cutlass"):
