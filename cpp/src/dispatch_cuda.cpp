@@ -56,7 +56,7 @@ const void* data_or_null(const std::optional<at::Tensor>& t, std::optional<at::T
 // transpose kernel (ATen's permuted copy is 5x slower on this pattern).
 at::Tensor to_channels_last(const at::Tensor& input, ElementType element, const Problem& p, cudaStream_t stream) {
   if (input.is_contiguous(at::MemoryFormat::ChannelsLast3d)) return input;
-  const NvtxRange range("cutlassfuse/ncdhw_to_ndhwc");
+  const NvtxRange range("cutlassfuse.ncdhw_to_ndhwc");
   const at::Tensor packed = input.contiguous();
   at::Tensor out = at::empty_like(packed, at::MemoryFormat::ChannelsLast3d);
   ncdhw_to_ndhwc(element, packed.data_ptr(), out.data_ptr(), p.batch, p.in_channels, p.input_spatial(), stream);
@@ -95,7 +95,7 @@ std::string fused_path_description(const Problem& p) {
 }
 
 at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
-  const NvtxRange op_range("cutlassfuse/conv_transpose3d_relu_group_norm");
+  const NvtxRange op_range("cutlassfuse.conv_transpose3d_relu_group_norm");
   const c10::cuda::CUDAGuard device_guard(a.input.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
@@ -118,7 +118,7 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   const sm90::DgradOperands operands{input.data_ptr(), filter.data_ptr(), data_or_null(a.bias, bias),
                                      activation.data_ptr(), partials_ptr};
   {
-    const NvtxRange range("cutlassfuse/dgrad_bias_relu_stats");
+    const NvtxRange range("cutlassfuse.dgrad_bias_relu_stats");
     with_element(element, [&](auto e) { sm90::dgrad_fused<decltype(e)::value>(config, p, operands, sm_count, stream); });
   }
 
@@ -129,7 +129,7 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   const GroupNormAffine affine{data_or_null(a.norm_weight, gamma), data_or_null(a.norm_bias, beta),
                                *affine_element_type(a)};
   at::Tensor scratch = at::empty({group_norm_scratch_bytes(shape)}, options.dtype(at::kByte));
-  const NvtxRange range("cutlassfuse/group_norm_finalize_apply");
+  const NvtxRange range("cutlassfuse.group_norm_finalize_apply");
   group_norm_apply(element, activation.data_ptr(), partials_ptr, layout, shape, affine, static_cast<float>(p.eps),
                    channels_last, out.data_ptr(), scratch.data_ptr(), stream);
   return out;

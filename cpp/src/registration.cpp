@@ -48,7 +48,7 @@ at::Tensor forward_cuda(const OpArgs& args) {
   const Problem problem = validate_and_describe(args);
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
   if (fused_path_unsupported_reason(args, problem).empty()) return fused_forward_cuda(args, problem);
-  const NvtxRange range("cutlassfuse/reference");
+  const NvtxRange range("cutlassfuse.reference");
   return reference_forward(args);
 }
 
