@@ -116,6 +116,8 @@ class Row:
 
 
 def _models(shape: BenchShape, dtype: torch.dtype) -> tuple[nn.Module, ConvTranspose3dReLUGroupNorm]:
+    """The layers as a PyTorch user builds them: nn.ConvTranspose3d's defaults (with
+    bias), ReLU, nn.GroupNorm; the fused block holds the same parameters."""
     torch.manual_seed(0)
     eager = nn.Sequential(
         nn.ConvTranspose3d(shape.in_channels, shape.out_channels, shape.kernel, stride=shape.stride,
@@ -196,7 +198,7 @@ def plot_speedups(rows: list[Row], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cases = sorted({(r.shape, r.dtype, r.memory_format) for r in rows}, key=lambda c: [r.shape for r in rows].index(c[0]))
+    cases = list(dict.fromkeys((r.shape, r.dtype, r.memory_format) for r in rows))  # in run order
     baselines = ["pytorch eager", "torch.compile", "cuDNN conv alone"]
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(cases)), 4.5))
     width = 0.8 / len(baselines)
