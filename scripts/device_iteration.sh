@@ -3,7 +3,8 @@
 #   1. install the carried nvidia-cutlass wheel (.whl/; the machine has no network),
 #   2. build and install cutlassfuse against the machine's torch (incremental: the
 #      ignored build/ folder survives between calls on a warm machine),
-#   3. run the GPU tests, 4. run the KernelBench demo, 5. print a short table last.
+#   3. run the GPU tests, 4. run the KernelBench demo and benchmarks (and, with
+#   CUTLASSFUSE_SANITIZE=1, compute-sanitizer), 5. print a short table last.
 # Logs go to $OUT (the device tool brings them back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -61,6 +62,12 @@ step "bench CLI (all baselines.md shapes)"
 
 step "Nsight Compute (kb61 fp16)"
 "$PYTHON" -m cutlassfuse profile --shape kb61 --dtype float16 2>&1 | tee "$OUT/ncu.log"
+
+if [[ "${CUTLASSFUSE_SANITIZE:-0}" == 1 ]]; then
+  step "compute-sanitizer"
+  bash scripts/sanitize.sh 2>&1 | tee "$OUT/sanitize.log"
+  status+=("sanitizer: $(tail -1 "$OUT/sanitize.log")")
+fi
 
 step "summary"
 cat "$OUT/gpu.txt"

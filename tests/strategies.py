@@ -1,0 +1,57 @@
+"""Hypothesis strategies over the whole ConvTranspose3d -> ReLU -> GroupNorm parameter
+space, shared by the CPU property test and the GPU one."""
+
+from __future__ import annotations
+
+from hypothesis import assume
+from hypothesis import strategies as st
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@st.composite
+def configurations(draw, max_channels: int = 16, max_size: int = 5, allow_empty_batch: bool = True,
+                   fused_friendly: bool = False) -> dict:
+    """fused_friendly: channels in multiples of 8, stride 1 and one conv group, the
+    shapes the sm90 fused path takes (else anything valid, mostly the reference path)."""
+    groups = 1 if fused_friendly else draw(st.sampled_from([1, 1, 2, 3]))
+    step = 8 * groups if fused_friendly else groups
+    in_channels = step * draw(st.integers(1, max(1, max_channels // step)))
+    out_channels = step * draw(st.integers(1, max(1, max_channels // step)))
+    triple = lambda s: st.tuples(s, s, s)  # noqa: E731
+    kernel = draw(triple(st.integers(1, 4)))
+    stride = (1, 1, 1) if fused_friendly else draw(triple(st.integers(1, 3)))
+    dilation = draw(triple(st.integers(1, 2)))
+    padding = draw(triple(st.integers(0, 2)))
+    output_padding = tuple(draw(st.integers(0, max(s, d) - 1)) for s, d in zip(stride, dilation))
+    size = draw(triple(st.integers(1, max_size)))
+    out = [(i - 1) * s - 2 * p + d * (k - 1) + op + 1
+           for i, s, p, d, k, op in zip(size, stride, padding, dilation, kernel, output_padding)]
+    assume(min(out) >= 1)
+    return dict(
+        batch=draw(st.integers(0 if allow_empty_batch else 1, 3)),
+        in_channels=in_channels, out_channels=out_channels, size=size, kernel=kernel, stride=stride,
+        padding=padding, output_padding=output_padding, dilation=dilation, groups=groups,
+        num_groups=draw(st.sampled_from(_divisors(out_channels))),
+        bias=draw(st.booleans()), affine=draw(st.booleans()), channels_last=draw(st.booleans()),
+        eps=draw(st.sampled_from([1e-5, 1e-3, 0.1])),
+    )
+
+
+def make_inputs(c: dict, dtype, device, generator) -> dict:
+    import torch
+
+    def randn(*shape, scale=1.0, offset=0.0):
+        return (torch.randn(*shape, generator=generator, device=device) * scale + offset).to(dtype)
+
+    x = randn(c["batch"], c["in_channels"], *c["size"])
+    if c["channels_last"]:
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    return dict(
+        input=x, weight=randn(c["in_channels"], c["out_channels"] // c["groups"], *c["kernel"], scale=0.3),
+        bias=randn(c["out_channels"], scale=0.2) if c["bias"] else None, stride=c["stride"], padding=c["padding"],
+        output_padding=c["output_padding"], groups=c["groups"], dilation=c["dilation"], num_groups=c["num_groups"],
+        norm_weight=randn(c["out_channels"], scale=0.2, offset=1.0) if c["affine"] else None,
+        norm_bias=randn(c["out_channels"], scale=0.2) if c["affine"] else None, eps=c["eps"])
