@@ -1,6 +1,6 @@
-// The CUDA kernel of the op: the fused sm90 path (CUTLASS dgrad with bias + ReLU in
-// its epilogue, then GroupNorm statistics and normalization) when the call fits it,
-// ATen's kernels otherwise.
+// The CUDA kernel of the op: the fused sm90 path (CUTLASS dgrad whose epilogue adds the
+// bias, applies ReLU and reduces GroupNorm partial statistics; then finalize and
+// normalize) when the call fits it, ATen's kernels otherwise.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -36,7 +36,8 @@ GroupNormShape group_norm_shape(const Problem& p) {
   return {p.batch, p.out_channels, p.output_spatial(), p.num_groups};
 }
 
-// gamma and beta are read by one kernel argument type: both absent, or sharing a dtype.
+// gamma and beta are read by one kernel argument type: both absent, or sharing one of
+// the kernels' dtypes.
 std::optional<ElementType> affine_element_type(const OpArgs& a) {
   const at::Tensor* any = present(a.norm_weight) ? &*a.norm_weight : present(a.norm_bias) ? &*a.norm_bias : nullptr;
   if (any == nullptr) return ElementType::kFloat32;
@@ -81,7 +82,8 @@ std::string fused_path_unsupported_reason(const OpArgs& a, const Problem& p) {
     return "GPU is sm_" + std::to_string(props->major * 10 + props->minor) + ", the fused kernels need sm_90";
   const auto element = element_type(a.input.scalar_type());
   if (!element || *element == ElementType::kFloat32) return "dtype is not float16 or bfloat16";
-  if (!affine_element_type(a)) return "norm_weight and norm_bias have different dtypes";
+  if (!affine_element_type(a))
+    return "norm_weight/norm_bias are not both float32, float16 or bfloat16 of one dtype";
   if (p.batch == 0) return "empty batch";
   if (const char* why = group_norm_unsupported_reason(group_norm_shape(p)); *why != '\0') return why;
   const sm90::DgradConfig config = sm90::choose_config(p);
