@@ -36,7 +36,6 @@ def bench_shape(name: str, dtype: torch.dtype, with_compile: bool) -> dict[str, 
     x = torch.rand(batch, cin, *size, device="cuda", dtype=dtype)
     x_cl = x.contiguous(memory_format=torch.channels_last_3d)
     w = model.conv_transpose.weight
-    args = dict(num_groups=8)
     t = {}
     with torch.no_grad():
         t["fused (module, NCDHW in)"] = time_ms(lambda: fused(x))
@@ -55,7 +54,6 @@ def bench_shape(name: str, dtype: torch.dtype, with_compile: bool) -> dict[str, 
             cutlassfuse.set_dgrad_config(config)
             t[f"fused {config} (NCDHW in)"] = time_ms(lambda: fused(x))
         cutlassfuse.set_dgrad_config(None)
-        del args
     return t
 
 

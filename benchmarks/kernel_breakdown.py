@@ -34,8 +34,8 @@ def kernel_times_us(fn) -> dict[str, float]:
 
 
 def short(name: str) -> str:
-    for key in ("ConvUniversal", "ncdhw_to_ndhwc", "group_norm_apply_kernel<__half, true", "group_norm_apply_kernel<__half, false",
-                "partial_stats"):
+    for key in ("ConvUniversal", "ncdhw_to_ndhwc", "group_norm_finalize", "group_norm_apply_kernel<__half, true",
+                "group_norm_apply_kernel<__half, false"):
         if key in name:
             return key
     return name[:70]

@@ -30,10 +30,7 @@ void run_plain(const Problem& problem, const void* input, const void* filter, vo
   if (std::string why = shape_rules_violation(problem); !why.empty())
     throw std::invalid_argument("cutlassfuse: the plain CUTLASS dgrad cannot run this problem: " + why);
   const ProblemShape shape = make_problem_shape(problem);
-  typename Plain::Epilogue::StrideD stride_d{};
-  cute::for_each(cute::make_seq<cute::rank<0>(typename Plain::Epilogue::StrideD{})>{}, [&](auto i) {
-    cute::get<0, i>(stride_d) = shape.stride_C[ProblemShape::RankT - 2 - i];
-  });
+  const auto stride_d = output_stride<typename Plain::Epilogue::StrideD>(shape);
   cutlass::KernelHardwareInfo hw_info;
   cudaGetDevice(&hw_info.device_id);
   hw_info.sm_count = sm_count;

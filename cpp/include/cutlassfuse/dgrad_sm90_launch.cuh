@@ -31,6 +31,17 @@ inline ProblemShape make_problem_shape(const Problem& p) {
       {1, 1, 1}, {i32(p.dilation[0]), i32(p.dilation[1]), i32(p.dilation[2])}, /*groups=*/1);
 }
 
+// The output's M mode is hierarchical ((W, H, D, N), C): make_cute_packed_stride has no
+// overload for it, so copy the problem's packed strides mode by mode.
+template <class StrideD>
+StrideD output_stride(const ProblemShape& shape) {
+  StrideD stride_d{};
+  cute::for_each(cute::make_seq<cute::rank<0>(StrideD{})>{}, [&](auto i) {
+    cute::get<0, i>(stride_d) = shape.stride_C[ProblemShape::RankT - 2 - i];
+  });
+  return stride_d;
+}
+
 inline GroupNormShape group_norm_shape(const Problem& p) {
   return {p.batch, p.out_channels, p.output_spatial(), p.num_groups};
 }
@@ -44,12 +55,7 @@ typename Fused::Device::Arguments make_arguments(const Problem& problem, const D
   constexpr int kTileN = cute::size<1>(typename Fused::TileShape{});
 
   const ProblemShape shape = make_problem_shape(problem);
-  // The output's M mode is hierarchical ((W, H, D, N), C): make_cute_packed_stride
-  // has no overload for it, so copy the problem's packed strides mode by mode.
-  StrideD stride_d{};
-  cute::for_each(cute::make_seq<cute::rank<0>(StrideD{})>{}, [&](auto i) {
-    cute::get<0, i>(stride_d) = shape.stride_C[ProblemShape::RankT - 2 - i];
-  });
+  const StrideD stride_d = output_stride<StrideD>(shape);
 
   const GroupNormShape gn = group_norm_shape(problem);
   const TilePartials tiles = TilePartials::for_tiles(gn, kTileM, kTileN);
