@@ -4,7 +4,7 @@ memory-format slip or a validation hole), and its fake kernel predicts the resul
 
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import cutlassfuse
@@ -32,6 +32,9 @@ def test_cpu_op_equals_composite(config):
 
 @settings(max_examples=60, deadline=None)
 @given(configurations())
+@example(dict(batch=1, in_channels=2, out_channels=2, size=(1, 1, 3), kernel=(1, 1, 1), stride=(1, 1, 2),
+              padding=(0, 0, 2), output_padding=(0, 0, 0), dilation=(1, 1, 1), groups=1, num_groups=1, bias=False,
+              affine=False, channels_last=True, eps=1e-5))  # a 1x1x1 output: both layouts at once
 def test_fake_kernel_predicts_shape_and_strides(config):
     a = make_inputs(config, torch.float32, "cpu", torch.Generator().manual_seed(1))
     real = cutlassfuse.conv_transpose3d_relu_group_norm(**a)
@@ -39,5 +42,12 @@ def test_fake_kernel_predicts_shape_and_strides(config):
         fake_args = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in a.items()}
         fake = cutlassfuse.conv_transpose3d_relu_group_norm(**fake_args)
     assert fake.shape == real.shape and fake.dtype == real.dtype
-    if real.numel():
-        assert fake.stride() == real.stride()
+    # Only strides of dimensions longer than one mean anything (the rule of PyTorch's own
+    # check_significant_strides): a (1, C, 1, 1, 1) output is both layouts at once.
+    assert significant_strides(fake) == significant_strides(real)
+
+
+def significant_strides(t: torch.Tensor) -> tuple:
+    if t.numel() == 0:
+        return ()
+    return tuple(stride for size, stride in zip(t.shape, t.stride()) if size > 1)
