@@ -13,16 +13,17 @@ def _divisors(n: int) -> list[int]:
 
 @st.composite
 def configurations(draw, max_channels: int = 16, max_size: int = 5, allow_empty_batch: bool = True,
-                   fused_friendly: bool = False) -> dict:
-    """fused_friendly: channels in multiples of 8, stride 1 and one conv group, the
-    shapes the sm90 fused path takes (else anything valid, mostly the reference path)."""
-    groups = 1 if fused_friendly else draw(st.sampled_from([1, 1, 2, 3]))
+                   fused_friendly: bool = False, conv_groups: bool = True) -> dict:
+    """fused_friendly: channels in multiples of 8 and one conv group, the shapes the
+    sm90 fused path takes (else anything valid, mostly the reference path).
+    conv_groups=False keeps one conv group."""
+    groups = draw(st.sampled_from([1, 1, 2, 3])) if conv_groups and not fused_friendly else 1
     step = 8 * groups if fused_friendly else groups
     in_channels = step * draw(st.integers(1, max(1, max_channels // step)))
     out_channels = step * draw(st.integers(1, max(1, max_channels // step)))
     triple = lambda s: st.tuples(s, s, s)  # noqa: E731
     kernel = draw(triple(st.integers(1, 4)))
-    stride = (1, 1, 1) if fused_friendly else draw(triple(st.integers(1, 3)))
+    stride = draw(triple(st.integers(1, 3)))
     dilation = draw(triple(st.integers(1, 2)))
     padding = draw(triple(st.integers(0, 2)))
     output_padding = tuple(draw(st.integers(0, max(s, d) - 1)) for s, d in zip(stride, dilation))

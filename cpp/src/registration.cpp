@@ -3,6 +3,7 @@
 #include <torch/library.h>
 
 #include "cutlassfuse/op.h"
+#include "cutlassfuse/subpixel.h"
 #if CUTLASSFUSE_WITH_CUDA
 #include "cutlassfuse/dgrad_sm90.h"
 #include "cutlassfuse/nvtx.h"
@@ -43,6 +44,42 @@ std::string explain_reference(const OpArgs& args) {
   return std::string(kReference) + (args.input.is_cuda() ? ", because the library was built without CUDA kernels" : "");
 }
 
+// The sub-pixel phase plan the CUDA path launches for a deconvolution of these sizes,
+// flattened for tests that execute it with ATen: [unreached pixels per sample, then per
+// phase: input, filter and output views (offset, 3 extents, 4 strides each), lower
+// padding, upper padding and dilation (3 each)].
+std::vector<int64_t> subpixel_plan(at::IntArrayRef input_size, at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                                   at::IntArrayRef padding, at::IntArrayRef output_padding, at::IntArrayRef dilation,
+                                   int64_t in_channels, int64_t out_channels) {
+  Problem p;
+  p.in_channels = in_channels;
+  p.out_channels = out_channels;
+  for (int i = 0; i < 3; ++i) {
+    p.input_size[i] = input_size[i];
+    p.kernel_size[i] = kernel_size[i];
+    p.stride[i] = stride[i];
+    p.padding[i] = padding[i];
+    p.output_padding[i] = output_padding[i];
+    p.dilation[i] = dilation[i];
+    p.output_size[i] = transposed_conv_output_extent(input_size[i], kernel_size[i], stride[i], padding[i],
+                                                     output_padding[i], dilation[i]);
+  }
+  const SubpixelPlan plan = plan_subpixel(p);
+  std::vector<int64_t> flat{plan.unreached_pixels};
+  auto append = [&flat](const auto& values) { flat.insert(flat.end(), values.begin(), values.end()); };
+  for (const PhaseProblem& phase : plan.phases) {
+    for (const StridedView* view : {&phase.input, &phase.filter, &phase.output}) {
+      flat.push_back(view->offset);
+      append(view->extent);
+      append(view->stride);
+    }
+    append(phase.lower_padding);
+    append(phase.upper_padding);
+    append(phase.dilation);
+  }
+  return flat;
+}
+
 #if CUTLASSFUSE_WITH_CUDA
 at::Tensor forward_cuda(const OpArgs& args) {
   const Problem problem = validate_and_describe(args);
@@ -80,6 +117,9 @@ TORCH_LIBRARY(cutlassfuse, m) {
   m.def((std::string("conv_transpose3d_relu_group_norm") + kArguments + " -> Tensor").c_str());
   // Which implementation a call with these arguments takes, and why.
   m.def((std::string("explain") + kArguments + " -> str").c_str());
+  m.def("subpixel_plan(int[3] input_size, int[3] kernel_size, int[3] stride, int[3] padding, int[3] output_padding, "
+        "int[3] dilation, int in_channels, int out_channels) -> int[]",
+        &subpixel_plan);
 #if CUTLASSFUSE_WITH_CUDA
   m.def("set_dgrad_config(str name) -> ()", [](c10::string_view name) { set_dgrad_config(name); });
   // The deconvolution alone through the stock CUTLASS kernel (benchmark baseline); the
