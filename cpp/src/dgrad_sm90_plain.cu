@@ -1,5 +1,6 @@
 // The stock CUTLASS sm90 dgrad with a plain-store epilogue, same tile configuration as
 // the fused family's default: the baseline for measuring what the fused epilogue costs.
+// Like the fused family it runs one sub-pixel phase per launch.
 #include "cutlassfuse/dgrad_sm90_launch.cuh"
 
 namespace cutlassfuse::sm90 {
@@ -24,41 +25,37 @@ struct DgradPlainKernel {
 };
 
 template <class Element>
-void run_plain(const Problem& problem, const void* input, const void* filter, void* output, int sm_count,
-               cudaStream_t stream) {
+void run_plain(const Problem& problem, const PhaseProblem& phase, const void* input, const void* filter, void* output,
+               int sm_count, cudaStream_t stream) {
   using Plain = DgradPlainKernel<Element>;
-  if (std::string why = shape_rules_violation(problem); !why.empty())
-    throw std::invalid_argument("cutlassfuse: the plain CUTLASS dgrad cannot run this problem: " + why);
-  const ProblemShape shape = make_problem_shape(problem);
+  const ProblemShape shape = make_problem_shape(problem, phase);
   const auto stride_d = output_stride<typename Plain::Epilogue::StrideD>(shape);
+  const PhasePointers<Element> ptr(phase, input, filter, output);
   cutlass::KernelHardwareInfo hw_info;
   cudaGetDevice(&hw_info.device_id);
   hw_info.sm_count = sm_count;
-  typename Plain::Device::Arguments args{
-      cutlass::gemm::GemmUniversalMode::kGemm,
-      shape,
-      {static_cast<const Element*>(input), static_cast<const Element*>(filter)},
-      {{}, nullptr, stride_d, static_cast<Element*>(output), stride_d},
-      hw_info};
+  typename Plain::Device::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm, shape, {ptr.input, ptr.filter},
+                                         {{}, nullptr, stride_d, ptr.output, stride_d}, hw_info};
+  std::string why = shape_rules_violation(problem);
+  if (why.empty()) why = phase_rejection<typename Plain::Device>(shape, phase, args);
+  if (!why.empty()) throw std::invalid_argument("cutlassfuse: the plain CUTLASS dgrad cannot run this problem: " + why);
   typename Plain::Device conv;
-  if (Plain::Device::can_implement(args) != cutlass::Status::kSuccess ||
-      conv.initialize(args, nullptr, stream) != cutlass::Status::kSuccess || conv.run(stream) != cutlass::Status::kSuccess) {
+  if (conv.initialize(args, nullptr, stream) != cutlass::Status::kSuccess || conv.run(stream) != cutlass::Status::kSuccess)
     throw std::runtime_error("cutlassfuse: the plain CUTLASS dgrad failed to run this problem");
-  }
 }
 
 }  // namespace
 
 template <>
-void dgrad_plain<ElementType::kFloat16>(const Problem& p, const void* in, const void* flt, void* out, int sms,
-                                        cudaStream_t s) {
-  run_plain<cutlass::half_t>(p, in, flt, out, sms, s);
+void dgrad_plain<ElementType::kFloat16>(const Problem& p, const PhaseProblem& phase, const void* in, const void* flt,
+                                        void* out, int sms, cudaStream_t s) {
+  run_plain<cutlass::half_t>(p, phase, in, flt, out, sms, s);
 }
 
 template <>
-void dgrad_plain<ElementType::kBFloat16>(const Problem& p, const void* in, const void* flt, void* out, int sms,
-                                         cudaStream_t s) {
-  run_plain<cutlass::bfloat16_t>(p, in, flt, out, sms, s);
+void dgrad_plain<ElementType::kBFloat16>(const Problem& p, const PhaseProblem& phase, const void* in,
+                                         const void* flt, void* out, int sms, cudaStream_t s) {
+  run_plain<cutlass::bfloat16_t>(p, phase, in, flt, out, sms, s);
 }
 
 }  // namespace cutlassfuse::sm90

@@ -1,6 +1,6 @@
-// The CUDA kernel of the op: the fused sm90 path (CUTLASS dgrad whose epilogue adds the
-// bias, applies ReLU and reduces GroupNorm partial statistics; then finalize and
-// normalize) when the call fits it, ATen's kernels otherwise.
+// The CUDA kernel of the op: the fused sm90 path (per sub-pixel phase, a CUTLASS dgrad
+// whose epilogue adds the bias, applies ReLU and reduces GroupNorm partial statistics;
+// then finalize and normalize) when the call fits it, ATen's kernels otherwise.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -10,6 +10,8 @@
 #include "cutlassfuse/layout.h"
 #include "cutlassfuse/nvtx.h"
 #include "cutlassfuse/op.h"
+#include "cutlassfuse/subpixel.h"
+#include "cutlassfuse/unreached_fill.h"
 
 namespace cutlassfuse {
 namespace {
@@ -34,6 +36,29 @@ bool present(const std::optional<at::Tensor>& t) { return t.has_value() && t->de
 
 GroupNormShape group_norm_shape(const Problem& p) {
   return {p.batch, p.out_channels, p.output_spatial(), p.num_groups};
+}
+
+// The launches of one call: the sub-pixel phases, the kernel configuration, and where
+// each phase's partials go (one region per phase, in phase order).
+struct FusedPlan {
+  SubpixelPlan subpixel;
+  sm90::DgradConfig config;
+  StatisticsSources sources;
+  int64_t slots = 0;
+};
+
+FusedPlan make_fused_plan(const Problem& p) {
+  FusedPlan plan{plan_subpixel(p), sm90::choose_config(p), {}, 0};
+  TORCH_INTERNAL_ASSERT(plan.subpixel.phases.size() <= kMaxPartialsRegions);
+  const sm90::TileExtent tile = sm90::tile_extent(plan.config);
+  for (const PhaseProblem& phase : plan.subpixel.phases) {
+    const GroupNormShape shape = sm90::phase_group_norm_shape(p, phase);
+    const TilePartials tiles = TilePartials::for_tiles(shape, tile.m, tile.n);
+    plan.sources.regions[plan.sources.region_count++] = {tiles, shape.spatial, plan.slots};
+    plan.slots += tiles.slots(shape);
+  }
+  plan.sources.unreached_pixels = plan.subpixel.unreached_pixels;
+  return plan;
 }
 
 // gamma and beta are read by one kernel argument type: both absent, or sharing one of
@@ -86,13 +111,26 @@ std::string fused_path_unsupported_reason(const OpArgs& a, const Problem& p) {
     return "norm_weight/norm_bias are not both float32, float16 or bfloat16 of one dtype";
   if (p.batch == 0) return "empty batch";
   if (const char* why = group_norm_unsupported_reason(group_norm_shape(p)); *why != '\0') return why;
+  const SubpixelPlan plan = plan_subpixel(p);
+  if (plan.phases.empty()) return "no input reaches the output (every pixel is ReLU(bias))";
+  if (plan.phases.size() > kMaxPartialsRegions) return "more than 64 sub-pixel phases (stride product above 64)";
   const sm90::DgradConfig config = sm90::choose_config(p);
-  return with_element(*element, [&](auto e) { return sm90::dgrad_unsupported_reason<decltype(e)::value>(config, p); });
+  for (const PhaseProblem& phase : plan.phases) {
+    std::string why = with_element(*element, [&](auto e) {
+      return sm90::dgrad_unsupported_reason<decltype(e)::value>(config, p, phase);
+    });
+    if (!why.empty()) return why;
+  }
+  return {};
 #endif
 }
 
 std::string fused_path_description(const Problem& p) {
-  return std::string("CUTLASS sm90 dgrad ") + sm90::config_name(sm90::choose_config(p)) +
+  const SubpixelPlan plan = plan_subpixel(p);
+  std::string launches = plan.phases.size() == 1 ? std::string("CUTLASS sm90 dgrad ")
+                                                 : std::to_string(plan.phases.size()) + " sub-pixel phases of CUTLASS sm90 dgrad ";
+  if (plan.unreached_pixels > 0) launches = "ReLU(bias) fill of unreached pixels + " + launches;
+  return launches + sm90::config_name(sm90::choose_config(p)) +
          " (epilogue: bias, ReLU, GroupNorm partial statistics) + normalize";
 }
 
@@ -110,18 +148,24 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   at::Tensor activation = at::empty({p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]},
                                     options.memory_format(at::MemoryFormat::ChannelsLast3d));
 
-  const sm90::DgradConfig config = sm90::choose_config(p);
-  const sm90::TileExtent tile = sm90::tile_extent(config);
-  const GroupNormShape shape = group_norm_shape(p);
-  const TilePartials layout = TilePartials::for_tiles(shape, tile.m, tile.n);
+  FusedPlan plan = make_fused_plan(p);
+  plan.sources.bias = data_or_null(a.bias, bias);
   static_assert(sizeof(WelfordPartial) == 3 * sizeof(float));
-  at::Tensor partials = at::empty({layout.slots(shape), 3}, options.dtype(at::kFloat));
+  at::Tensor partials = at::empty({plan.slots, 3}, options.dtype(at::kFloat));
   auto* partials_ptr = reinterpret_cast<WelfordPartial*>(partials.data_ptr<float>());
-  const sm90::DgradOperands operands{input.data_ptr(), filter.data_ptr(), data_or_null(a.bias, bias),
-                                     activation.data_ptr(), partials_ptr};
+  if (plan.subpixel.unreached_pixels > 0) {
+    const NvtxRange range("cutlassfuse.fill_unreached_pixels");
+    fill_unreached_pixels(element, activation.data_ptr(), plan.sources.bias, p, stream);
+  }
   {
     const NvtxRange range("cutlassfuse.dgrad_bias_relu_stats");
-    with_element(element, [&](auto e) { sm90::dgrad_fused<decltype(e)::value>(config, p, operands, sm_count, stream); });
+    for (int i = 0; i < plan.sources.region_count; ++i) {
+      const sm90::DgradOperands operands{input.data_ptr(), filter.data_ptr(), plan.sources.bias, activation.data_ptr(),
+                                         partials_ptr + plan.sources.regions[i].first_slot};
+      with_element(element, [&](auto e) {
+        sm90::dgrad_fused<decltype(e)::value>(plan.config, p, plan.subpixel.phases[i], operands, sm_count, stream);
+      });
+    }
   }
 
   // Channels-last output is normalized in place: each element is read and written by
@@ -130,10 +174,11 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   at::Tensor out = channels_last ? activation : at::empty_like(activation, at::MemoryFormat::Contiguous);
   const GroupNormAffine affine{data_or_null(a.norm_weight, gamma), data_or_null(a.norm_bias, beta),
                                *affine_element_type(a)};
+  const GroupNormShape shape = group_norm_shape(p);
   at::Tensor scratch = at::empty({group_norm_scratch_bytes(shape)}, options.dtype(at::kByte));
   const NvtxRange range("cutlassfuse.group_norm_finalize_apply");
-  group_norm_apply(element, activation.data_ptr(), partials_ptr, layout, shape, affine, static_cast<float>(p.eps),
-                   channels_last, out.data_ptr(), scratch.data_ptr(), stream);
+  group_norm_apply(element, activation.data_ptr(), partials_ptr, plan.sources, shape, affine,
+                   static_cast<float>(p.eps), channels_last, out.data_ptr(), scratch.data_ptr(), stream);
   return out;
 }
 
@@ -146,12 +191,18 @@ at::Tensor cutlass_dgrad_plain(const OpArgs& a, const Problem& p) {
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const at::Tensor input = to_channels_last(a.input, *element, p, stream);
   const at::Tensor filter = filter_of(a);
-  at::Tensor out = at::empty({p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]},
-                             a.input.options().memory_format(at::MemoryFormat::ChannelsLast3d));
+  const SubpixelPlan plan = plan_subpixel(p);
+  const auto options = a.input.options().memory_format(at::MemoryFormat::ChannelsLast3d);
+  const std::vector<int64_t> size{p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]};
+  // Pixels no input reaches are zeros of the convolution (it has no bias here).
+  at::Tensor out = plan.unreached_pixels > 0 ? at::zeros(size, options) : at::empty(size, options);
   const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  with_element(*element, [&](auto e) {
-    sm90::dgrad_plain<decltype(e)::value>(p, input.data_ptr(), filter.data_ptr(), out.data_ptr(), sm_count, stream);
-  });
+  for (const PhaseProblem& phase : plan.phases) {
+    with_element(*element, [&](auto e) {
+      sm90::dgrad_plain<decltype(e)::value>(p, phase, input.data_ptr(), filter.data_ptr(), out.data_ptr(), sm_count,
+                                            stream);
+    });
+  }
   return out;
 }
 

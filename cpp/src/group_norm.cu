@@ -46,58 +46,78 @@ __device__ __forceinline__ WelfordPartial shuffle_down(WelfordPartial p, int off
 
 // --- where a (sample, group)'s partials are ----------------------------------------------
 
-struct TileIndexer {
-  TilePartials tiles;
-  int64_t spatial;
+// The slots of one region that hold (sample n, group g): the tiles whose rows hold
+// sample n, times the tiles whose columns hold group g.
+struct TileRange {
+  PartialsRegion region;
+  int64_t first_m;
+  int first_n;
+  int count_n;
+  int64_t count;
+  int64_t sample;
+  int group;
   int channels_per_group;
 
-  // The tiles whose rows hold sample n, times the tiles whose columns hold group g.
-  struct Range {
-    TilePartials tiles;
-    int64_t first_m;
-    int first_n;
-    int count_n;
-    int64_t count;
-    int64_t sample;
-    int64_t spatial;
-    int group;
-    int channels_per_group;
-    __device__ int64_t slot(int64_t p) const {
-      const int64_t tm = first_m + p / count_n;
-      const int tn = first_n + static_cast<int>(p % count_n);
-      const int64_t segment = sample - tm * tiles.tile_m / spatial;
-      const int local_group = group - tn * tiles.tile_n / channels_per_group;
-      return ((tm * tiles.max_segments + segment) * tiles.tiles_n + tn) * tiles.max_local_groups + local_group;
-    }
-  };
-  __device__ Range range(int64_t n, int g) const {
-    const int64_t first_m = n * spatial / tiles.tile_m;
-    const int64_t last_m = ((n + 1) * spatial - 1) / tiles.tile_m;
-    const int first_n = g * channels_per_group / tiles.tile_n;
-    const int last_n = ((g + 1) * channels_per_group - 1) / tiles.tile_n;
-    const int count_n = last_n - first_n + 1;
-    return {tiles, first_m, first_n, count_n, (last_m - first_m + 1) * count_n, n, spatial, g, channels_per_group};
+  __device__ TileRange(const PartialsRegion& r, int64_t n, int g, int cpg)
+      : region(r), sample(n), group(g), channels_per_group(cpg) {
+    const TilePartials& t = r.tiles;
+    first_m = n * r.spatial / t.tile_m;
+    const int64_t last_m = ((n + 1) * r.spatial - 1) / t.tile_m;
+    first_n = g * cpg / t.tile_n;
+    count_n = ((g + 1) * cpg - 1) / t.tile_n - first_n + 1;
+    count = (last_m - first_m + 1) * count_n;
+  }
+
+  __device__ int64_t slot(int64_t p) const {
+    const TilePartials& t = region.tiles;
+    const int64_t tm = first_m + p / count_n;
+    const int tn = first_n + static_cast<int>(p % count_n);
+    const int64_t segment = sample - tm * t.tile_m / region.spatial;
+    const int local_group = group - tn * t.tile_n / channels_per_group;
+    return region.first_slot + ((tm * t.max_segments + segment) * t.tiles_n + tn) * t.max_local_groups + local_group;
   }
 };
 
+// Moments of `pixels` copies of ReLU(bias[c]) for the group's channels: the output
+// pixels no input reaches. Exact two-pass over at most 1024 channels.
+__device__ WelfordPartial unreached_moments(const StatisticsSources& sources, ElementType element, int group,
+                                            int channels_per_group) {
+  const int c_begin = group * channels_per_group;
+  float sum = 0.f;
+  for (int c = c_begin; c < c_begin + channels_per_group; ++c) sum += relu(load_affine(sources.bias, element, c, 0.f));
+  const float mean = sum / channels_per_group;
+  float squares = 0.f;
+  for (int c = c_begin; c < c_begin + channels_per_group; ++c) {
+    const float delta = relu(load_affine(sources.bias, element, c, 0.f)) - mean;
+    squares = fmaf(delta, delta, squares);
+  }
+  const auto pixels = static_cast<float>(sources.unreached_pixels);
+  return {pixels * channels_per_group, mean, pixels * squares};
+}
+
 // --- finalize: partials -> per-channel scale and shift -------------------------------------
 
-// Block (g, n) merges the partials of (sample n, group g): threads strided over them,
-// then warp shuffle trees and a fixed-order merge of the warps' results. It then folds
-// mean, rstd, gamma and beta into the normalize pass's one multiply-add per element,
-// out = x * scale[n, c] + shift[n, c], for the group's channels.
+// Block (g, n) merges the partials of (sample n, group g): threads strided over each
+// region's slots, then warp shuffle trees and a fixed-order merge of the warps'
+// results, then the unreached pixels. It then folds mean, rstd, gamma and beta into
+// the normalize pass's one multiply-add per element, out = x * scale[n, c] +
+// shift[n, c], for the group's channels.
 __global__ void __launch_bounds__(kThreads)
-group_norm_finalize_kernel(const WelfordPartial* __restrict__ partials, TileIndexer indexer, int channels,
-                           int num_groups, GroupNormAffine affine, float eps, float2* __restrict__ scale_shift) {
+group_norm_finalize_kernel(const WelfordPartial* __restrict__ partials, const __grid_constant__ StatisticsSources
+                           sources, ElementType element, int channels, int num_groups, GroupNormAffine affine,
+                           float eps, float2* __restrict__ scale_shift) {
   __shared__ WelfordPartial warp_results[kWarps];
   __shared__ float group_mean, group_rstd;
   const int g = blockIdx.x;
   const int64_t n = blockIdx.y;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const auto range = indexer.range(n, g);
+  const int channels_per_group = channels / num_groups;
   WelfordPartial acc{0.f, 0.f, 0.f};
-  for (int64_t p = threadIdx.x; p < range.count; p += kThreads) acc = merge(acc, partials[range.slot(p)]);
+  for (int r = 0; r < sources.region_count; ++r) {
+    const TileRange range(sources.regions[r], n, g, channels_per_group);
+    for (int64_t p = threadIdx.x; p < range.count; p += kThreads) acc = merge(acc, partials[range.slot(p)]);
+  }
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) acc = merge(acc, shuffle_down(acc, offset));
   if (lane == 0) warp_results[warp] = acc;
@@ -105,12 +125,12 @@ group_norm_finalize_kernel(const WelfordPartial* __restrict__ partials, TileInde
   if (threadIdx.x == 0) {
     WelfordPartial total = warp_results[0];
     for (int w = 1; w < kWarps; ++w) total = merge(total, warp_results[w]);
+    if (sources.unreached_pixels > 0) total = merge(total, unreached_moments(sources, element, g, channels_per_group));
     const float variance = total.count > 0.f ? total.m2 / total.count : 0.f;  // biased, as GroupNorm
     group_mean = total.mean;
     group_rstd = rsqrtf(variance + eps);
   }
   __syncthreads();
-  const int channels_per_group = channels / num_groups;
   for (int c = g * channels_per_group + threadIdx.x; c < (g + 1) * channels_per_group; c += kThreads) {
     const float s = group_rstd * load_affine(affine.gamma, affine.element, c, 1.f);
     scale_shift[n * channels + c] = {s, load_affine(affine.beta, affine.element, c, 0.f) - group_mean * s};
@@ -213,15 +233,14 @@ group_norm_apply_kernel(const T* activation, const float2* __restrict__ scale_sh
 }
 
 template <class T>
-void launch_apply(const void* activation, const WelfordPartial* partials, TilePartials layout,
-                  const GroupNormShape& shape, const GroupNormAffine& affine, float eps, bool channels_last_output,
-                  void* output, void* scratch, cudaStream_t stream) {
+void launch_apply(ElementType element, const void* activation, const WelfordPartial* partials,
+                  const StatisticsSources& sources, const GroupNormShape& shape, const GroupNormAffine& affine,
+                  float eps, bool channels_last_output, void* output, void* scratch, cudaStream_t stream) {
   auto* scale_shift = static_cast<float2*>(scratch);
   const int channels = static_cast<int>(shape.channels);
   const int groups = static_cast<int>(shape.num_groups);
-  const TileIndexer indexer{layout, shape.spatial, channels / groups};
   group_norm_finalize_kernel<<<dim3(groups, static_cast<unsigned>(shape.batch)), kThreads, 0, stream>>>(
-      partials, indexer, channels, groups, affine, eps, scale_shift);
+      partials, sources, element, channels, groups, affine, eps, scale_shift);
   check_launch("group_norm_finalize_kernel");
 
   const int64_t rows_per_block = int64_t{kTile} * (channels_last_output ? kTilesPerBlock : 1);
@@ -264,15 +283,15 @@ const char* group_norm_unsupported_reason(const GroupNormShape& shape) {
 }
 
 void group_norm_apply(ElementType element, const void* activation, const WelfordPartial* partials,
-                      TilePartials layout, const GroupNormShape& shape, const GroupNormAffine& affine, float eps,
-                      bool channels_last_output, void* output, void* scratch, cudaStream_t stream) {
+                      const StatisticsSources& sources, const GroupNormShape& shape, const GroupNormAffine& affine,
+                      float eps, bool channels_last_output, void* output, void* scratch, cudaStream_t stream) {
   switch (element) {
     case ElementType::kFloat16:
-      return launch_apply<__half>(activation, partials, layout, shape, affine, eps, channels_last_output, output,
-                                  scratch, stream);
+      return launch_apply<__half>(element, activation, partials, sources, shape, affine, eps, channels_last_output,
+                                  output, scratch, stream);
     case ElementType::kBFloat16:
-      return launch_apply<__nv_bfloat16>(activation, partials, layout, shape, affine, eps, channels_last_output,
-                                         output, scratch, stream);
+      return launch_apply<__nv_bfloat16>(element, activation, partials, sources, shape, affine, eps,
+                                         channels_last_output, output, scratch, stream);
     default: throw std::invalid_argument("cutlassfuse: group_norm kernels take float16 or bfloat16");
   }
 }

@@ -1,7 +1,9 @@
 """The fused sm90 path on random shapes chosen to hit its edge cases: tiles that
 straddle samples (output D*H*W of 1, 7, not a multiple of the tile, above 2^16),
 groups of one channel, of Cout/8 channels, of all channels, groups crossing an N-tile
-boundary, padding 0-2, kernels 1-5, dilation 1-2, batch 1 and 32, bias on and off."""
+boundary, padding 0-2, kernels 1-5, dilation 1-2, per-dimension strides 1-3 (sub-pixel
+phases, pixels no input reaches), output_padding, batch 1 and 32, bias and affine on
+and off."""
 
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ MAX_ABS = {torch.float16: 3e-2, torch.bfloat16: 2e-1}
 RELATIVE = {torch.float16: 5e-3, torch.bfloat16: 2e-2}
 
 
-def output_extent(size, kernel, padding, dilation):
-    return size - 1 - 2 * padding + dilation * (kernel - 1) + 1
+def output_extent(size, kernel, stride, padding, output_padding, dilation):
+    return (size - 1) * stride - 2 * padding + dilation * (kernel - 1) + output_padding + 1
 
 
 def random_case(rng: random.Random, **fixed) -> dict:
@@ -35,14 +37,19 @@ def random_case(rng: random.Random, **fixed) -> dict:
             padding=rng.choice([0, 1, 2]),
             dilation=rng.choice([1, 2]),
             size=tuple(rng.randint(1, 9) for _ in range(3)),
+            stride=tuple(rng.choice([1, 1, 2, 2, 3]) for _ in range(3)),
             bias=rng.random() < 0.5,
+            affine=rng.random() < 0.8,
             channels_last=rng.random() < 0.3,
         )
         c.update(fixed)
+        if "output_padding" not in fixed:
+            c["output_padding"] = tuple(rng.randrange(max(s, c["dilation"])) for s in c["stride"])
         cout = c["out_channels"]
         if "num_groups" not in fixed:
             c["num_groups"] = rng.choice([1, cout // 8, cout] + [g for g in (3, 5, 6, 12) if cout % g == 0])
-        out = [output_extent(s, c["kernel"], c["padding"], c["dilation"]) for s in c["size"]]
+        out = [output_extent(s, c["kernel"], st, c["padding"], op, c["dilation"])
+               for s, st, op in zip(c["size"], c["stride"], c["output_padding"])]
         if min(out) >= 1 and c["batch"] * cout * out[0] * out[1] * out[2] <= 40_000_000:
             c["output_size"] = tuple(out)
             return c
@@ -50,14 +57,15 @@ def random_case(rng: random.Random, **fixed) -> dict:
 
 def named_cases() -> list[dict]:
     rng = random.Random(2026)
+    unit = dict(stride=(1, 1, 1), output_padding=(0, 0, 0))
     cases = [
         # output D*H*W == 1: every 128-row tile holds up to 128 samples
-        random_case(rng, size=(1, 1, 1), kernel=1, padding=0, batch=32),
+        random_case(rng, size=(1, 1, 1), kernel=1, padding=0, batch=32, **unit),
         # output D*H*W == 7
-        random_case(rng, size=(7, 1, 1), kernel=1, padding=0, batch=5),
+        random_case(rng, size=(7, 1, 1), kernel=1, padding=0, batch=5, **unit),
         # above 2^16 rows per sample, batch 1
         random_case(rng, size=(40, 40, 40), kernel=3, padding=0, dilation=1, batch=1, in_channels=16,
-                    out_channels=32, num_groups=4),
+                    out_channels=32, num_groups=4, **unit),
         # groups of one channel / of Cout/8 channels / one group
         random_case(rng, out_channels=64, num_groups=64),
         random_case(rng, out_channels=256, num_groups=32),
@@ -69,8 +77,14 @@ def named_cases() -> list[dict]:
         random_case(rng, kernel=5, padding=2, dilation=2, size=(5, 6, 7)),
         # batch 32
         random_case(rng, batch=32, size=(4, 4, 4), kernel=3),
+        # kernel == stride: every phase one tap (a GEMM); kernel < stride: unreached pixels
+        random_case(rng, kernel=2, stride=(2, 2, 2), padding=0, dilation=1, output_padding=(0, 0, 0)),
+        random_case(rng, kernel=1, stride=(2, 3, 1), padding=0, dilation=1, bias=True),
+        random_case(rng, kernel=2, stride=(3, 3, 3), padding=1, dilation=1, bias=True),
+        # dilation 2 with stride 2: the odd phases receive no tap
+        random_case(rng, kernel=3, stride=(2, 2, 2), dilation=2, bias=True),
     ]
-    cases += [random_case(rng) for _ in range(26)]
+    cases += [random_case(rng) for _ in range(36)]
     return cases
 
 
@@ -79,8 +93,10 @@ CASES = named_cases()
 
 def case_id(c: dict) -> str:
     return (f"n{c['batch']}-{c['in_channels']}to{c['out_channels']}-{'x'.join(map(str, c['output_size']))}"
-            f"-k{c['kernel']}p{c['padding']}d{c['dilation']}-g{c['num_groups']}"
-            + ("-bias" if c["bias"] else "") + ("-cl" if c["channels_last"] else ""))
+            f"-k{c['kernel']}s{''.join(map(str, c['stride']))}p{c['padding']}"
+            f"op{''.join(map(str, c['output_padding']))}d{c['dilation']}-g{c['num_groups']}"
+            + ("-bias" if c["bias"] else "") + ("" if c["affine"] else "-noaffine")
+            + ("-cl" if c["channels_last"] else ""))
 
 
 def make_inputs(c: dict, dtype: torch.dtype) -> dict:
@@ -95,9 +111,10 @@ def make_inputs(c: dict, dtype: torch.dtype) -> dict:
     return dict(
         input=x, weight=w,
         bias=(0.2 * torch.randn(cout, generator=g, device="cuda")).to(dtype) if c["bias"] else None,
-        padding=c["padding"], dilation=c["dilation"], num_groups=c["num_groups"],
-        norm_weight=(1 + 0.2 * torch.randn(cout, generator=g, device="cuda")).to(dtype),
-        norm_bias=(0.2 * torch.randn(cout, generator=g, device="cuda")).to(dtype),
+        stride=c["stride"], padding=c["padding"], output_padding=c["output_padding"], dilation=c["dilation"],
+        num_groups=c["num_groups"],
+        norm_weight=(1 + 0.2 * torch.randn(cout, generator=g, device="cuda")).to(dtype) if c["affine"] else None,
+        norm_bias=(0.2 * torch.randn(cout, generator=g, device="cuda")).to(dtype) if c["affine"] else None,
     )
 
 

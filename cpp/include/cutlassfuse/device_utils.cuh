@@ -21,6 +21,9 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
   return __float2bfloat16_rn(v);
 }
 
+// ReLU as PyTorch's: NaN propagates.
+__device__ __forceinline__ float relu(float v) { return v > 0.f || v != v ? v : 0.f; }
+
 template <class T>
 __device__ __forceinline__ void load_vector(const T* src, float (&v)[kVector]) {
   static_assert(sizeof(T) * kVector == sizeof(uint4));

@@ -6,8 +6,11 @@
 // computed as the data gradient (dgrad) of the Conv3d whose input is `activation`
 // and whose output is `input`: a CUTLASS 3.x implicit GEMM (TMA im2col loads, wgmma)
 // whose epilogue visitor tree adds the bias, applies ReLU, stores, and reduces the
-// statistics (group_norm_stats_visitor.cuh).
-// GEMM view: M = batch * Do * Ho * Wo, N = out_channels, K = in_channels * T * R * S.
+// statistics (group_norm_stats_visitor.cuh). The kernel is unit-stride: one launch
+// runs one sub-pixel phase (subpixel.h), reading views of the input and filter and
+// writing a strided view of the activation; stride 1 is a single phase.
+// GEMM view of a phase: M = batch * pixels of the phase, N = out_channels,
+// K = in_channels * taps of the phase.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -18,6 +21,7 @@
 
 #include "cutlassfuse/group_norm.h"
 #include "cutlassfuse/problem.h"
+#include "cutlassfuse/subpixel.h"
 
 namespace cutlassfuse::sm90 {
 
@@ -38,33 +42,40 @@ std::optional<DgradConfig> config_from_name(std::string_view name);
 DgradConfig choose_config(const Problem& problem);
 void set_config_override(std::optional<DgradConfig> config);
 
+// Whole tensors; a phase's views (offsets, strides) apply inside.
 struct DgradOperands {
   const void* input;         // [N, D, H, W, Cin] (NDHWC, packed)
   const void* filter;        // [Cin, T, R, S, Cout]: PyTorch's (Cin, Cout, T, R, S) permuted
   const void* bias;          // [Cout], or nullptr for no bias
   void* activation;          // [N, Do, Ho, Wo, Cout] (NDHWC, packed)
-  WelfordPartial* partials;  // TilePartials::for_tiles(shape, tile).slots(shape) entries
+  WelfordPartial* partials;  // the phase's region: phase_partials(...).slots(...) entries
 };
 
-// Empty when the kernel can run `problem`, else why not. Checks this kernel's rules and
-// CUTLASS's can_implement.
-template <ElementType E>
-std::string dgrad_unsupported_reason(DgradConfig config, const Problem& problem);
+// The GroupNorm view of one phase: its pixels per sample are the rows of its tiles.
+inline GroupNormShape phase_group_norm_shape(const Problem& problem, const PhaseProblem& phase) {
+  return {problem.batch, problem.out_channels, phase.output_spatial(), problem.num_groups};
+}
 
-// Launches on `stream`. Throws std::runtime_error if CUTLASS refuses or the launch fails.
+// Empty when the kernel can run `phase` of `problem`, else why not. Checks this
+// kernel's rules and CUTLASS's can_implement.
 template <ElementType E>
-void dgrad_fused(DgradConfig config, const Problem& problem, const DgradOperands& operands, int sm_count,
-                 cudaStream_t stream);
+std::string dgrad_unsupported_reason(DgradConfig config, const Problem& problem, const PhaseProblem& phase);
+
+// Launches one phase on `stream`. Throws std::runtime_error if CUTLASS refuses or the
+// launch fails.
+template <ElementType E>
+void dgrad_fused(DgradConfig config, const Problem& problem, const PhaseProblem& phase,
+                 const DgradOperands& operands, int sm_count, cudaStream_t stream);
 
 }  // namespace cutlassfuse::sm90
 
 namespace cutlassfuse::sm90 {
 
 // The same mainloop (128x128x64, cluster 1x1) with CUTLASS's stock epilogue: a plain
-// store of the convolution, no bias, ReLU or statistics. The baseline the fused
-// epilogue is measured against (benchmarks, explain), not a path of the op.
+// store of one phase of the convolution, no bias, ReLU or statistics. The baseline the
+// fused epilogue is measured against (benchmarks), not a path of the op.
 template <ElementType E>
-void dgrad_plain(const Problem& problem, const void* input, const void* filter, void* output, int sm_count,
-                 cudaStream_t stream);
+void dgrad_plain(const Problem& problem, const PhaseProblem& phase, const void* input, const void* filter,
+                 void* output, int sm_count, cudaStream_t stream);
 
 }  // namespace cutlassfuse::sm90

@@ -16,23 +16,32 @@ namespace cutlassfuse::sm90 {
 using ProblemShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kDgrad, 3>;
 
 // ConvTranspose3d is the dgrad of the Conv3d that maps our output y (Cout channels)
-// back to our input x (Cin channels) with the same padding and dilation. The
-// ConvTranspose3d output_padding extends y at the high end only, which the forward
-// conv sees as a smaller upper padding.
-inline ProblemShape make_problem_shape(const Problem& p) {
+// back to our input x (Cin channels). One phase is a unit-stride dgrad over views:
+// CUTLASS's "activation" is the phase's output view, its "transformed activation" the
+// input view, its filter the phase's taps; all strides are passed explicitly, so the
+// views need no copies. (CUTLASS derives the input extent from the others; the plan
+// guarantees it equals the view's.)
+inline ProblemShape make_problem_shape(const Problem& p, const PhaseProblem& phase) {
   auto i32 = [](int64_t v) { return static_cast<int>(v); };
-  return ProblemShape(
-      cutlass::conv::Mode::kCrossCorrelation,
-      {i32(p.batch), i32(p.output_size[0]), i32(p.output_size[1]), i32(p.output_size[2]), i32(p.out_channels)},
-      {i32(p.in_channels), i32(p.kernel_size[0]), i32(p.kernel_size[1]), i32(p.kernel_size[2]), i32(p.out_channels)},
-      {i32(p.padding[0]), i32(p.padding[1]), i32(p.padding[2])},
-      {i32(p.padding[0] - p.output_padding[0]), i32(p.padding[1] - p.output_padding[1]),
-       i32(p.padding[2] - p.output_padding[2])},
-      {1, 1, 1}, {i32(p.dilation[0]), i32(p.dilation[1]), i32(p.dilation[2])}, /*groups=*/1);
+  auto strides = [](const StridedView& v) {
+    return ProblemShape::TensorStride{v.stride[0], v.stride[1], v.stride[2], v.stride[3], 1};
+  };
+  auto triple = [&](const Extent3& e) { return ProblemShape::SpatialExtent{i32(e[0]), i32(e[1]), i32(e[2])}; };
+  const Extent3& out = phase.output.extent;
+  const Extent3& taps = phase.filter.extent;
+  return ProblemShape(cutlass::conv::Mode::kCrossCorrelation,
+                      ProblemShape::TensorExtent{i32(p.batch), i32(out[0]), i32(out[1]), i32(out[2]),
+                                                 i32(p.out_channels)},
+                      strides(phase.output),
+                      ProblemShape::TensorExtent{i32(p.in_channels), i32(taps[0]), i32(taps[1]), i32(taps[2]),
+                                                 i32(p.out_channels)},
+                      strides(phase.filter), strides(phase.input), triple(phase.lower_padding),
+                      triple(phase.upper_padding), ProblemShape::SpatialExtent{1, 1, 1}, triple(phase.dilation),
+                      /*groups=*/1);
 }
 
 // The output's M mode is hierarchical ((W, H, D, N), C): make_cute_packed_stride has no
-// overload for it, so copy the problem's packed strides mode by mode.
+// overload for it, so copy the problem's strides (those of the phase's view) mode by mode.
 template <class StrideD>
 StrideD output_stride(const ProblemShape& shape) {
   StrideD stride_d{};
@@ -42,22 +51,32 @@ StrideD output_stride(const ProblemShape& shape) {
   return stride_d;
 }
 
-inline GroupNormShape group_norm_shape(const Problem& p) {
-  return {p.batch, p.out_channels, p.output_spatial(), p.num_groups};
-}
+// The phase's views applied to the whole tensors.
+template <class Element>
+struct PhasePointers {
+  const Element* input;
+  const Element* filter;
+  Element* output;
+
+  PhasePointers(const PhaseProblem& phase, const void* input, const void* filter, void* output)
+      : input(static_cast<const Element*>(input) + (input ? phase.input.offset : 0)),
+        filter(static_cast<const Element*>(filter) + (filter ? phase.filter.offset : 0)),
+        output(static_cast<Element*>(output) + (output ? phase.output.offset : 0)) {}
+};
 
 template <class Fused>
-typename Fused::Device::Arguments make_arguments(const Problem& problem, const DgradOperands& ops, int sm_count) {
+typename Fused::Device::Arguments make_arguments(const Problem& problem, const PhaseProblem& phase,
+                                                 const DgradOperands& ops, int sm_count) {
   using Element = typename Fused::Mainloop::ElementA;
-  using ElementD = typename Fused::Epilogue::ElementD;
   using StrideD = typename Fused::Epilogue::StrideD;
   constexpr int kTileM = cute::size<0>(typename Fused::TileShape{});
   constexpr int kTileN = cute::size<1>(typename Fused::TileShape{});
 
-  const ProblemShape shape = make_problem_shape(problem);
+  const ProblemShape shape = make_problem_shape(problem, phase);
   const StrideD stride_d = output_stride<StrideD>(shape);
+  const PhasePointers<Element> ptr(phase, ops.input, ops.filter, ops.activation);
 
-  const GroupNormShape gn = group_norm_shape(problem);
+  const GroupNormShape gn = phase_group_norm_shape(problem, phase);
   const TilePartials tiles = TilePartials::for_tiles(gn, kTileM, kTileN);
   const GroupNormStatsArguments stats{ops.partials, gn.spatial, static_cast<int>(gn.channels / gn.num_groups),
                                       tiles.max_segments, tiles.max_local_groups, tiles.tiles_n};
@@ -68,19 +87,12 @@ typename Fused::Device::Arguments make_arguments(const Problem& problem, const D
   cutlass::KernelHardwareInfo hw_info;
   cudaGetDevice(&hw_info.device_id);
   hw_info.sm_count = sm_count;
-  return {cutlass::gemm::GemmUniversalMode::kGemm,
-          shape,
-          {static_cast<const Element*>(ops.input), static_cast<const Element*>(ops.filter)},
-          {tree, nullptr, stride_d, static_cast<ElementD*>(ops.activation), stride_d},
-          hw_info};
+  return {cutlass::gemm::GemmUniversalMode::kGemm, shape, {ptr.input, ptr.filter},
+          {tree, nullptr, stride_d, ptr.output, stride_d}, hw_info};
 }
 
 // Rules of this kernel beyond CUTLASS's own can_implement.
 inline std::string shape_rules_violation(const Problem& p) {
-  for (int i = 0; i < 3; ++i) {
-    if (p.stride[i] != 1) return "stride > 1 (needs the sub-pixel phase decomposition)";
-    if (p.output_padding[i] > p.padding[i]) return "output_padding larger than padding";
-  }
   if (p.conv_groups != 1) return "grouped convolution";
   if (p.in_channels % 8 != 0 || p.out_channels % 8 != 0)
     return "channel counts not multiples of 8 (TMA needs 16-byte aligned channel rows)";
@@ -90,27 +102,33 @@ inline std::string shape_rules_violation(const Problem& p) {
   return {};
 }
 
-template <class Fused>
-std::string unsupported_reason(const Problem& problem) {
-  if (std::string why = shape_rules_violation(problem); !why.empty()) return why;
-  const ProblemShape shape = make_problem_shape(problem);
-  // The dgrad problem derives the input extents from the output's; they must agree
-  // with the tensor we were given.
+// Empty when CUTLASS takes the phase: the input extent it derives matches the view's,
+// and can_implement (TMA im2col limits on padding, dilation, filter extent) agrees.
+template <class Device>
+std::string phase_rejection(const ProblemShape& shape, const PhaseProblem& phase,
+                            const typename Device::Arguments& args) {
   for (int i = 0; i < 3; ++i) {
-    if (shape.shape_A[i + 1] != problem.input_size[i]) return "input extent does not match the dgrad problem";
+    if (shape.shape_A[i + 1] != phase.input.extent[i]) return "input extent does not match the dgrad problem";
   }
-  WelfordPartial placeholder{};
-  auto args = make_arguments<Fused>(problem, {nullptr, nullptr, nullptr, nullptr, &placeholder}, 1);
-  if (Fused::Device::can_implement(args) != cutlass::Status::kSuccess)
-    return "CUTLASS can_implement rejected the problem (TMA im2col limits on padding, dilation or filter extent)";
-  if (Fused::Device::get_workspace_size(args) != 0) return "kernel needs a workspace";  // never for sm90 conv
+  if (Device::can_implement(args) != cutlass::Status::kSuccess)
+    return "CUTLASS can_implement rejected a phase (TMA im2col limits: padding <= 16, (kernel - 1) * dilation < 31)";
+  if (Device::get_workspace_size(args) != 0) return "kernel needs a workspace";  // never for sm90 conv
   return {};
 }
 
 template <class Fused>
-void run(const Problem& problem, const DgradOperands& ops, int sm_count, cudaStream_t stream) {
+std::string unsupported_reason(const Problem& problem, const PhaseProblem& phase) {
+  if (std::string why = shape_rules_violation(problem); !why.empty()) return why;
+  WelfordPartial placeholder{};
+  const auto args = make_arguments<Fused>(problem, phase, {nullptr, nullptr, nullptr, nullptr, &placeholder}, 1);
+  return phase_rejection<typename Fused::Device>(make_problem_shape(problem, phase), phase, args);
+}
+
+template <class Fused>
+void run(const Problem& problem, const PhaseProblem& phase, const DgradOperands& ops, int sm_count,
+         cudaStream_t stream) {
   typename Fused::Device conv;
-  auto args = make_arguments<Fused>(problem, ops, sm_count);
+  auto args = make_arguments<Fused>(problem, phase, ops, sm_count);
   cutlass::Status status = conv.initialize(args, /*workspace=*/nullptr, stream);
   if (status != cutlass::Status::kSuccess) {
     throw std::runtime_error(std::string("cutlassfuse: CUTLASS dgrad initialize failed: ") +
@@ -140,12 +158,15 @@ decltype(auto) with_kernel(DgradConfig config, F&& f) {
 #define CUTLASSFUSE_DEFINE_DGRAD_FAMILY(ELEMENT_TYPE, CUTLASS_ELEMENT)                                         \
   namespace cutlassfuse::sm90 {                                                                                 \
   template <>                                                                                                   \
-  std::string dgrad_unsupported_reason<ELEMENT_TYPE>(DgradConfig config, const Problem& problem) {              \
-    return with_kernel<CUTLASS_ELEMENT>(config, [&](auto fused) { return unsupported_reason<decltype(fused)>(problem); }); \
+  std::string dgrad_unsupported_reason<ELEMENT_TYPE>(DgradConfig config, const Problem& problem,                \
+                                                     const PhaseProblem& phase) {                               \
+    return with_kernel<CUTLASS_ELEMENT>(                                                                        \
+        config, [&](auto fused) { return unsupported_reason<decltype(fused)>(problem, phase); });               \
   }                                                                                                             \
   template <>                                                                                                   \
-  void dgrad_fused<ELEMENT_TYPE>(DgradConfig config, const Problem& problem, const DgradOperands& operands,     \
-                                 int sm_count, cudaStream_t stream) {                                          \
-    with_kernel<CUTLASS_ELEMENT>(config, [&](auto fused) { run<decltype(fused)>(problem, operands, sm_count, stream); }); \
+  void dgrad_fused<ELEMENT_TYPE>(DgradConfig config, const Problem& problem, const PhaseProblem& phase,         \
+                                 const DgradOperands& operands, int sm_count, cudaStream_t stream) {           \
+    with_kernel<CUTLASS_ELEMENT>(                                                                               \
+        config, [&](auto fused) { run<decltype(fused)>(problem, phase, operands, sm_count, stream); });         \
   }                                                                                                             \
   }

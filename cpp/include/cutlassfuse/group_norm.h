@@ -2,9 +2,9 @@
 // stored NDHWC ([batch, spatial, channels], channels fastest).
 //
 // Statistics arrive from the deconvolution's epilogue as partials (count, mean, M2),
-// one per (CTA tile, sample segment of the tile, group segment of the tile), each at
-// a fixed position of a workspace (TilePartials), so results are bitwise reproducible
-// (no atomics). group_norm_apply
+// one per (launch, CTA tile, sample segment of the tile, group segment of the tile),
+// each at a fixed position of a workspace (StatisticsSources), so results are bitwise
+// reproducible (no atomics). group_norm_apply
 //   1. merges each (sample, group)'s partials once, in a fixed order, with Chan et
 //      al.'s pairwise update (robust where E[x^2] - E[x]^2 cancels) into mean and
 //      rstd, folded with gamma and beta into a per-channel scale and shift;
@@ -55,6 +55,27 @@ struct TilePartials {
   int64_t slots(const GroupNormShape& shape) const;
 };
 
+// The partials of one deconvolution launch (one sub-pixel phase), which computes
+// `spatial` output pixels per sample, from slot first_slot of the workspace on.
+struct PartialsRegion {
+  TilePartials tiles;
+  int64_t spatial;
+  int64_t first_slot;
+};
+
+// Sub-pixel phases of a stride-4 deconvolution in all three dimensions.
+inline constexpr int kMaxPartialsRegions = 64;
+
+// What the statistics of a (sample, group) merge: every region's partials, in region
+// order, then the output pixels no input reaches, which hold ReLU(bias) per channel
+// (closed-form moments; see subpixel.h).
+struct StatisticsSources {
+  PartialsRegion regions[kMaxPartialsRegions];
+  int region_count = 0;
+  int64_t unreached_pixels = 0;  // per sample
+  const void* bias = nullptr;    // [channels], the activation's element type; nullptr: no bias
+};
+
 // Empty when the kernels take `shape`, else why not.
 const char* group_norm_unsupported_reason(const GroupNormShape& shape);
 
@@ -62,7 +83,7 @@ const char* group_norm_unsupported_reason(const GroupNormShape& shape);
 int64_t group_norm_scratch_bytes(const GroupNormShape& shape);
 
 void group_norm_apply(ElementType element, const void* activation, const WelfordPartial* partials,
-                      TilePartials layout, const GroupNormShape& shape, const GroupNormAffine& affine, float eps,
+                      const StatisticsSources& sources, const GroupNormShape& shape, const GroupNormAffine& affine, float eps,
                       bool channels_last_output, void* output, void* scratch, cudaStream_t stream);
 
 }  // namespace cutlassfuse
