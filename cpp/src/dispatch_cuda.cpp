@@ -12,30 +12,16 @@
 #include "cutlassfuse/op.h"
 #include "cutlassfuse/subpixel.h"
 #include "cutlassfuse/unreached_fill.h"
+#include "op_arguments.h"
 
 namespace cutlassfuse {
 namespace {
-
-std::optional<ElementType> element_type(at::ScalarType t) {
-  switch (t) {
-    case at::kHalf: return ElementType::kFloat16;
-    case at::kBFloat16: return ElementType::kBFloat16;
-    case at::kFloat: return ElementType::kFloat32;
-    default: return std::nullopt;
-  }
-}
 
 // Calls f with the element type as a compile-time constant (fused path: 16-bit types).
 template <class F>
 decltype(auto) with_element(ElementType element, F&& f) {
   if (element == ElementType::kBFloat16) return f(std::integral_constant<ElementType, ElementType::kBFloat16>{});
   return f(std::integral_constant<ElementType, ElementType::kFloat16>{});
-}
-
-bool present(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
-
-GroupNormShape group_norm_shape(const Problem& p) {
-  return {p.batch, p.out_channels, p.output_spatial(), p.num_groups};
 }
 
 // The launches of one call: the sub-pixel phases, the kernel configuration, and where
@@ -61,23 +47,6 @@ FusedPlan make_fused_plan(const Problem& p) {
   return plan;
 }
 
-// gamma and beta are read by one kernel argument type: both absent, or sharing one of
-// the kernels' dtypes.
-std::optional<ElementType> affine_element_type(const OpArgs& a) {
-  const at::Tensor* any = present(a.norm_weight) ? &*a.norm_weight : present(a.norm_bias) ? &*a.norm_bias : nullptr;
-  if (any == nullptr) return ElementType::kFloat32;
-  for (const auto* t : {&a.norm_weight, &a.norm_bias}) {
-    if (present(*t) && (*t)->scalar_type() != any->scalar_type()) return std::nullopt;
-  }
-  return element_type(any->scalar_type());
-}
-
-const void* data_or_null(const std::optional<at::Tensor>& t, std::optional<at::Tensor>& keep_alive) {
-  if (!present(t)) return nullptr;
-  keep_alive = t->contiguous();
-  return keep_alive->data_ptr();
-}
-
 // NDHWC view of the input: free when it already is; otherwise one pass of our
 // transpose kernel (ATen's permuted copy is 5x slower on this pattern).
 at::Tensor to_channels_last(const at::Tensor& input, ElementType element, const Problem& p, cudaStream_t stream) {
@@ -99,9 +68,6 @@ at::Tensor filter_of(const OpArgs& a) {
 }  // namespace
 
 std::string fused_path_unsupported_reason(const OpArgs& a, const Problem& p) {
-#if !CUTLASSFUSE_WITH_SM90A
-  return "the library was built without sm_90a kernels";
-#else
   const cudaDeviceProp* props = at::cuda::getDeviceProperties(a.input.device().index());
   if (props->major != 9 || props->minor != 0)
     return "GPU is sm_" + std::to_string(props->major * 10 + props->minor) + ", the fused kernels need sm_90";
@@ -122,7 +88,6 @@ std::string fused_path_unsupported_reason(const OpArgs& a, const Problem& p) {
     if (!why.empty()) return why;
   }
   return {};
-#endif
 }
 
 std::string fused_path_description(const Problem& p) {
@@ -175,10 +140,12 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   const GroupNormAffine affine{data_or_null(a.norm_weight, gamma), data_or_null(a.norm_bias, beta),
                                *affine_element_type(a)};
   const GroupNormShape shape = group_norm_shape(p);
-  at::Tensor scratch = at::empty({group_norm_scratch_bytes(shape)}, options.dtype(at::kByte));
+  at::Tensor scale_shift = at::empty({group_norm_scale_shift_bytes(shape)}, options.dtype(at::kByte));
   const NvtxRange range("cutlassfuse.group_norm_finalize_apply");
-  group_norm_apply(element, activation.data_ptr(), partials_ptr, plan.sources, shape, affine,
-                   static_cast<float>(p.eps), channels_last, out.data_ptr(), scratch.data_ptr(), stream);
+  group_norm_finalize(element, partials_ptr, plan.sources, shape, affine, static_cast<float>(p.eps),
+                      scale_shift.data_ptr(), stream);
+  group_norm_apply(element, activation.data_ptr(), scale_shift.data_ptr(), shape, channels_last, out.data_ptr(),
+                   stream);
   return out;
 }
 

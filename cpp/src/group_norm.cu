@@ -233,24 +233,18 @@ group_norm_apply_kernel(const T* activation, const float2* __restrict__ scale_sh
 }
 
 template <class T>
-void launch_apply(ElementType element, const void* activation, const WelfordPartial* partials,
-                  const StatisticsSources& sources, const GroupNormShape& shape, const GroupNormAffine& affine,
-                  float eps, bool channels_last_output, void* output, void* scratch, cudaStream_t stream) {
-  auto* scale_shift = static_cast<float2*>(scratch);
+void launch_apply(const void* activation, const void* scale_shift, const GroupNormShape& shape,
+                  bool channels_last_output, void* output, cudaStream_t stream) {
   const int channels = static_cast<int>(shape.channels);
-  const int groups = static_cast<int>(shape.num_groups);
-  group_norm_finalize_kernel<<<dim3(groups, static_cast<unsigned>(shape.batch)), kThreads, 0, stream>>>(
-      partials, sources, element, channels, groups, affine, eps, scale_shift);
-  check_launch("group_norm_finalize_kernel");
-
   const int64_t rows_per_block = int64_t{kTile} * (channels_last_output ? kTilesPerBlock : 1);
   const dim3 grid(static_cast<unsigned>(ceil_div(shape.spatial, rows_per_block)), static_cast<unsigned>(shape.batch));
   const auto* in = static_cast<const T*>(activation);
+  const auto* ss = static_cast<const float2*>(scale_shift);
   auto* out = static_cast<T*>(output);
   if (channels_last_output) {
-    group_norm_apply_kernel<T, true><<<grid, kThreads, 0, stream>>>(in, scale_shift, shape.spatial, channels, out);
+    group_norm_apply_kernel<T, true><<<grid, kThreads, 0, stream>>>(in, ss, shape.spatial, channels, out);
   } else {
-    group_norm_apply_kernel<T, false><<<grid, kThreads, 0, stream>>>(in, scale_shift, shape.spatial, channels, out);
+    group_norm_apply_kernel<T, false><<<grid, kThreads, 0, stream>>>(in, ss, shape.spatial, channels, out);
   }
   check_launch("group_norm_apply_kernel");
 }
@@ -269,7 +263,7 @@ int64_t TilePartials::slots(const GroupNormShape& shape) const {
   return ceil_div(shape.batch * shape.spatial, tile_m) * max_segments * tiles_n * max_local_groups;
 }
 
-int64_t group_norm_scratch_bytes(const GroupNormShape& shape) {
+int64_t group_norm_scale_shift_bytes(const GroupNormShape& shape) {
   return shape.batch * shape.channels * static_cast<int64_t>(sizeof(float2));
 }
 
@@ -282,17 +276,24 @@ const char* group_norm_unsupported_reason(const GroupNormShape& shape) {
   return "";
 }
 
-void group_norm_apply(ElementType element, const void* activation, const WelfordPartial* partials,
-                      const StatisticsSources& sources, const GroupNormShape& shape, const GroupNormAffine& affine,
-                      float eps, bool channels_last_output, void* output, void* scratch, cudaStream_t stream) {
+void group_norm_finalize(ElementType element, const WelfordPartial* partials, const StatisticsSources& sources,
+                         const GroupNormShape& shape, const GroupNormAffine& affine, float eps, void* scale_shift,
+                         cudaStream_t stream) {
+  const int channels = static_cast<int>(shape.channels);
+  const int groups = static_cast<int>(shape.num_groups);
+  group_norm_finalize_kernel<<<dim3(groups, static_cast<unsigned>(shape.batch)), kThreads, 0, stream>>>(
+      partials, sources, element, channels, groups, affine, eps, static_cast<float2*>(scale_shift));
+  check_launch("group_norm_finalize_kernel");
+}
+
+void group_norm_apply(ElementType element, const void* activation, const void* scale_shift,
+                      const GroupNormShape& shape, bool channels_last_output, void* output, cudaStream_t stream) {
   switch (element) {
     case ElementType::kFloat16:
-      return launch_apply<__half>(element, activation, partials, sources, shape, affine, eps, channels_last_output,
-                                  output, scratch, stream);
+      return launch_apply<__half>(activation, scale_shift, shape, channels_last_output, output, stream);
     case ElementType::kBFloat16:
-      return launch_apply<__nv_bfloat16>(element, activation, partials, sources, shape, affine, eps,
-                                         channels_last_output, output, scratch, stream);
-    default: throw std::invalid_argument("cutlassfuse: group_norm kernels take float16 or bfloat16");
+      return launch_apply<__nv_bfloat16>(activation, scale_shift, shape, channels_last_output, output, stream);
+    default: throw std::invalid_argument("cutlassfuse: group_norm_apply takes float16 or bfloat16");
   }
 }
 

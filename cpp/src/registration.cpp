@@ -85,15 +85,18 @@ at::Tensor forward_cuda(const OpArgs& args) {
   const Problem problem = validate_and_describe(args);
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
   if (fused_path_unsupported_reason(args, problem).empty()) return fused_forward_cuda(args, problem);
+  if (fallback_unsupported_reason(args, problem).empty()) return fallback_forward_cuda(args, problem);
   const NvtxRange range("cutlassfuse.reference");
   return reference_forward(args);
 }
 
 std::string explain_cuda(const OpArgs& args) {
   const Problem problem = validate_and_describe(args);
-  const std::string why_not = fused_path_unsupported_reason(args, problem);
-  if (why_not.empty()) return "fused_sm90: " + fused_path_description(problem);
-  return std::string(kReference) + ", because " + why_not;
+  const std::string why_not_fused = fused_path_unsupported_reason(args, problem);
+  if (why_not_fused.empty()) return "fused_sm90: " + fused_path_description(problem);
+  const std::string why_not_fallback = fallback_unsupported_reason(args, problem);
+  if (why_not_fallback.empty()) return std::string(kFallbackDescription) + ", because " + why_not_fused;
+  return std::string(kReference) + ", because " + why_not_fused + " and " + why_not_fallback;
 }
 
 at::Tensor conv_transpose3d_cutlass(const OpArgs& args) {

@@ -17,13 +17,14 @@ def _device_summary() -> dict[str, Any] | None:
     return {
         "name": torch.cuda.get_device_name(index),
         "capability": f"{major}.{minor}",
-        "fused_kernels_apply": (major, minor) == (9, 0) and "90a" in _build_info.CUDA_ARCHITECTURES,
+        "fused_kernels_apply": (major, minor) == (9, 0) and _build_info.WITH_CUDA,
     }
 
 
 def info() -> dict[str, Any]:
     """Package version, the torch/CUDA/CUTLASS it was built against, the CUDA
-    architectures compiled, and the current GPU (None without one)."""
+    architectures of the project's own kernels (the CUTLASS tensor-core kernels are
+    sm_90a), and the current GPU (None without one)."""
     return {
         "version": _build_info.VERSION,
         "torch_built_against": _build_info.TORCH_VERSION,
@@ -32,6 +33,7 @@ def info() -> dict[str, Any]:
         "cuda_kernels": _build_info.WITH_CUDA,
         "cuda_toolkit": _build_info.CUDA_VERSION or None,
         "cuda_architectures": list(_build_info.CUDA_ARCHITECTURES),
+        "tensor_core_kernels": "sm_90a" if _build_info.WITH_CUDA else None,
         "cutlass_version": _build_info.CUTLASS_VERSION or None,
         "device": _device_summary(),
     }

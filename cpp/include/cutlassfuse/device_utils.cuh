@@ -1,5 +1,5 @@
-// Small device helpers shared by cutlassfuse's own (non-CUTLASS) kernels: 16-byte
-// vector access to 16-bit elements, and launch checking.
+// Small device helpers shared by cutlassfuse's own (non-CUTLASS) kernels: element
+// conversions, 16-byte vector access to 16-bit elements, and launch checking.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,9 +13,11 @@ namespace cutlassfuse {
 // Every thread moves 16 bytes at a time: 8 elements of a 16-bit type.
 constexpr int kVector = 8;
 
+__device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 template <class T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);

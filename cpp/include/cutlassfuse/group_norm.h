@@ -1,15 +1,17 @@
 // Host interface of cutlassfuse's GroupNorm kernels over a post-ReLU activation
 // stored NDHWC ([batch, spatial, channels], channels fastest).
 //
-// Statistics arrive from the deconvolution's epilogue as partials (count, mean, M2),
-// one per (launch, CTA tile, sample segment of the tile, group segment of the tile),
-// each at a fixed position of a workspace (StatisticsSources), so results are bitwise
-// reproducible (no atomics). group_norm_apply
-//   1. merges each (sample, group)'s partials once, in a fixed order, with Chan et
-//      al.'s pairwise update (robust where E[x^2] - E[x]^2 cancels) into mean and
-//      rstd, folded with gamma and beta into a per-channel scale and shift;
-//   2. writes x * scale + shift, channels-last (in place allowed) or NCDHW through an
-//      on-chip transpose.
+// Statistics arrive as partials (count, mean, M2), one per (launch, tile, sample
+// segment of the tile, group segment of the tile), each at a fixed position of a
+// workspace (StatisticsSources), so results are bitwise reproducible (no atomics):
+// from the deconvolution's epilogue on the fused path, from relu_group_norm_stats on
+// the fallback (group_norm_generic.h).
+//   1. group_norm_finalize merges each (sample, group)'s partials once, in a fixed
+//      order, with Chan et al.'s pairwise update (robust where E[x^2] - E[x]^2
+//      cancels) into mean and rstd, folded with gamma and beta into a per-channel
+//      scale and shift;
+//   2. group_norm_apply writes x * scale + shift, channels-last (in place allowed) or
+//      NCDHW through an on-chip transpose.
 // Two launches: merging in every normalize block instead re-reads the partials
 // thousands of times and measured slower than the extra small launch.
 #pragma once
@@ -79,11 +81,17 @@ struct StatisticsSources {
 // Empty when the kernels take `shape`, else why not.
 const char* group_norm_unsupported_reason(const GroupNormShape& shape);
 
-// Bytes of scratch group_norm_apply needs (scale and shift per sample and channel).
-int64_t group_norm_scratch_bytes(const GroupNormShape& shape);
+// Bytes of the per-(sample, channel) scale and shift (float2) group_norm_finalize writes.
+int64_t group_norm_scale_shift_bytes(const GroupNormShape& shape);
 
-void group_norm_apply(ElementType element, const void* activation, const WelfordPartial* partials,
-                      const StatisticsSources& sources, const GroupNormShape& shape, const GroupNormAffine& affine, float eps,
-                      bool channels_last_output, void* output, void* scratch, cudaStream_t stream);
+// `element`: the activation's type, which the bias in `sources` shares. Any channel
+// count; batch <= 65535.
+void group_norm_finalize(ElementType element, const WelfordPartial* partials, const StatisticsSources& sources,
+                         const GroupNormShape& shape, const GroupNormAffine& affine, float eps, void* scale_shift,
+                         cudaStream_t stream);
+
+// The fused path's normalize: NDHWC activation, group_norm_unsupported_reason() empty.
+void group_norm_apply(ElementType element, const void* activation, const void* scale_shift,
+                      const GroupNormShape& shape, bool channels_last_output, void* output, cudaStream_t stream);
 
 }  // namespace cutlassfuse

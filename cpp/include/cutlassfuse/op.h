@@ -49,6 +49,11 @@ std::string fused_path_unsupported_reason(const OpArgs& args, const Problem& pro
 at::Tensor fused_forward_cuda(const OpArgs& args, const Problem& problem);
 // What the fused path runs for `problem` (kernel configuration included).
 std::string fused_path_description(const Problem& problem);
+// Empty when the CUDA fallback takes the call (cuDNN's convolution, then this
+// project's ReLU + GroupNorm kernels), else why not.
+std::string fallback_unsupported_reason(const OpArgs& args, const Problem& problem);
+at::Tensor fallback_forward_cuda(const OpArgs& args, const Problem& problem);
+extern const char* const kFallbackDescription;
 // ConvTranspose3d alone through the stock CUTLASS sm90 dgrad (plain store, NDHWC
 // output): the baseline of the fused epilogue, for benchmarks.
 at::Tensor cutlass_dgrad_plain(const OpArgs& args, const Problem& problem);

@@ -1,0 +1,72 @@
+// The CUDA fallback for calls the fused sm90 path does not take (other GPUs, float32,
+// channel counts TMA cannot align, conv groups, ...): cuDNN's transposed convolution
+// without bias, then this project's ReLU + GroupNorm statistics, finalize and
+// normalize kernels (group_norm_generic.h), the normalize in place.
+//
+// float32 runs cuDNN in strict fp32 (no TF32): PyTorch's default TF32 convolution
+// lands ~3e-3 from float64 after GroupNorm; strict fp32 stays within 1e-4.
+// cuDNN is asked for deterministic algorithms, so two calls are bitwise equal.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "cutlassfuse/group_norm_generic.h"
+#include "cutlassfuse/nvtx.h"
+#include "op_arguments.h"
+
+namespace cutlassfuse {
+
+const char* const kFallbackDescription =
+    "fallback: cuDNN conv_transpose3d (strict fp32 for float32, deterministic) + cutlassfuse ReLU/GroupNorm kernels";
+
+std::string fallback_unsupported_reason(const OpArgs& a, const Problem& p) {
+  if (!at::detail::getCUDAHooks().compiledWithCuDNN() || !at::globalContext().userEnabledCuDNN())
+    return "cuDNN is unavailable or disabled";
+  if (!element_type(a.input.scalar_type())) return "dtype is not float16, bfloat16 or float32";
+  if (!affine_element_type(a)) return "norm_weight/norm_bias are not both float32, float16 or bfloat16 of one dtype";
+  if (p.batch == 0) return "empty batch";
+  if (p.batch > 65535) return "batch larger than 65535 (grid y limit of the finalize kernel)";
+  return {};
+}
+
+at::Tensor fallback_forward_cuda(const OpArgs& a, const Problem& p) {
+  const NvtxRange op_range("cutlassfuse.conv_transpose3d_relu_group_norm");
+  const c10::cuda::CUDAGuard device_guard(a.input.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const ElementType element = *element_type(a.input.scalar_type());
+
+  at::Tensor y;
+  {
+    const NvtxRange range("cutlassfuse.cudnn_conv_transpose3d");
+    y = at::cudnn_convolution_transpose(a.input, a.weight, a.padding, a.output_padding, a.stride, a.dilation, a.groups,
+                                        at::globalContext().benchmarkCuDNN(), /*deterministic=*/true,
+                                        /*allow_tf32=*/false);
+    y = y.contiguous(output_memory_format(a.input, a.weight));
+  }
+  const ActivationLayout layout =
+      y.is_contiguous() ? ActivationLayout::kChannelsFirst : ActivationLayout::kChannelsLast;
+
+  std::optional<at::Tensor> bias, gamma, beta;
+  const void* bias_ptr = data_or_null(a.bias, bias);
+  const GroupNormShape shape = group_norm_shape(p);
+  StatisticsSources sources;
+  sources.regions[0] = {generic_stats_tiles(shape), shape.spatial, 0};
+  sources.region_count = 1;
+  static_assert(sizeof(WelfordPartial) == 3 * sizeof(float));
+  const auto options = a.input.options();
+  at::Tensor partials = at::empty({sources.regions[0].tiles.slots(shape), 3}, options.dtype(at::kFloat));
+  auto* partials_ptr = reinterpret_cast<WelfordPartial*>(partials.data_ptr<float>());
+  at::Tensor scale_shift = at::empty({group_norm_scale_shift_bytes(shape)}, options.dtype(at::kByte));
+  const GroupNormAffine affine{data_or_null(a.norm_weight, gamma), data_or_null(a.norm_bias, beta),
+                               *affine_element_type(a)};
+
+  const NvtxRange range("cutlassfuse.relu_group_norm");
+  relu_group_norm_stats(element, y.data_ptr(), layout, bias_ptr, shape, partials_ptr, stream);
+  group_norm_finalize(element, partials_ptr, sources, shape, affine, static_cast<float>(p.eps), scale_shift.data_ptr(),
+                      stream);
+  relu_group_norm_normalize(element, y.data_ptr(), layout, bias_ptr, scale_shift.data_ptr(), shape, stream);
+  return y;
+}
+
+}  // namespace cutlassfuse
