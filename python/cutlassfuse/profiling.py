@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,14 +26,32 @@ METRICS = {
     "DRAM Throughput": "DRAM %",
     "Achieved Occupancy": "occupancy %",
 }
-KERNEL_KEYS = ("ConvUniversal", "group_norm_finalize", "group_norm_apply", "ncdhw_to_ndhwc")
+KERNEL_KEYS = ("ConvUniversal", "group_norm_finalize", "group_norm_apply", "ncdhw_to_ndhwc", "fill_unreached",
+               "relu_group_norm_stats", "normalize_channels")
+# Tensor-pipe utilization has per-architecture names (wgmma on Hopper, mma.sync
+# before). One unknown metric fails the whole ncu run, so the profile asks ncu which
+# of these it knows (`ncu --query-metrics`) and requests the first.
+TENSOR_PIPE_CANDIDATES = ("sm__pipe_tensor_op_gmma_cycles_active", "sm__pipe_tensor_op_hmma_cycles_active",
+                          "sm__pipe_tensor_cycles_active")
+TENSOR_PIPE_LABEL = "tensor pipe %"
 
 
-def ncu_command(shape: str, dtype: str, memory_format: str) -> list[str]:
-    ncu = os.environ.get("NCU") or shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
-    return [ncu, "--clock-control", "none", "--profile-from-start", "off",
+def ncu_executable() -> str:
+    return os.environ.get("NCU") or shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
+
+
+def tensor_pipe_metric(known_metrics: str) -> str | None:
+    """The tensor-pipe utilization metric among `ncu --query-metrics`'s output, or None."""
+    for base in TENSOR_PIPE_CANDIDATES:
+        if re.search(rf"\b{base}\b", known_metrics):
+            return f"{base}.avg.pct_of_peak_sustained_active"
+    return None
+
+
+def ncu_command(shape: str, dtype: str, memory_format: str, metrics: tuple[str, ...] = ()) -> list[str]:
+    return [ncu_executable(), "--clock-control", "none", "--profile-from-start", "off",
             "--section", "SpeedOfLight", "--section", "Occupancy", "--section", "ComputeWorkloadAnalysis",
-            "--csv", "--page", "details",
+            *(["--metrics", ",".join(metrics)] if metrics else []), "--csv", "--page", "details",
             sys.executable, "-m", "cutlassfuse.profiling", shape, dtype, memory_format]
 
 
@@ -46,7 +65,7 @@ def summarize(csv_text: str) -> str:
     for row in csv.DictReader(io.StringIO("\n".join(lines))):
         key = (row["ID"], short_name(row["Kernel Name"]))
         name = row["Metric Name"]
-        label = METRICS.get(name) or (f"{name} %" if "tensor" in name.lower() else None)
+        label = METRICS.get(name) or (TENSOR_PIPE_LABEL if name.startswith(TENSOR_PIPE_CANDIDATES) else None)
         if label:
             table.setdefault(key, {})[label] = f'{row["Metric Value"]} {row["Metric Unit"]}'.strip()
     columns = list(dict.fromkeys(c for values in table.values() for c in values))
@@ -57,7 +76,12 @@ def summarize(csv_text: str) -> str:
 
 
 def run_profile(shape: str, dtype: str, memory_format: str, csv_path: str | None = None) -> str:
-    result = subprocess.run(ncu_command(shape, dtype, memory_format), capture_output=True, text=True)
+    known = subprocess.run([ncu_executable(), "--query-metrics"], capture_output=True, text=True).stdout
+    metric = tensor_pipe_metric(known)
+    if metric is None:
+        print(f"ncu knows none of {', '.join(TENSOR_PIPE_CANDIDATES)}: no tensor pipe column", file=sys.stderr)
+    command = ncu_command(shape, dtype, memory_format, (metric,) if metric else ())
+    result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"ncu failed ({result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
     if csv_path:
