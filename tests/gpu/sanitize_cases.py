@@ -1,27 +1,32 @@
 """A representative set of calls for compute-sanitizer (scripts/sanitize.sh): the fused
 path in fp16 and bf16 with tiles straddling samples and groups crossing N tiles,
-NCDHW and channels-last output, bias and no affine, and the reference path."""
+NCDHW and channels-last output, bias and no affine, strided (sub-pixel phases, pixels
+no tap reaches), and the CUDA fallback (odd channels, conv groups, float32)."""
 
 import torch
 
 import cutlassfuse
 
 CASES = [
-    # (batch, cin, cout, size, kernel, padding, groups, bias, affine, channels_last, dtype)
-    (2, 16, 48, (5, 6, 7), 3, 1, 4, True, True, False, torch.float16),   # 12-channel groups; 210 rows per sample
-    (3, 32, 192, (3, 3, 3), 3, 0, 4, False, True, True, torch.bfloat16),  # groups of 48 cross the 128-channel tile
-    (32, 8, 16, (1, 1, 1), 1, 0, 16, True, False, False, torch.float16),  # one voxel per sample: 32 samples per tile
-    (2, 3, 12, (4, 4, 4), 3, 1, 4, True, True, False, torch.float16),     # reference path (3 input channels)
+    # (batch, cin, cout, size, kernel, stride, padding, conv groups, groups, bias, affine, channels_last, dtype)
+    (2, 16, 48, (5, 6, 7), 3, 1, 1, 1, 4, True, True, False, torch.float16),   # 12-channel groups; 210 rows/sample
+    (3, 32, 192, (3, 3, 3), 3, 1, 0, 1, 4, False, True, True, torch.bfloat16),  # 48-channel groups cross the N tile
+    (32, 8, 16, (1, 1, 1), 1, 1, 0, 1, 16, True, False, False, torch.float16),  # 32 samples per tile
+    (2, 16, 32, (4, 5, 3), 4, 2, 1, 1, 8, True, True, False, torch.float16),    # 8 sub-pixel phases
+    (2, 16, 32, (4, 5, 3), 1, 3, 0, 1, 4, True, True, True, torch.bfloat16),    # kernel < stride: unreached pixels
+    (2, 3, 12, (4, 4, 4), 3, 1, 1, 1, 4, True, True, False, torch.float16),     # fallback: 3 input channels
+    (2, 16, 32, (4, 4, 4), 3, 2, 1, 4, 8, True, True, True, torch.float16),     # fallback: conv groups
+    (2, 16, 32, (4, 4, 4), 3, 2, 1, 1, 8, True, True, False, torch.float32),    # fallback: strict fp32
 ]
 
 
 def main() -> None:
-    for batch, cin, cout, size, k, p, g, bias, affine, channels_last, dtype in CASES:
+    for batch, cin, cout, size, k, stride, p, conv_groups, g, bias, affine, channels_last, dtype in CASES:
         x = torch.rand(batch, cin, *size, device="cuda", dtype=dtype)
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last_3d)
-        w = torch.randn(cin, cout, k, k, k, device="cuda", dtype=dtype) * 0.1
-        args = dict(padding=p, num_groups=g,
+        w = torch.randn(cin, cout // conv_groups, k, k, k, device="cuda", dtype=dtype) * 0.1
+        args = dict(stride=stride, padding=p, groups=conv_groups, num_groups=g,
                     norm_weight=torch.rand(cout, device="cuda", dtype=dtype) if affine else None,
                     norm_bias=torch.rand(cout, device="cuda", dtype=dtype) if affine else None)
         b = torch.randn(cout, device="cuda", dtype=dtype) if bias else None
