@@ -1,7 +1,10 @@
-"""Per-kernel device time of one fused call on KernelBench level2/61, next to cuDNN's
+"""Per-kernel device time and launch count of one fused call, next to cuDNN's
 convolution alone, from torch.profiler (CUPTI) over repeated calls.
 
-    python benchmarks/kernel_breakdown.py [--dtype float16]
+    python benchmarks/kernel_breakdown.py [--shape kb61] [--dtype float16]
+
+--shape takes a baselines.md name (kb61, kb61_v0, unet_k2s2, gan_k4s2p1,
+vid_k3s2p1op1) or N,Cin,Cout,D,H,W,kernel,stride,padding,output_padding,groups.
 """
 
 from __future__ import annotations
@@ -14,11 +17,16 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 import cutlassfuse
+from cutlassfuse.bench import parse_shape
 
 REPEATS = 20
+KERNEL_KEYS = ("ConvUniversal", "ncdhw_to_ndhwc", "fill_unreached", "group_norm_finalize",
+               "group_norm_apply_kernel<__half, true", "group_norm_apply_kernel<__half, false",
+               "relu_group_norm_stats", "normalize_channels")
 
 
-def kernel_times_us(fn) -> dict[str, float]:
+def kernel_times_us(fn) -> tuple[dict[str, float], float]:
+    """Device time per call of each kernel name, and kernel launches per call."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -27,38 +35,43 @@ def kernel_times_us(fn) -> dict[str, float]:
             fn()
         torch.cuda.synchronize()
     totals: dict[str, float] = defaultdict(float)
+    launches = 0
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name] += event.device_time / REPEATS
-    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+            totals[short(event.name)] += event.device_time / REPEATS
+            launches += 1
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1])), launches / REPEATS
 
 
 def short(name: str) -> str:
-    for key in ("ConvUniversal", "ncdhw_to_ndhwc", "group_norm_finalize", "group_norm_apply_kernel<__half, true",
-                "group_norm_apply_kernel<__half, false"):
-        if key in name:
-            return key
-    return name[:70]
+    return next((key for key in KERNEL_KEYS if key in name), name[:70])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
-    dtype = getattr(torch, parser.parse_args().dtype)
-    x = torch.rand(16, 64, 32, 32, 32, device="cuda", dtype=dtype)
-    w = torch.randn(64, 128, 3, 3, 3, device="cuda", dtype=dtype) * 0.05
+    parser.add_argument("--shape", default="kb61")
+    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    args = parser.parse_args()
+    shape = parse_shape(args.shape)
+    dtype = getattr(torch, args.dtype)
+    x = torch.rand(shape.batch, shape.in_channels, *shape.size, device="cuda", dtype=dtype)
+    k = shape.kernel
+    w = torch.randn(shape.in_channels, shape.out_channels, k, k, k, device="cuda", dtype=dtype) * 0.05
+    conv = dict(stride=shape.stride, padding=shape.padding, output_padding=shape.output_padding)
     x_cl = x.contiguous(memory_format=torch.channels_last_3d)
     runs = {
-        "cutlassfuse, NCDHW input": lambda: cutlassfuse.conv_transpose3d_relu_group_norm(x, w, num_groups=8),
-        "cutlassfuse, channels_last input": lambda: cutlassfuse.conv_transpose3d_relu_group_norm(x_cl, w,
-                                                                                                 num_groups=8),
-        "cuDNN conv_transpose3d alone, channels_last": lambda: F.conv_transpose3d(x_cl, w),
+        "cutlassfuse, NCDHW input": lambda: cutlassfuse.conv_transpose3d_relu_group_norm(
+            x, w, num_groups=shape.groups, **conv),
+        "cutlassfuse, channels_last input": lambda: cutlassfuse.conv_transpose3d_relu_group_norm(
+            x_cl, w, num_groups=shape.groups, **conv),
+        "cuDNN conv_transpose3d alone, channels_last": lambda: F.conv_transpose3d(x_cl, w, **conv),
     }
+    print(f"{shape.name} {args.dtype}: {cutlassfuse.explain(x, w, num_groups=shape.groups, **conv)}")
     for title, fn in runs.items():
-        times = kernel_times_us(fn)
-        print(f"\n{title}: {sum(times.values()):.1f} us of kernels per call")
+        times, launches = kernel_times_us(fn)
+        print(f"\n{title}: {sum(times.values()):.1f} us of kernels, {launches:g} launches per call")
         for name, us in times.items():
-            print(f"  {us:9.1f} us  {short(name)}")
+            print(f"  {us:9.1f} us  {name}")
 
 
 if __name__ == "__main__":

@@ -43,10 +43,16 @@ step "demo (KernelBench level2/61)"
 "$PYTHON" -m cutlassfuse demo 2>&1 | tee "$OUT/demo.log"
 
 step "kernel breakdown"
-"$PYTHON" benchmarks/kernel_breakdown.py 2>&1 | tee "$OUT/breakdown.log"
+for shape in kb61 unet_k2s2 gan_k4s2p1 vid_k3s2p1op1; do
+  "$PYTHON" benchmarks/kernel_breakdown.py --shape "$shape"
+done 2>&1 | tee "$OUT/breakdown.log"
+"$PYTHON" benchmarks/kernel_breakdown.py --shape kb61 --dtype float32 2>&1 | tee -a "$OUT/breakdown.log"
 
 step "benchmark: fused vs baselines, tile configurations"
 "$PYTHON" benchmarks/fused_vs_baselines.py --no-compile 2>&1 | tee "$OUT/bench.log"
+
+step "float32: accuracy and time of the choices"
+"$PYTHON" benchmarks/float32_choice.py --shape kb61 2>&1 | tee "$OUT/float32.log"
 
 step "training step: time and memory"
 "$PYTHON" benchmarks/training_step.py 2>&1 | tee "$OUT/training.log"
@@ -74,4 +80,7 @@ cat "$OUT/gpu.txt"
 printf '%s\n' "${status[@]}"
 sed -n '/^dtype/,$p' "$OUT/demo.log"
 grep -E "^kb61|fused\(CL in\)" "$OUT/bench.log"
+grep -E "launches per call|: fused_sm90|: fallback|: reference" "$OUT/breakdown.log"
+cat "$OUT/float32.log"
+grep -E "^\[|cutlassfuse  " "$OUT/bench-cli.log"
 cat "$OUT/training.log"
