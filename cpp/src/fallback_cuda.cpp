@@ -27,6 +27,11 @@ std::string fallback_unsupported_reason(const OpArgs& a, const Problem& p) {
   if (!affine_element_type(a)) return "norm_weight/norm_bias are not both float32, float16 or bfloat16 of one dtype";
   if (p.batch == 0) return "empty batch";
   if (p.batch > 65535) return "batch larger than 65535 (grid y limit of the finalize kernel)";
+  // PyTorch's cuDNN convolution splits the batch to keep each call under 2^31
+  // elements; one sample past that it cannot take.
+  constexpr int64_t kMax32 = (int64_t{1} << 31) - 1;
+  if (p.input_numel() / p.batch > kMax32 || p.output_numel() / p.batch > kMax32)
+    return "one sample has more than 2^31 elements (cuDNN's limit)";
   return {};
 }
 
