@@ -59,22 +59,26 @@ def test_concurrent_threads():
         assert torch.equal(results[index], reference), index
 
 
-@pytest.mark.parametrize("edge", [640, 650], ids=["just_below_2^31_fused", "above_2^31_reference"])
-def test_tensors_around_two_to_the_31(edge):
-    # A pointwise deconvolution (kernel 1) over edge^3 voxels and 8 channels: 2.10e9
-    # elements per tensor at 640 (fused path), 2.20e9 at 650 (past the CUTLASS limit).
+@pytest.mark.parametrize("batch,edge,conv_groups,path", [
+    (1, 640, 1, "fused_sm90"),  # 2.10e9 elements per tensor: just below 2^31, the fused path
+    (1, 650, 1, "reference"),   # 2.20e9 in one sample: past CUTLASS's and cuDNN's 32-bit limits
+    (4, 410, 2, "fallback"),    # 2.21e9 over 4 samples (conv groups): cuDNN per sample, 64-bit kernels
+], ids=["below_2^31_fused", "one_sample_above_2^31_reference", "batch_above_2^31_fallback"])
+def test_tensors_around_two_to_the_31(batch, edge, conv_groups, path):
+    # A pointwise deconvolution (kernel 1) over edge^3 voxels and 8 channels.
     if torch.cuda.get_device_properties(0).total_memory < 60 * 2**30:
         pytest.skip("needs about 40 GiB of GPU memory")
     g = torch.Generator(device="cuda").manual_seed(1)
-    x = torch.rand(1, 8, edge, edge, edge, generator=g, device="cuda", dtype=torch.float16)
-    w = (torch.randn(8, 8, 1, 1, 1, generator=g, device="cuda") * 0.5).to(torch.float16)
-    path = cutlassfuse.explain(x, w, num_groups=2)
-    assert path.startswith("fused_sm90" if edge == 640 else "reference"), path
-    out = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, num_groups=2)
-    assert out.numel() == 8 * edge**3
-    # Reference: the same math in fp32 through PyTorch (64-bit indexing), then compared.
-    y = torch.nn.functional.conv_transpose3d(x.float(), w.float()).relu_()
-    expected = torch.nn.functional.group_norm(y, 2)
-    del y
-    err = errors(out.float(), expected)
-    assert err.relative <= 5e-3, f"{path}: {err}"
+    x = torch.rand(batch, 8, edge, edge, edge, generator=g, device="cuda", dtype=torch.float16)
+    w = (torch.randn(8, 8 // conv_groups, 1, 1, 1, generator=g, device="cuda") * 0.5).to(torch.float16)
+    taken = cutlassfuse.explain(x, w, groups=conv_groups, num_groups=2)
+    assert taken.startswith(path), taken
+    out = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, groups=conv_groups, num_groups=2)
+    assert out.numel() == batch * 8 * edge**3
+    # Reference: the same math in fp32 through PyTorch, one sample at a time, compared.
+    for n in range(batch):
+        y = torch.nn.functional.conv_transpose3d(x[n:n + 1].float(), w.float(), groups=conv_groups).relu_()
+        expected = torch.nn.functional.group_norm(y, 2)
+        del y
+        err = errors(out[n:n + 1].float(), expected)
+        assert err.relative <= 5e-3, f"{taken}, sample {n}: {err}"
