@@ -29,10 +29,18 @@ METRICS = {
 KERNEL_KEYS = ("ConvUniversal", "group_norm_finalize", "group_norm_apply", "ncdhw_to_ndhwc", "fill_unreached",
                "relu_group_norm_stats", "normalize_channels")
 # Tensor-pipe utilization has per-architecture names (wgmma on Hopper, mma.sync
-# before). One unknown metric fails the whole ncu run, so the profile asks ncu which
-# of these it knows (`ncu --query-metrics`) and requests the first.
-TENSOR_PIPE_CANDIDATES = ("sm__pipe_tensor_op_gmma_cycles_active", "sm__pipe_tensor_op_hmma_cycles_active",
-                          "sm__pipe_tensor_cycles_active")
+# before), and a metric ncu knows can still read n/a on a given GPU (the gmma-cycles
+# one did on the H200's ncu). One unknown metric fails the whole ncu run, so the
+# profile asks `ncu --query-metrics` which bases it knows, requests every candidate
+# among them, and the table shows the first that has a number.
+TENSOR_PIPE_METRICS = (
+    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
+    "sm__ops_path_tensor_src_fp16_dst_fp32.avg.pct_of_peak_sustained_elapsed",
+    "sm__ops_path_tensor_src_bf16_dst_fp32.avg.pct_of_peak_sustained_elapsed",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+)
 TENSOR_PIPE_LABEL = "tensor pipe %"
 
 
@@ -40,12 +48,9 @@ def ncu_executable() -> str:
     return os.environ.get("NCU") or shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
 
 
-def tensor_pipe_metric(known_metrics: str) -> str | None:
-    """The tensor-pipe utilization metric among `ncu --query-metrics`'s output, or None."""
-    for base in TENSOR_PIPE_CANDIDATES:
-        if re.search(rf"\b{base}\b", known_metrics):
-            return f"{base}.avg.pct_of_peak_sustained_active"
-    return None
+def tensor_pipe_metrics(known_metrics: str) -> tuple[str, ...]:
+    """The candidates whose base metric appears in `ncu --query-metrics`'s output."""
+    return tuple(m for m in TENSOR_PIPE_METRICS if re.search(rf"\b{m.split('.')[0]}\b", known_metrics))
 
 
 def ncu_command(shape: str, dtype: str, memory_format: str, metrics: tuple[str, ...] = ()) -> list[str]:
@@ -65,9 +70,12 @@ def summarize(csv_text: str) -> str:
     for row in csv.DictReader(io.StringIO("\n".join(lines))):
         key = (row["ID"], short_name(row["Kernel Name"]))
         name = row["Metric Name"]
-        label = METRICS.get(name) or (TENSOR_PIPE_LABEL if name.startswith(TENSOR_PIPE_CANDIDATES) else None)
+        label = METRICS.get(name) or (TENSOR_PIPE_LABEL if name in TENSOR_PIPE_METRICS else None)
+        values = table.setdefault(key, {})
+        if label == TENSOR_PIPE_LABEL and (label in values or not _is_number(row["Metric Value"])):
+            continue  # an earlier candidate already gave a number, or this one reads n/a
         if label:
-            table.setdefault(key, {})[label] = f'{row["Metric Value"]} {row["Metric Unit"]}'.strip()
+            values[label] = f'{row["Metric Value"]} {row["Metric Unit"]}'.strip()
     columns = list(dict.fromkeys(c for values in table.values() for c in values))
     out = ["| kernel | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
     out += [f"| {kernel} | " + " | ".join(values.get(c, "-") for c in columns) + " |"
@@ -75,12 +83,20 @@ def summarize(csv_text: str) -> str:
     return "\n".join(out)
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text.replace(",", ""))
+        return True
+    except ValueError:
+        return False
+
+
 def run_profile(shape: str, dtype: str, memory_format: str, csv_path: str | None = None) -> str:
     known = subprocess.run([ncu_executable(), "--query-metrics"], capture_output=True, text=True).stdout
-    metric = tensor_pipe_metric(known)
-    if metric is None:
-        print(f"ncu knows none of {', '.join(TENSOR_PIPE_CANDIDATES)}: no tensor pipe column", file=sys.stderr)
-    command = ncu_command(shape, dtype, memory_format, (metric,) if metric else ())
+    metrics = tensor_pipe_metrics(known)
+    if not metrics:
+        print("ncu knows none of the tensor-pipe metrics: no tensor pipe column", file=sys.stderr)
+    command = ncu_command(shape, dtype, memory_format, metrics)
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"ncu failed ({result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
