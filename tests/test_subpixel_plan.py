@@ -116,3 +116,21 @@ def test_phases_reassemble_any_configuration(config):
     got = deconvolve_by_phases(a["input"], a["weight"], a["bias"], a["stride"], a["padding"], a["output_padding"],
                                a["dilation"])
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("stride", [(2, 2, 2), (3, 2, 1), (1, 1, 4)])
+def test_kernel_equal_to_stride_is_one_gemm_in_space_to_depth_order(stride):
+    """The pixel-shuffle GEMM of the CUDA path (subpixel.h): with kernel == stride and no
+    padding, [input pixels, Cin] x the packed filter [Cin, T*R*S*Cout] gives, per input
+    pixel, its block of output pixels in (t, r, s) order; depth-to-space of that is
+    F.conv_transpose3d."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 5, 3, 4, 2, generator=g, dtype=torch.float64)
+    w = torch.randn(5, 6, *stride, generator=g, dtype=torch.float64)
+    batch, cin, depth, height, width = x.shape
+    cout = w.shape[1]
+    packed = w.permute(0, 2, 3, 4, 1).reshape(cin, -1)                  # [Cin, (t, r, s, Cout)]
+    gemm = x.permute(0, 2, 3, 4, 1).reshape(-1, cin) @ packed           # [(n, z, p, q), (t, r, s, Cout)]
+    blocks = gemm.view(batch, depth, height, width, *stride, cout)      # space-to-depth order
+    y = blocks.permute(0, 7, 1, 4, 2, 5, 3, 6).reshape(batch, cout, *(e * s for e, s in zip(x.shape[2:], stride)))
+    torch.testing.assert_close(y, F.conv_transpose3d(x, w, stride=stride), rtol=1e-12, atol=1e-12)

@@ -24,23 +24,50 @@ decltype(auto) with_element(ElementType element, F&& f) {
   return f(std::integral_constant<ElementType, ElementType::kFloat16>{});
 }
 
-// The launches of one call: the sub-pixel phases, the kernel configuration, and where
-// each phase's partials go (one region per phase, in phase order).
+// The launches of one call. `conv` is what the CUTLASS launches compute: the call's
+// own problem as sub-pixel phases, or, when kernel == stride, its pixel-shuffle GEMM
+// (one launch writing the activation in space-to-depth order). Each launch's partials
+// get a region, one per block of channels for the GEMM, in a fixed order.
 struct FusedPlan {
+  Problem conv;
   SubpixelPlan subpixel;
+  PixelShuffle order;
   sm90::DgradConfig config;
   StatisticsSources sources;
   int64_t slots = 0;
+
+  int64_t blocks() const { return int64_t{order.block[0]} * order.block[1] * order.block[2]; }
 };
 
+FusedPlan describe_launches(const Problem& p) {
+  FusedPlan plan;
+  plan.conv = is_pixel_shuffle_gemm(p) ? pixel_shuffle_gemm_problem(p) : p;
+  plan.subpixel = plan_subpixel(plan.conv);
+  plan.config = sm90::choose_config(plan.conv);
+  if (plan.conv.out_channels != p.out_channels) {
+    for (int i = 0; i < 3; ++i) {
+      plan.order.block[i] = static_cast<int>(p.stride[i]);
+      plan.order.output_size[i] = static_cast<int>(p.output_size[i]);
+    }
+  }
+  return plan;
+}
+
+int64_t regions_needed(const FusedPlan& plan) {
+  return static_cast<int64_t>(plan.subpixel.phases.size()) * plan.blocks();
+}
+
 FusedPlan make_fused_plan(const Problem& p) {
-  FusedPlan plan{plan_subpixel(p), sm90::choose_config(p), {}, 0};
-  TORCH_INTERNAL_ASSERT(plan.subpixel.phases.size() <= kMaxPartialsRegions);
+  FusedPlan plan = describe_launches(p);
+  TORCH_INTERNAL_ASSERT(regions_needed(plan) <= kMaxPartialsRegions);
   const sm90::TileExtent tile = sm90::tile_extent(plan.config);
   for (const PhaseProblem& phase : plan.subpixel.phases) {
-    const GroupNormShape shape = sm90::phase_group_norm_shape(p, phase);
+    const GroupNormShape shape = sm90::phase_group_norm_shape(plan.conv, phase);
     const TilePartials tiles = TilePartials::for_tiles(shape, tile.m, tile.n);
-    plan.sources.regions[plan.sources.region_count++] = {tiles, shape.spatial, plan.slots};
+    for (int64_t block = 0; block < plan.blocks(); ++block) {
+      plan.sources.regions[plan.sources.region_count++] = {tiles, shape.spatial, plan.slots,
+                                                           static_cast<int>(block * p.num_groups)};
+    }
     plan.slots += tiles.slots(shape);
   }
   plan.sources.unreached_pixels = plan.subpixel.unreached_pixels;
@@ -77,13 +104,12 @@ std::string fused_path_unsupported_reason(const OpArgs& a, const Problem& p) {
     return "norm_weight/norm_bias are not both float32, float16 or bfloat16 of one dtype";
   if (p.batch == 0) return "empty batch";
   if (const char* why = group_norm_unsupported_reason(group_norm_shape(p)); *why != '\0') return why;
-  const SubpixelPlan plan = plan_subpixel(p);
-  if (plan.phases.empty()) return "no input reaches the output (every pixel is ReLU(bias))";
-  if (plan.phases.size() > kMaxPartialsRegions) return "more than 64 sub-pixel phases (stride product above 64)";
-  const sm90::DgradConfig config = sm90::choose_config(p);
-  for (const PhaseProblem& phase : plan.phases) {
+  const FusedPlan plan = describe_launches(p);
+  if (plan.subpixel.phases.empty()) return "no input reaches the output (every pixel is ReLU(bias))";
+  if (regions_needed(plan) > kMaxPartialsRegions) return "more than 64 sub-pixel phases (stride product above 64)";
+  for (const PhaseProblem& phase : plan.subpixel.phases) {
     std::string why = with_element(*element, [&](auto e) {
-      return sm90::dgrad_unsupported_reason<decltype(e)::value>(config, p, phase);
+      return sm90::dgrad_unsupported_reason<decltype(e)::value>(plan.config, plan.conv, phase);
     });
     if (!why.empty()) return why;
   }
@@ -91,12 +117,16 @@ std::string fused_path_unsupported_reason(const OpArgs& a, const Problem& p) {
 }
 
 std::string fused_path_description(const Problem& p) {
-  const SubpixelPlan plan = plan_subpixel(p);
-  std::string launches = plan.phases.size() == 1 ? std::string("CUTLASS sm90 dgrad ")
-                                                 : std::to_string(plan.phases.size()) + " sub-pixel phases of CUTLASS sm90 dgrad ";
-  if (plan.unreached_pixels > 0) launches = "ReLU(bias) fill of unreached pixels + " + launches;
-  return launches + sm90::config_name(sm90::choose_config(p)) +
-         " (epilogue: bias, ReLU, GroupNorm partial statistics) + normalize";
+  const FusedPlan plan = describe_launches(p);
+  std::string launches = "CUTLASS sm90 dgrad ";
+  if (plan.blocks() > 1) {
+    launches = "pixel-shuffle GEMM (kernel == stride; one launch for " + std::to_string(plan.blocks()) +
+               " output blocks) of CUTLASS sm90 dgrad ";
+  } else if (plan.subpixel.phases.size() > 1) {
+    launches = std::to_string(plan.subpixel.phases.size()) + " sub-pixel phases of CUTLASS sm90 dgrad ";
+  }
+  if (plan.subpixel.unreached_pixels > 0) launches = "ReLU(bias) fill of unreached pixels + " + launches;
+  return launches + sm90::config_name(plan.config) + " (epilogue: bias, ReLU, GroupNorm partial statistics) + normalize";
 }
 
 at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
@@ -110,11 +140,15 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   const at::Tensor input = to_channels_last(a.input, element, p, stream);
   const at::Tensor filter = filter_of(a);
   std::optional<at::Tensor> bias, gamma, beta;
-  at::Tensor activation = at::empty({p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]},
-                                    options.memory_format(at::MemoryFormat::ChannelsLast3d));
-
   FusedPlan plan = make_fused_plan(p);
   plan.sources.bias = data_or_null(a.bias, bias);
+  // The GEMM's columns are blocks of Cout channels: each needs the bias.
+  const at::Tensor block_bias = bias && plan.blocks() > 1 ? bias->repeat({plan.blocks()}) : at::Tensor();
+  const void* epilogue_bias = block_bias.defined() ? block_bias.data_ptr() : plan.sources.bias;
+
+  const Problem& c = plan.conv;
+  at::Tensor activation = at::empty({c.batch, c.out_channels, c.output_size[0], c.output_size[1], c.output_size[2]},
+                                    options.memory_format(at::MemoryFormat::ChannelsLast3d));
   static_assert(sizeof(WelfordPartial) == 3 * sizeof(float));
   at::Tensor partials = at::empty({plan.slots, 3}, options.dtype(at::kFloat));
   auto* partials_ptr = reinterpret_cast<WelfordPartial*>(partials.data_ptr<float>());
@@ -124,19 +158,23 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   }
   {
     const NvtxRange range("cutlassfuse.dgrad_bias_relu_stats");
-    for (int i = 0; i < plan.sources.region_count; ++i) {
-      const sm90::DgradOperands operands{input.data_ptr(), filter.data_ptr(), plan.sources.bias, activation.data_ptr(),
-                                         partials_ptr + plan.sources.regions[i].first_slot};
+    for (size_t i = 0; i < plan.subpixel.phases.size(); ++i) {
+      const sm90::DgradOperands operands{input.data_ptr(), filter.data_ptr(), epilogue_bias, activation.data_ptr(),
+                                         partials_ptr + plan.sources.regions[i * plan.blocks()].first_slot};
       with_element(element, [&](auto e) {
-        sm90::dgrad_fused<decltype(e)::value>(plan.config, p, plan.subpixel.phases[i], operands, sm_count, stream);
+        sm90::dgrad_fused<decltype(e)::value>(plan.config, c, plan.subpixel.phases[i], operands, sm_count, stream);
       });
     }
   }
 
-  // Channels-last output is normalized in place: each element is read and written by
-  // the same thread, after the statistics are complete.
-  const bool channels_last = output_memory_format(a.input, a.weight) == at::MemoryFormat::ChannelsLast3d;
-  at::Tensor out = channels_last ? activation : at::empty_like(activation, at::MemoryFormat::Contiguous);
+  // Channels-last output of an NDHWC activation is normalized in place: each element
+  // is read and written by the same thread, after the statistics are complete.
+  const at::MemoryFormat format = output_memory_format(a.input, a.weight);
+  const bool channels_last = format == at::MemoryFormat::ChannelsLast3d;
+  at::Tensor out = channels_last && plan.order.identity()
+                       ? activation
+                       : at::empty({p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]},
+                                   options.memory_format(format));
   const GroupNormAffine affine{data_or_null(a.norm_weight, gamma), data_or_null(a.norm_bias, beta),
                                *affine_element_type(a)};
   const GroupNormShape shape = group_norm_shape(p);
@@ -144,8 +182,8 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   const NvtxRange range("cutlassfuse.group_norm_finalize_apply");
   group_norm_finalize(element, partials_ptr, plan.sources, shape, affine, static_cast<float>(p.eps),
                       scale_shift.data_ptr(), stream);
-  group_norm_apply(element, activation.data_ptr(), scale_shift.data_ptr(), shape, channels_last, out.data_ptr(),
-                   stream);
+  group_norm_apply(element, activation.data_ptr(), plan.order, scale_shift.data_ptr(), shape, channels_last,
+                   out.data_ptr(), stream);
   return out;
 }
 

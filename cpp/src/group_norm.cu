@@ -59,12 +59,12 @@ struct TileRange {
   int channels_per_group;
 
   __device__ TileRange(const PartialsRegion& r, int64_t n, int g, int cpg)
-      : region(r), sample(n), group(g), channels_per_group(cpg) {
+      : region(r), sample(n), group(g + r.group_offset), channels_per_group(cpg) {
     const TilePartials& t = r.tiles;
     first_m = n * r.spatial / t.tile_m;
     const int64_t last_m = ((n + 1) * r.spatial - 1) / t.tile_m;
-    first_n = g * cpg / t.tile_n;
-    count_n = ((g + 1) * cpg - 1) / t.tile_n - first_n + 1;
+    first_n = group * cpg / t.tile_n;
+    count_n = ((group + 1) * cpg - 1) / t.tile_n - first_n + 1;
     count = (last_m - first_m + 1) * count_n;
   }
 
@@ -139,6 +139,23 @@ group_norm_finalize_kernel(const WelfordPartial* __restrict__ partials, const __
 
 // --- normalize ---------------------------------------------------------------------------
 
+// The activation row (within its sample) of output pixel `pixel`.
+template <bool kShuffled>
+__device__ __forceinline__ int64_t source_row(int64_t pixel, const PixelShuffle& order) {
+  if constexpr (!kShuffled) {
+    return pixel;
+  } else {
+    const int ho = order.output_size[1], wo = order.output_size[2];
+    const int bd = order.block[0], bh = order.block[1], bw = order.block[2];
+    const int ow = static_cast<int>(pixel % wo);
+    const int oh = static_cast<int>(pixel / wo % ho);
+    const int od = static_cast<int>(pixel / (int64_t{wo} * ho));
+    const int64_t input_pixel = (int64_t{od / bd} * (ho / bh) + oh / bh) * (wo / bw) + ow / bw;
+    const int block_position = ((od % bd) * bh + oh % bh) * bw + ow % bw;
+    return input_pixel * (bd * bh * bw) + block_position;
+  }
+}
+
 __device__ void load_scale_shift(const float2* __restrict__ scale_shift, int64_t n, int channels, float* scale,
                                  float* shift) {
   for (int c = threadIdx.x; c < channels; c += kThreads) {
@@ -153,18 +170,18 @@ __device__ void load_scale_shift(const float2* __restrict__ scale_shift, int64_t
 // is read and written by the same thread). A plain loop: at 40 registers many blocks
 // stay resident, which measured faster on H200 than batching loads per thread (which
 // doubled the registers and halved the resident blocks).
-template <class T>
+template <class T, bool kShuffled>
 __device__ void normalize_rows_channels_last(const T* activation, T* out, int64_t row_begin, int rows, int channels,
-                                             const float* scale, const float* shift) {
+                                             const PixelShuffle& order, const float* scale, const float* shift) {
   const int vectors_per_row = channels / kVector;
   for (int i = threadIdx.x; i < rows * vectors_per_row; i += kThreads) {
-    const int64_t offset = (row_begin + i / vectors_per_row) * channels;
+    const int64_t pixel = row_begin + i / vectors_per_row;
     const int c0 = (i % vectors_per_row) * kVector;
     float v[kVector];
-    load_vector(activation + offset + c0, v);
+    load_vector(activation + source_row<kShuffled>(pixel, order) * channels + c0, v);
 #pragma unroll
     for (int k = 0; k < kVector; ++k) v[k] = fmaf(v[k], scale[c0 + k], shift[c0 + k]);
-    store_vector(out + offset + c0, v);
+    store_vector(out + pixel * channels + c0, v);
   }
 }
 
@@ -173,9 +190,10 @@ __device__ void normalize_rows_channels_last(const T* activation, T* out, int64_
 // dimension, a warp covering 32 consecutive rows of one channel (64 contiguous bytes).
 // (Measured on H200: a variant with 16-byte stores from a 16-bit tile and all loads
 // hoisted ran slower, bound by registers at half occupancy.)
-template <class T>
+template <class T, bool kShuffled>
 __device__ void normalize_rows_ncdhw(const T* activation, T* sample_out, int64_t row_begin, int rows, int channels,
-                                     int64_t spatial, const float* scale, const float* shift) {
+                                     int64_t spatial, const PixelShuffle& order, const float* scale,
+                                     const float* shift) {
   constexpr int kVectorsPerTileRow = kTile / kVector;          // 8
   constexpr int kRowsPerLoad = kThreads / kVectorsPerTileRow;  // 32
   constexpr int kChannelsPerStore = kThreads / kTile;          // 4
@@ -186,7 +204,7 @@ __device__ void normalize_rows_ncdhw(const T* activation, T* sample_out, int64_t
     if (load_c < c_count) {
       for (int r = threadIdx.x / kVectorsPerTileRow; r < rows; r += kRowsPerLoad) {
         float v[kVector];
-        load_vector(activation + (row_begin + r) * channels + c_begin + load_c, v);
+        load_vector(activation + source_row<kShuffled>(row_begin + r, order) * channels + c_begin + load_c, v);
 #pragma unroll
         for (int k = 0; k < kVector; ++k) {
           const int c = c_begin + load_c + k;
@@ -209,10 +227,10 @@ __device__ void normalize_rows_ncdhw(const T* activation, T* sample_out, int64_t
 // channels-last output, enough to amortize loading the sample's scale and shift; one
 // for NCDHW output, whose transpose already gives each block a few loads per thread
 // and whose occupancy is bound by the transpose tile.
-template <class T, bool kChannelsLast>
+template <class T, bool kChannelsLast, bool kShuffled>
 __global__ void __launch_bounds__(kThreads)
-group_norm_apply_kernel(const T* activation, const float2* __restrict__ scale_shift, int64_t spatial, int channels,
-                        T* out) {
+group_norm_apply_kernel(const T* activation, const __grid_constant__ PixelShuffle order,
+                        const float2* __restrict__ scale_shift, int64_t spatial, int channels, T* out) {
   __shared__ float scale[kMaxChannels];
   __shared__ float shift[kMaxChannels];
   const int64_t n = blockIdx.y;
@@ -225,28 +243,39 @@ group_norm_apply_kernel(const T* activation, const float2* __restrict__ scale_sh
   for (int64_t row_begin = first_row; row_begin < min(spatial, first_row + kTile * kTiles); row_begin += kTile) {
     const int rows = static_cast<int>(min(spatial - row_begin, int64_t{kTile}));
     if constexpr (kChannelsLast) {
-      normalize_rows_channels_last(sample_in, sample_out, row_begin, rows, channels, scale, shift);
+      normalize_rows_channels_last<T, kShuffled>(sample_in, sample_out, row_begin, rows, channels, order, scale,
+                                                 shift);
     } else {
-      normalize_rows_ncdhw(sample_in, sample_out, row_begin, rows, channels, spatial, scale, shift);
+      normalize_rows_ncdhw<T, kShuffled>(sample_in, sample_out, row_begin, rows, channels, spatial, order, scale,
+                                         shift);
     }
   }
 }
 
-template <class T>
-void launch_apply(const void* activation, const void* scale_shift, const GroupNormShape& shape,
-                  bool channels_last_output, void* output, cudaStream_t stream) {
-  const int channels = static_cast<int>(shape.channels);
-  const int64_t rows_per_block = int64_t{kTile} * (channels_last_output ? kTilesPerBlock : 1);
+template <class T, bool kChannelsLast, bool kShuffled>
+void launch_apply(const T* in, const PixelShuffle& order, const float2* scale_shift, const GroupNormShape& shape,
+                  T* out, cudaStream_t stream) {
+  const int64_t rows_per_block = int64_t{kTile} * (kChannelsLast ? kTilesPerBlock : 1);
   const dim3 grid(static_cast<unsigned>(ceil_div(shape.spatial, rows_per_block)), static_cast<unsigned>(shape.batch));
+  group_norm_apply_kernel<T, kChannelsLast, kShuffled><<<grid, kThreads, 0, stream>>>(
+      in, order, scale_shift, shape.spatial, static_cast<int>(shape.channels), out);
+  check_launch("group_norm_apply_kernel");
+}
+
+template <class T>
+void launch_apply(const void* activation, const PixelShuffle& order, const void* scale_shift,
+                  const GroupNormShape& shape, bool channels_last_output, void* output, cudaStream_t stream) {
   const auto* in = static_cast<const T*>(activation);
   const auto* ss = static_cast<const float2*>(scale_shift);
   auto* out = static_cast<T*>(output);
+  const bool shuffled = !order.identity();
   if (channels_last_output) {
-    group_norm_apply_kernel<T, true><<<grid, kThreads, 0, stream>>>(in, ss, shape.spatial, channels, out);
+    shuffled ? launch_apply<T, true, true>(in, order, ss, shape, out, stream)
+             : launch_apply<T, true, false>(in, order, ss, shape, out, stream);
   } else {
-    group_norm_apply_kernel<T, false><<<grid, kThreads, 0, stream>>>(in, ss, shape.spatial, channels, out);
+    shuffled ? launch_apply<T, false, true>(in, order, ss, shape, out, stream)
+             : launch_apply<T, false, false>(in, order, ss, shape, out, stream);
   }
-  check_launch("group_norm_apply_kernel");
 }
 
 }  // namespace
@@ -286,13 +315,15 @@ void group_norm_finalize(ElementType element, const WelfordPartial* partials, co
   check_launch("group_norm_finalize_kernel");
 }
 
-void group_norm_apply(ElementType element, const void* activation, const void* scale_shift,
-                      const GroupNormShape& shape, bool channels_last_output, void* output, cudaStream_t stream) {
+void group_norm_apply(ElementType element, const void* activation, const PixelShuffle& order,
+                      const void* scale_shift, const GroupNormShape& shape, bool channels_last_output, void* output,
+                      cudaStream_t stream) {
   switch (element) {
     case ElementType::kFloat16:
-      return launch_apply<__half>(activation, scale_shift, shape, channels_last_output, output, stream);
+      return launch_apply<__half>(activation, order, scale_shift, shape, channels_last_output, output, stream);
     case ElementType::kBFloat16:
-      return launch_apply<__nv_bfloat16>(activation, scale_shift, shape, channels_last_output, output, stream);
+      return launch_apply<__nv_bfloat16>(activation, order, scale_shift, shape, channels_last_output, output,
+                                         stream);
     default: throw std::invalid_argument("cutlassfuse: group_norm_apply takes float16 or bfloat16");
   }
 }

@@ -101,4 +101,23 @@ SubpixelPlan plan_subpixel(const Problem& p) {
   return plan;
 }
 
+bool is_pixel_shuffle_gemm(const Problem& p) {
+  for (int i = 0; i < 3; ++i) {
+    if (p.kernel_size[i] != p.stride[i] || p.padding[i] != 0 || p.output_padding[i] != 0 || p.dilation[i] != 1)
+      return false;
+  }
+  return p.stride[0] * p.stride[1] * p.stride[2] > 1 && p.conv_groups == 1;
+}
+
+Problem pixel_shuffle_gemm_problem(const Problem& p) {
+  const int64_t blocks = p.stride[0] * p.stride[1] * p.stride[2];
+  Problem gemm = p;
+  gemm.out_channels = blocks * p.out_channels;
+  gemm.num_groups = blocks * p.num_groups;
+  gemm.kernel_size = {1, 1, 1};
+  gemm.stride = {1, 1, 1};
+  gemm.output_size = p.input_size;
+  return gemm;
+}
+
 }  // namespace cutlassfuse

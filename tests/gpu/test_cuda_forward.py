@@ -39,6 +39,7 @@ CASES = [
     Case("kb61", 16, 64, 128, (32, 32, 32), 3, 8),
     Case("kb61_v0", 16, 64, 128, (8, 16, 16), 3, 8),
     Case("unet_k2s2", 2, 256, 128, (24, 24, 24), 2, 8, stride=2),
+    Case("unet_k2s2_bias_channels_last", 2, 64, 32, (6, 7, 5), 2, 4, stride=2, bias=True, channels_last=True),
     Case("gan_k4s2p1", 32, 256, 128, (8, 8, 8), 4, 32, stride=2, padding=1),
     Case("vid_k3s2p1op1", 4, 128, 64, (8, 32, 32), 3, 16, stride=2, padding=1, output_padding=1),
     Case("kernel1_stride2_bias", 2, 16, 32, (5, 6, 7), 1, 4, stride=2, output_padding=1, bias=True),

@@ -83,6 +83,11 @@ def named_cases() -> list[dict]:
         random_case(rng, kernel=2, stride=(3, 3, 3), padding=1, dilation=1, bias=True),
         # dilation 2 with stride 2: the odd phases receive no tap
         random_case(rng, kernel=3, stride=(2, 2, 2), dilation=2, bias=True),
+        # kernel == stride, no padding: one pixel-shuffle GEMM, normalize reorders (CL and NCDHW out)
+        random_case(rng, kernel=3, stride=(3, 3, 3), padding=0, dilation=1, output_padding=(0, 0, 0), bias=True,
+                    channels_last=True),
+        random_case(rng, kernel=2, stride=(2, 2, 2), padding=0, dilation=1, output_padding=(0, 0, 0), bias=True,
+                    channels_last=False, num_groups=1),
     ]
     cases += [random_case(rng) for _ in range(36)]
     return cases

@@ -37,6 +37,17 @@ struct GroupNormShape {
   int64_t num_groups;
 };
 
+// The order in which the activation holds a sample's output pixels: NDHWC (block
+// 1x1x1), or space-to-depth, as the pixel-shuffle GEMM computes it (kernel == stride):
+// input pixel z holds the block_d x block_h x block_w output pixels it produces,
+// block position major, each a row of `channels`.
+struct PixelShuffle {
+  int block[3] = {1, 1, 1};
+  int output_size[3] = {1, 1, 1};  // Do, Ho, Wo
+
+  bool identity() const { return block[0] * block[1] * block[2] == 1; }
+};
+
 struct GroupNormAffine {
   const void* gamma;  // [channels] or nullptr (ones)
   const void* beta;   // [channels] or nullptr (zeros)
@@ -59,10 +70,13 @@ struct TilePartials {
 
 // The partials of one deconvolution launch (one sub-pixel phase), which computes
 // `spatial` output pixels per sample, from slot first_slot of the workspace on.
+// group_offset: the launch's column group that holds GroupNorm group 0 (nonzero when
+// one launch computes several blocks of channels, see PixelShuffle).
 struct PartialsRegion {
   TilePartials tiles;
   int64_t spatial;
   int64_t first_slot;
+  int group_offset = 0;
 };
 
 // Sub-pixel phases of a stride-4 deconvolution in all three dimensions.
@@ -90,8 +104,10 @@ void group_norm_finalize(ElementType element, const WelfordPartial* partials, co
                          const GroupNormShape& shape, const GroupNormAffine& affine, float eps, void* scale_shift,
                          cudaStream_t stream);
 
-// The fused path's normalize: NDHWC activation, group_norm_unsupported_reason() empty.
-void group_norm_apply(ElementType element, const void* activation, const void* scale_shift,
-                      const GroupNormShape& shape, bool channels_last_output, void* output, cudaStream_t stream);
+// The fused path's normalize: activation in `order` (NDHWC or space-to-depth),
+// group_norm_unsupported_reason() empty. In place only for NDHWC to channels-last.
+void group_norm_apply(ElementType element, const void* activation, const PixelShuffle& order,
+                      const void* scale_shift, const GroupNormShape& shape, bool channels_last_output, void* output,
+                      cudaStream_t stream);
 
 }  // namespace cutlassfuse

@@ -70,4 +70,18 @@ struct SubpixelPlan {
 
 SubpixelPlan plan_subpixel(const Problem& problem);
 
+// When every kernel extent equals its stride, with no padding, output padding or
+// dilation, each input pixel alone produces a disjoint block of stride_d x stride_h x
+// stride_w output pixels (one tap each). The whole deconvolution is then one GEMM,
+// [input pixels, Cin] x [Cin, blocks * Cout], whose right operand is the packed filter
+// [Cin, T, R, S, Cout] as it is, and whose output holds the activation in
+// space-to-depth order (input pixel major, then block position, then channel): one
+// launch instead of one per phase; the normalize pass reorders the pixels as it reads.
+bool is_pixel_shuffle_gemm(const Problem& problem);
+
+// The 1x1x1, unit-stride problem of that GEMM: out_channels = blocks * Cout and
+// num_groups = blocks * num_groups (each block's channels keep their groups), output
+// extent = input extent.
+Problem pixel_shuffle_gemm_problem(const Problem& problem);
+
 }  // namespace cutlassfuse
