@@ -46,7 +46,7 @@ step "demo (KernelBench level2/61)"
 "$PYTHON" -m cutlassfuse demo 2>&1 | tee "$LOGS/demo.log"
 
 step "kernel breakdown"
-for shape in kb61 unet_k2s2 gan_k4s2p1 vid_k3s2p1op1; do
+for shape in kb61 kb61_v0 unet_k2s2 gan_k4s2p1 vid_k3s2p1op1; do
   "$PYTHON" benchmarks/kernel_breakdown.py --shape "$shape"
 done 2>&1 | tee "$LOGS/breakdown.log"
 "$PYTHON" benchmarks/kernel_breakdown.py --shape kb61 --dtype float32 2>&1 | tee -a "$LOGS/breakdown.log"
