@@ -132,3 +132,20 @@ def test_module_repacks_weight_when_it_changes():
     check()
     module.conv_transpose.weight = torch.nn.Parameter(torch.randn_like(module.conv_transpose.weight) * 0.05)
     check()
+
+
+@pytest.mark.parametrize("stride", [1, 2], ids=["unit_stride", "sub_pixel_phases"])
+@pytest.mark.parametrize("special", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_nan_and_inf_propagate_like_eager(stride, special):
+    """A non-finite input value spoils exactly the (sample, group) pairs it reaches, as in
+    eager: ReLU keeps NaN, GroupNorm of a group holding NaN or Inf is NaN."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.rand(2, 16, 5, 6, 7, generator=g, device="cuda", dtype=torch.float16)
+    w = (torch.randn(16, 32, 3, 3, 3, generator=g, device="cuda") * 0.05).to(torch.float16)
+    x[1, 3, 2, 2, 2] = special
+    args = dict(stride=stride, padding=1, num_groups=4)
+    assert cutlassfuse.explain(x, w, **args).startswith("fused_sm90") or torch.cuda.get_device_capability() != (9, 0)
+    out = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, **args)
+    expected = reference_float64(x, w, **args)
+    assert torch.equal(out.isnan(), expected.isnan())
+    assert out.isnan().any() and not out[0].isnan().any(), "only sample 1 holds the special value"
