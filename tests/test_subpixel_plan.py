@@ -66,6 +66,12 @@ def run_phase(phase: Phase, x_flat, filter_flat, y_flat, batch, cin, cout):
     phase.output.of(y_flat, batch, cout).copy_(y.permute(0, 2, 3, 4, 1))
 
 
+def reached_by_rule(o: int, size: int, kernel: int, stride: int, padding: int, dilation: int) -> bool:
+    """Output o receives a tap: some t puts input (o + padding - t * dilation) / stride there."""
+    return any((o + padding - t * dilation) >= 0 and (o + padding - t * dilation) % stride == 0
+               and (o + padding - t * dilation) // stride < size for t in range(kernel))
+
+
 def deconvolve_by_phases(x, w, bias, stride, padding, output_padding, dilation):
     batch, cin = x.shape[:2]
     cout = w.shape[1]
@@ -83,6 +89,11 @@ def deconvolve_by_phases(x, w, bias, stride, padding, output_padding, dilation):
     counts = writes.view(batch, *out_size, cout)[..., 0]
     assert counts.max() <= 1, "an output pixel belongs to two phases"
     assert int((counts[0] == 0).sum()) == unreached, "the plan miscounts the pixels no tap reaches"
+    # The rule fill_unreached_kernel applies (cpp/src/unreached_fill.cu) marks exactly those pixels.
+    reached = [torch.tensor([reached_by_rule(o, n, k, s, p, d) for o in range(extent)])
+               for extent, n, k, s, p, d in zip(out_size, x.shape[2:], w.shape[2:], stride, padding, dilation)]
+    by_rule = reached[0].view(-1, 1, 1) & reached[1].view(1, -1, 1) & reached[2].view(1, 1, -1)
+    assert torch.equal(by_rule, counts[0] == 1)
     y = torch.where((counts == 0).unsqueeze(1), torch.zeros((), dtype=x.dtype), y)
     return y if bias is None else y + bias.view(1, -1, 1, 1, 1)
 
