@@ -147,3 +147,17 @@ def test_kernel_equal_to_stride_is_one_gemm_in_space_to_depth_order(stride):
     blocks = gemm.view(batch, depth, height, width, *stride, cout)      # space-to-depth order
     y = blocks.permute(0, 7, 1, 4, 2, 5, 3, 6).reshape(batch, cout, *(e * s for e, s in zip(x.shape[2:], stride)))
     torch.testing.assert_close(y, F.conv_transpose3d(x, w, stride=stride), rtol=1e-12, atol=1e-12)
+    # The normalize pass's reading order (source_row in cpp/src/group_norm.cu): output
+    # pixel p of a sample is row source_row(p) of the sample's GEMM output.
+    out_size = [e * s for e, s in zip(x.shape[2:], stride)]
+    rows = torch.tensor([source_row(p, stride, out_size) for p in range(out_size[0] * out_size[1] * out_size[2])])
+    per_sample = gemm.view(batch, -1, cout)                             # [n, rows, Cout]
+    torch.testing.assert_close(per_sample[:, rows].permute(0, 2, 1).reshape(y.shape), y, rtol=0, atol=0)
+
+
+def source_row(pixel: int, block, out_size) -> int:
+    ho, wo = out_size[1], out_size[2]
+    ow, oh, od = pixel % wo, pixel // wo % ho, pixel // (wo * ho)
+    input_pixel = ((od // block[0]) * (ho // block[1]) + oh // block[1]) * (wo // block[2]) + ow // block[2]
+    position = ((od % block[0]) * block[1] + oh % block[1]) * block[2] + ow % block[2]
+    return input_pixel * block[0] * block[1] * block[2] + position
