@@ -79,3 +79,12 @@ def test_set_dgrad_config_checks_names():
         cutlassfuse.set_dgrad_config("256x256_cluster4x4")
     cutlassfuse.set_dgrad_config("128x128_cluster2x1")
     cutlassfuse.set_dgrad_config(None)
+
+
+def test_fused_path_switch_is_harmless_on_the_cpu():
+    x, w = torch.rand(1, 8, 2, 2, 2), torch.rand(8, 8, 3, 3, 3)
+    cutlassfuse.set_fused_path_enabled(False)
+    try:
+        assert cutlassfuse.explain(x, w, num_groups=2).startswith("reference")
+    finally:
+        cutlassfuse.set_fused_path_enabled(True)

@@ -3,6 +3,8 @@
 // then finalize and normalize) when the call fits it, ATen's kernels otherwise.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+
+#include <atomic>
 #include <c10/cuda/CUDAGuard.h>
 
 #include "cutlassfuse/dgrad_sm90.h"
@@ -16,6 +18,8 @@
 
 namespace cutlassfuse {
 namespace {
+
+std::atomic<bool> g_fused_path_enabled{true};
 
 // Calls f with the element type as a compile-time constant (fused path: 16-bit types).
 template <class F>
@@ -94,7 +98,10 @@ at::Tensor filter_of(const OpArgs& a) {
 
 }  // namespace
 
+void set_fused_path_enabled(bool enabled) { g_fused_path_enabled.store(enabled); }
+
 std::string fused_path_unsupported_reason(const OpArgs& a, const Problem& p) {
+  if (!g_fused_path_enabled.load()) return "the fused path is turned off (cutlassfuse.set_fused_path_enabled)";
   const cudaDeviceProp* props = at::cuda::getDeviceProperties(a.input.device().index());
   if (props->major != 9 || props->minor != 0)
     return "GPU is sm_" + std::to_string(props->major * 10 + props->minor) + ", the fused kernels need sm_90";

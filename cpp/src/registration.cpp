@@ -125,6 +125,8 @@ TORCH_LIBRARY(cutlassfuse, m) {
         &subpixel_plan);
 #if CUTLASSFUSE_WITH_CUDA
   m.def("set_dgrad_config(str name) -> ()", [](c10::string_view name) { set_dgrad_config(name); });
+  // Turns the fused sm90 path off or on, so CUDA calls take the fallback (benchmarks).
+  m.def("set_fused_path_enabled(bool enabled) -> ()", [](bool enabled) { set_fused_path_enabled(enabled); });
   // The deconvolution alone through the stock CUTLASS kernel (benchmark baseline); the
   // GroupNorm arguments are accepted and ignored.
   m.def((std::string("conv_transpose3d_cutlass") + kArguments + " -> Tensor").c_str());

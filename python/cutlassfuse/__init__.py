@@ -1,9 +1,10 @@
 """cutlassfuse: GroupNorm(ReLU(ConvTranspose3d(x))) as one PyTorch op.
 
 On Hopper GPUs (sm_90) in float16/bfloat16 the op runs a CUTLASS implicit-GEMM
-deconvolution on tensor cores with bias + ReLU fused into its epilogue, then
-cutlassfuse's GroupNorm kernels; everywhere else it computes the same function with
-PyTorch's own kernels. ``cutlassfuse.explain(...)`` says which path a call takes.
+deconvolution on tensor cores with bias, ReLU and GroupNorm statistics fused into its
+epilogue, then cutlassfuse's normalize kernel; other CUDA calls take a fallback
+(cuDNN's convolution, then cutlassfuse's ReLU/GroupNorm kernels), the CPU PyTorch's
+own kernels. ``cutlassfuse.explain(...)`` says which path a call takes.
 """
 
 import torch  # noqa: F401  (libtorch must be loaded before the extension)
@@ -16,7 +17,13 @@ from . import autograd as _autograd  # noqa: E402,F401  (registers the backward)
 from ._build_info import VERSION as __version__  # noqa: E402
 from .info import info  # noqa: E402
 from .modules import ConvTranspose3dReLUGroupNorm  # noqa: E402
-from .ops import conv_transpose3d_relu_group_norm, explain, pack_weight, set_dgrad_config  # noqa: E402
+from .ops import (  # noqa: E402
+    conv_transpose3d_relu_group_norm,
+    explain,
+    pack_weight,
+    set_dgrad_config,
+    set_fused_path_enabled,
+)
 from .rewrite import FuseResult, fuse  # noqa: E402
 
 __all__ = [
@@ -28,5 +35,6 @@ __all__ = [
     "info",
     "pack_weight",
     "set_dgrad_config",
+    "set_fused_path_enabled",
     "__version__",
 ]

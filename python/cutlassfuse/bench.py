@@ -1,4 +1,5 @@
-"""`python -m cutlassfuse bench`: the fused op against PyTorch eager, torch.compile,
+"""`python -m cutlassfuse bench`: the fused op (and its CUDA fallback, timed with the
+fused path turned off) against PyTorch eager, torch.compile,
 cuDNN's convolution alone and the same CUTLASS convolution with a plain store, on the
 shapes of docs (or given ones), all ratios from one run.
 
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .modules import ConvTranspose3dReLUGroupNorm
+from .ops import set_fused_path_enabled
 
 # Measured on H200 (docs/performance.md): fp16/bf16 dense matmul and copy bandwidth.
 TENSOR_CEILING_TFLOPS = {torch.float16: 693.0, torch.bfloat16: 716.0, torch.float32: 495.0}
@@ -151,15 +153,19 @@ def bench_case(shape: BenchShape, dtype: torch.dtype, channels_last: bool, *, wi
                 x, conv.weight, conv.bias, None, None, shape.groups, 1e-5, [shape.stride] * 3, [shape.padding] * 3,
                 [shape.output_padding] * 3, 1, [1] * 3, None)
         candidates["CUTLASS conv alone"] = cutlass_conv
+    candidates["cutlassfuse fallback"] = fused  # timed with the fused path turned off
     candidates["cutlassfuse"] = fused
 
     timings = {}
     with torch.no_grad():
         for name, fn in candidates.items():
+            set_fused_path_enabled(name != "cutlassfuse fallback")
             try:
                 timings[name] = time_rotating(fn, inputs, warmup, repeats)
             except RuntimeError as error:  # e.g. the plain CUTLASS conv refusing a problem
                 print(f"    {name}: skipped ({str(error).splitlines()[0]})")
+            finally:
+                set_fused_path_enabled(True)
     fused_ms = timings["cutlassfuse"].median_ms
     rows = []
     for name, t in timings.items():

@@ -76,9 +76,18 @@ def set_dgrad_config(name: Optional[str]) -> None:
     torch.ops.cutlassfuse.set_dgrad_config(name or "")
 
 
+def set_fused_path_enabled(enabled: bool) -> None:
+    """Turns the sm90 fused path off (False) or back on (True) for this process, so
+    that CUDA calls take the fallback: for benchmarking the fallback on a Hopper GPU,
+    as other GPUs run it. No effect on a CPU-only build."""
+    if hasattr(torch.ops.cutlassfuse, "set_fused_path_enabled"):
+        torch.ops.cutlassfuse.set_fused_path_enabled(bool(enabled))
+
+
 def explain(*args, **kwargs) -> str:
     """Which implementation ``conv_transpose3d_relu_group_norm`` takes for the same
-    arguments, and why: ``"fused_sm90: ..."`` or ``"reference: ..., because ..."``."""
+    arguments, and why: ``"fused_sm90: ..."``, ``"fallback: ..., because ..."`` or
+    ``"reference: ..., because ..."``."""
     bound = inspect.signature(conv_transpose3d_relu_group_norm).bind(*args, **kwargs)
     bound.apply_defaults()
     return torch.ops.cutlassfuse.explain(*_op_arguments(**bound.arguments))

@@ -82,3 +82,18 @@ def test_fallback_propagates_nan_like_eager():
     out = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
     expected = reference_float64(**inputs)
     assert torch.equal(out.isnan(), expected.isnan())
+
+
+def test_fused_path_switch_sends_fused_shapes_to_the_fallback():
+    inputs = make_inputs(CASES[0], torch.float16)
+    assert cutlassfuse.explain(**inputs).startswith("fused_sm90") or torch.cuda.get_device_capability() != (9, 0)
+    fused = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
+    cutlassfuse.set_fused_path_enabled(False)
+    try:
+        assert cutlassfuse.explain(**inputs).startswith("fallback")
+        fallback = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
+    finally:
+        cutlassfuse.set_fused_path_enabled(True)
+    reference = reference_float64(**inputs)
+    assert errors(fallback, reference).relative <= RELATIVE[torch.float16]
+    assert errors(fused, reference).relative <= RELATIVE[torch.float16]

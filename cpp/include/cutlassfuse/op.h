@@ -46,6 +46,8 @@ at::Tensor reference_forward(const OpArgs& args);
 #if CUTLASSFUSE_WITH_CUDA
 // Empty when the fused sm90 path takes the call, else why not.
 std::string fused_path_unsupported_reason(const OpArgs& args, const Problem& problem);
+// Process-wide switch of the fused path (on by default), for benchmarking the fallback.
+void set_fused_path_enabled(bool enabled);
 at::Tensor fused_forward_cuda(const OpArgs& args, const Problem& problem);
 // What the fused path runs for `problem` (kernel configuration included).
 std::string fused_path_description(const Problem& problem);
