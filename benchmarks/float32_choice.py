@@ -1,7 +1,7 @@
-"""float32: accuracy against float64 and time, in one run, of cutlassfuse (the CUDA
-fallback: cuDNN in strict fp32, then cutlassfuse's ReLU/GroupNorm kernels) and PyTorch
-eager with its default TF32 convolution and with TF32 off. The evidence for the fp32
-implementation choice (docs/performance.md).
+"""float32: accuracy against float64 and time, in one run, of cutlassfuse's two float32
+implementations (the fused path running three bfloat16 products; the CUDA fallback
+running cuDNN in strict fp32) and PyTorch eager with its default TF32 convolution and
+with TF32 off. The evidence for the fp32 implementation choice (docs/performance.md).
 
     python benchmarks/float32_choice.py [--shape kb61]
 """
@@ -36,18 +36,26 @@ def main() -> None:
     def ours():
         return cutlassfuse.conv_transpose3d_relu_group_norm(x, w, num_groups=shape.groups, **args)
 
+    def ours_fallback():
+        cutlassfuse.set_fused_path_enabled(False)
+        try:
+            return ours()
+        finally:
+            cutlassfuse.set_fused_path_enabled(True)
+
     print(f"{shape.name} float32 on {torch.cuda.get_device_name()}: {cutlassfuse.explain(x, w, num_groups=shape.groups, **args)}")
-    print(f"{'implementation':<34}{'median ms':>10}{'max abs err':>13}{'rel err':>10}")
+    print(f"{'implementation':<42}{'median ms':>10}{'max abs err':>13}{'rel err':>10}")
     saved = torch.backends.cudnn.allow_tf32
     try:
-        for name, fn, tf32 in [("cutlassfuse (strict fp32 conv)", ours, saved),
+        for name, fn, tf32 in [("cutlassfuse fused (3x bf16 products)", ours, saved),
+                               ("cutlassfuse fallback (strict fp32 cuDNN)", ours_fallback, saved),
                                ("eager, TF32 conv (PyTorch default)", eager, True),
                                ("eager, strict fp32", eager, False)]:
             torch.backends.cudnn.allow_tf32 = tf32
             with torch.no_grad():
                 err = errors(fn(), reference)
                 ms = median_ms(fn, cuda=True, warmup=3, repeats=10)
-            print(f"{name:<34}{ms:10.3f}{err.max_abs:13.2e}{err.relative:10.2e}")
+            print(f"{name:<42}{ms:10.3f}{err.max_abs:13.2e}{err.relative:10.2e}")
     finally:
         torch.backends.cudnn.allow_tf32 = saved
 

@@ -55,7 +55,9 @@ step "benchmark: fused vs baselines, tile configurations"
 "$PYTHON" benchmarks/fused_vs_baselines.py --no-compile 2>&1 | tee "$LOGS/bench.log"
 
 step "float32: accuracy and time of the choices"
-"$PYTHON" benchmarks/float32_choice.py --shape kb61 2>&1 | tee "$LOGS/float32.log"
+for shape in kb61 gan_k4s2p1; do
+  "$PYTHON" benchmarks/float32_choice.py --shape "$shape"
+done 2>&1 | tee "$LOGS/float32.log"
 
 step "training step: time and memory"
 "$PYTHON" benchmarks/training_step.py 2>&1 | tee "$LOGS/training.log"

@@ -30,7 +30,7 @@ void run_plain(const Problem& problem, const PhaseProblem& phase, const void* in
   using Plain = DgradPlainKernel<Element>;
   const ProblemShape shape = make_problem_shape(problem, phase);
   const auto stride_d = output_stride<typename Plain::Epilogue::StrideD>(shape);
-  const PhasePointers<Element> ptr(phase, input, filter, output);
+  const PhasePointers<Element, Element> ptr(phase, input, filter, output);
   cutlass::KernelHardwareInfo hw_info;
   cudaGetDevice(&hw_info.device_id);
   hw_info.sm_count = sm_count;

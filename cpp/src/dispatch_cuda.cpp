@@ -21,11 +21,49 @@ namespace {
 
 std::atomic<bool> g_fused_path_enabled{true};
 
-// Calls f with the element type as a compile-time constant (fused path: 16-bit types).
+// Calls f with the element type as a compile-time constant.
 template <class F>
 decltype(auto) with_element(ElementType element, F&& f) {
-  if (element == ElementType::kBFloat16) return f(std::integral_constant<ElementType, ElementType::kBFloat16>{});
-  return f(std::integral_constant<ElementType, ElementType::kFloat16>{});
+  switch (element) {
+    case ElementType::kBFloat16: return f(std::integral_constant<ElementType, ElementType::kBFloat16>{});
+    case ElementType::kFloat32: return f(std::integral_constant<ElementType, ElementType::kFloat32>{});
+    default: return f(std::integral_constant<ElementType, ElementType::kFloat16>{});
+  }
+}
+
+// float32 runs as three bfloat16 products on the tensor cores: with hi = bf16(v) and
+// lo = bf16(v - hi), x * w ~ hi(x) hi(w) + hi(x) lo(w) + lo(x) hi(w); each value keeps
+// ~16 significant bits and the dropped lo(x) lo(w) is ~2^-16 relative, so one GEMM
+// over three times the input channels, [hi, hi, lo] x [hi; lo; hi], lands ~1e-5 from
+// float32 (the GPU tests hold it to 1e-4 max abs after GroupNorm, the float32 bar;
+// PyTorch's default TF32 lands ~3e-3 away). bfloat16 has float32's exponent range, so
+// nothing overflows or flushes as a float16 split would.
+constexpr int64_t kSplitProducts = 3;
+
+std::pair<at::Tensor, at::Tensor> split_bf16(const at::Tensor& v) {
+  at::Tensor hi = v.to(at::kBFloat16);
+  // An infinite value is all in its high part (inf - inf would make the low part NaN).
+  at::Tensor lo = at::nan_to_num(v - hi.to(at::kFloat), 0.0, 0.0, 0.0).to(at::kBFloat16);
+  return {hi, lo};
+}
+
+// The input as the GEMM's left operand: NDHWC bfloat16 with channels [hi, hi, lo].
+at::Tensor split_input(const at::Tensor& input) {
+  const at::Tensor x = input.contiguous(at::MemoryFormat::ChannelsLast3d);
+  const auto [hi, lo] = split_bf16(x);
+  const int64_t c = x.size(1);
+  at::Tensor out = at::empty({x.size(0), kSplitProducts * c, x.size(2), x.size(3), x.size(4)},
+                             x.options().dtype(at::kBFloat16).memory_format(at::MemoryFormat::ChannelsLast3d));
+  out.narrow(1, 0, c).copy_(hi);
+  out.narrow(1, c, c).copy_(hi);
+  out.narrow(1, 2 * c, c).copy_(lo);
+  return out;
+}
+
+// The packed filter [Cin, T, R, S, Cout] as the right operand: [hi; lo; hi] along Cin.
+at::Tensor split_filter(const at::Tensor& packed) {
+  const auto [hi, lo] = split_bf16(packed);
+  return at::cat({hi, lo, hi}, 0);
 }
 
 // The launches of one call. `conv` is what the CUTLASS launches compute: the call's
@@ -43,9 +81,10 @@ struct FusedPlan {
   int64_t blocks() const { return int64_t{order.block[0]} * order.block[1] * order.block[2]; }
 };
 
-FusedPlan describe_launches(const Problem& p) {
+FusedPlan describe_launches(const Problem& p, ElementType element) {
   FusedPlan plan;
   plan.conv = is_pixel_shuffle_gemm(p) ? pixel_shuffle_gemm_problem(p) : p;
+  if (element == ElementType::kFloat32) plan.conv.in_channels *= kSplitProducts;
   plan.subpixel = plan_subpixel(plan.conv);
   plan.config = sm90::choose_config(plan.conv);
   if (plan.conv.out_channels != p.out_channels) {
@@ -61,8 +100,8 @@ int64_t regions_needed(const FusedPlan& plan) {
   return static_cast<int64_t>(plan.subpixel.phases.size()) * plan.blocks();
 }
 
-FusedPlan make_fused_plan(const Problem& p) {
-  FusedPlan plan = describe_launches(p);
+FusedPlan make_fused_plan(const Problem& p, ElementType element) {
+  FusedPlan plan = describe_launches(p, element);
   TORCH_INTERNAL_ASSERT(regions_needed(plan) <= kMaxPartialsRegions);
   const sm90::TileExtent tile = sm90::tile_extent(plan.config);
   for (const PhaseProblem& phase : plan.subpixel.phases) {
@@ -106,12 +145,12 @@ std::string fused_path_unsupported_reason(const OpArgs& a, const Problem& p) {
   if (props->major != 9 || props->minor != 0)
     return "GPU is sm_" + std::to_string(props->major * 10 + props->minor) + ", the fused kernels need sm_90";
   const auto element = element_type(a.input.scalar_type());
-  if (!element || *element == ElementType::kFloat32) return "dtype is not float16 or bfloat16";
+  if (!element) return "dtype is not float16, bfloat16 or float32";
   if (!affine_element_type(a))
     return "norm_weight/norm_bias are not both float32, float16 or bfloat16 of one dtype";
   if (p.batch == 0) return "empty batch";
   if (const char* why = group_norm_unsupported_reason(group_norm_shape(p)); *why != '\0') return why;
-  const FusedPlan plan = describe_launches(p);
+  const FusedPlan plan = describe_launches(p, *element);
   if (plan.subpixel.phases.empty()) return "no input reaches the output (every pixel is ReLU(bias))";
   if (regions_needed(plan) > kMaxPartialsRegions) return "more than 64 sub-pixel phases (stride product above 64)";
   for (const PhaseProblem& phase : plan.subpixel.phases) {
@@ -123,8 +162,9 @@ std::string fused_path_unsupported_reason(const OpArgs& a, const Problem& p) {
   return {};
 }
 
-std::string fused_path_description(const Problem& p) {
-  const FusedPlan plan = describe_launches(p);
+std::string fused_path_description(const OpArgs& a, const Problem& p) {
+  const ElementType element = *element_type(a.input.scalar_type());
+  const FusedPlan plan = describe_launches(p, element);
   std::string launches = "CUTLASS sm90 dgrad ";
   if (plan.blocks() > 1) {
     launches = "pixel-shuffle GEMM (kernel == stride; one launch for " + std::to_string(plan.blocks()) +
@@ -133,6 +173,7 @@ std::string fused_path_description(const Problem& p) {
     launches = std::to_string(plan.subpixel.phases.size()) + " sub-pixel phases of CUTLASS sm90 dgrad ";
   }
   if (plan.subpixel.unreached_pixels > 0) launches = "ReLU(bias) fill of unreached pixels + " + launches;
+  if (element == ElementType::kFloat32) launches = "float32 as three bfloat16 products: " + launches;
   return launches + sm90::config_name(plan.config) + " (epilogue: bias, ReLU, GroupNorm partial statistics) + normalize";
 }
 
@@ -144,10 +185,11 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   const ElementType element = *element_type(a.input.scalar_type());
   const auto options = a.input.options();
 
-  const at::Tensor input = to_channels_last(a.input, element, p, stream);
-  const at::Tensor filter = filter_of(a);
+  const bool split = element == ElementType::kFloat32;
+  const at::Tensor input = split ? split_input(a.input) : to_channels_last(a.input, element, p, stream);
+  const at::Tensor filter = split ? split_filter(filter_of(a)) : filter_of(a);
   std::optional<at::Tensor> bias, gamma, beta;
-  FusedPlan plan = make_fused_plan(p);
+  FusedPlan plan = make_fused_plan(p, element);
   plan.sources.bias = data_or_null(a.bias, bias);
   // The GEMM's columns are blocks of Cout channels: each needs the bias.
   const at::Tensor block_bias = bias && plan.blocks() > 1 ? bias->repeat({plan.blocks()}) : at::Tensor();

@@ -297,7 +297,7 @@ int64_t group_norm_scale_shift_bytes(const GroupNormShape& shape) {
 }
 
 const char* group_norm_unsupported_reason(const GroupNormShape& shape) {
-  if (shape.channels % kVector != 0) return "channels not a multiple of 8 (16-byte vectors)";
+  if (shape.channels % kVector != 0) return "channels not a multiple of 8 (vectors of 8 elements)";
   if (shape.channels > kMaxChannels) return "more than 1024 output channels";
   if (shape.batch > 65535) return "batch larger than 65535 (grid y limit)";
   if (shape.num_groups > (int64_t{1} << 31) - 1) return "too many groups";
@@ -324,7 +324,8 @@ void group_norm_apply(ElementType element, const void* activation, const PixelSh
     case ElementType::kBFloat16:
       return launch_apply<__nv_bfloat16>(activation, order, scale_shift, shape, channels_last_output, output,
                                          stream);
-    default: throw std::invalid_argument("cutlassfuse: group_norm_apply takes float16 or bfloat16");
+    case ElementType::kFloat32:
+      return launch_apply<float>(activation, order, scale_shift, shape, channels_last_output, output, stream);
   }
 }
 

@@ -93,7 +93,7 @@ at::Tensor forward_cuda(const OpArgs& args) {
 std::string explain_cuda(const OpArgs& args) {
   const Problem problem = validate_and_describe(args);
   const std::string why_not_fused = fused_path_unsupported_reason(args, problem);
-  if (why_not_fused.empty()) return "fused_sm90: " + fused_path_description(problem);
+  if (why_not_fused.empty()) return "fused_sm90: " + fused_path_description(args, problem);
   const std::string why_not_fallback = fallback_unsupported_reason(args, problem);
   if (why_not_fallback.empty()) return std::string(kFallbackDescription) + ", because " + why_not_fused;
   return std::string(kReference) + ", because " + why_not_fused + " and " + why_not_fallback;

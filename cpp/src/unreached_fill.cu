@@ -28,7 +28,7 @@ struct ReachRules {
   int extent[3];  // Do, Ho, Wo
 };
 
-// A thread per (pixel, 16-byte vector of channels); only unreached pixels are written.
+// A thread per (pixel, vector of 8 channels); only unreached pixels are written.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
 fill_unreached_kernel(T* __restrict__ activation, const T* __restrict__ bias, ReachRules rules, int64_t pixels,
@@ -72,7 +72,7 @@ void fill_unreached_pixels(ElementType element, void* activation, const void* bi
   switch (element) {
     case ElementType::kFloat16: return launch<__half>(activation, bias, problem, stream);
     case ElementType::kBFloat16: return launch<__nv_bfloat16>(activation, bias, problem, stream);
-    default: throw std::invalid_argument("cutlassfuse: fill_unreached_pixels takes float16 or bfloat16");
+    case ElementType::kFloat32: return launch<float>(activation, bias, problem, stream);
   }
 }
 

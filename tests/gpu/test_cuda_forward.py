@@ -32,7 +32,7 @@ class Case:
     bias: bool = False
     affine: bool = True
     channels_last: bool = False
-    fused: bool = True  # the sm90 fused path must take it (fp16/bf16 on an sm_90 GPU)
+    fused: bool = True  # the sm90 fused path must take it (on an sm_90 GPU)
 
 
 CASES = [
@@ -56,7 +56,8 @@ CASES = [
     Case("odd_channels", 2, 3, 12, (5, 5, 5), 3, 4, fused=False),
 ]
 
-DTYPES = [torch.float16, torch.bfloat16]
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+FLOAT32_MAX_ABS = 1e-4  # issue 4's bar; PyTorch's default TF32 lands ~3e-3 away
 
 
 def make_inputs(case: Case, dtype: torch.dtype, generator: torch.Generator) -> dict:
@@ -106,7 +107,10 @@ def test_matches_float64(case: Case, dtype: torch.dtype):
     assert out.is_contiguous(memory_format=memory_format), f"output is not {memory_format}"
     assert torch.isfinite(out).all(), "unwritten (poisoned) or non-finite output elements"
     err = errors(out, reference_float64(**inputs))
-    assert err.relative <= RELATIVE_TOLERANCE[dtype], f"{case.name} {dtype} via {path}: {err}"
+    if dtype == torch.float32:
+        assert err.max_abs <= FLOAT32_MAX_ABS, f"{case.name} {dtype} via {path}: {err}"
+    else:
+        assert err.relative <= RELATIVE_TOLERANCE[dtype], f"{case.name} {dtype} via {path}: {err}"
 
     again = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
     assert torch.equal(out, again), "two runs on the same inputs differ"

@@ -1,8 +1,9 @@
 """The CUDA fallback (cuDNN's transposed convolution, then cutlassfuse's ReLU +
 GroupNorm statistics and normalize kernels) on what the fused sm90 path does not take:
-float32 (strict fp32: within 1e-4 of float64, where PyTorch's TF32 default lands
-~3e-3 away), channel counts TMA cannot align, conv groups, NCDHW and channels-last,
-bias and affine on and off. Poisoned outputs, two runs bitwise equal."""
+channel counts TMA cannot align, conv groups, NCDHW and channels-last, bias and affine
+on and off, float16/bfloat16/float32 (strict fp32: within 1e-4 of float64, where
+PyTorch's TF32 default lands ~3e-3 away); and, with the fused path turned off, what it
+does take. Poisoned outputs, two runs bitwise equal."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ MAX_ABS = {torch.float16: 3e-2, torch.bfloat16: 2e-1}
 
 # (name, batch, Cin, Cout, size, kernel, stride, padding, output_padding, conv groups, num_groups, bias, affine, CL)
 CASES = [
-    ("kb61_small_fp32", 4, 64, 128, (16, 16, 16), 3, 1, 0, 0, 1, 8, False, True, False),
+    ("kb61_small", 4, 64, 128, (16, 16, 16), 3, 1, 0, 0, 1, 8, False, True, False),  # fused unless turned off
     ("odd_channels", 2, 3, 12, (5, 5, 5), 3, 1, 0, 0, 1, 4, True, True, False),
     ("odd_channels_strided", 2, 5, 6, (4, 6, 5), 4, 2, 1, 0, 1, 3, True, False, True),
     ("conv_groups", 2, 16, 32, (6, 6, 6), 3, 2, 1, 1, 4, 8, True, True, False),
@@ -54,12 +55,19 @@ def run_poisoned(inputs: dict, numel: int) -> torch.Tensor:
     return out
 
 
+@pytest.fixture(params=[True, False], ids=["as_dispatched", "fused_path_off"])
+def fused_path(request):
+    cutlassfuse.set_fused_path_enabled(request.param)
+    yield request.param
+    cutlassfuse.set_fused_path_enabled(True)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=lambda d: str(d)[6:])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
-def test_fallback_matches_float64(case, dtype):
+def test_fallback_matches_float64(case, dtype, fused_path):
     inputs = make_inputs(case, dtype)
     path = cutlassfuse.explain(**inputs)
-    if dtype == torch.float32 or case[0] != "kb61_small_fp32":
+    if case[0] != "kb61_small" or not fused_path:
         assert path.startswith("fallback"), path
     reference = reference_float64(**inputs)
     out = run_poisoned(inputs, reference.numel())
@@ -85,7 +93,7 @@ def test_fallback_propagates_nan_like_eager():
 
 
 def test_fused_path_switch_sends_fused_shapes_to_the_fallback():
-    inputs = make_inputs(CASES[0], torch.float16)
+    inputs = make_inputs(CASES[0], torch.float16)  # kb61_small
     assert cutlassfuse.explain(**inputs).startswith("fused_sm90") or torch.cuda.get_device_capability() != (9, 0)
     fused = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
     cutlassfuse.set_fused_path_enabled(False)

@@ -26,6 +26,18 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 // ReLU as PyTorch's: NaN propagates.
 __device__ __forceinline__ float relu(float v) { return v > 0.f || v != v ? v : 0.f; }
 
+// float: two 16-byte accesses per kVector elements.
+__device__ __forceinline__ void load_vector(const float* src, float (&v)[kVector]) {
+  const float4 a = *reinterpret_cast<const float4*>(src);
+  const float4 b = *reinterpret_cast<const float4*>(src + 4);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+__device__ __forceinline__ void store_vector(float* dst, const float (&v)[kVector]) {
+  *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+  *reinterpret_cast<float4*>(dst + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+
 template <class T>
 __device__ __forceinline__ void load_vector(const T* src, float (&v)[kVector]) {
   static_assert(sizeof(T) * kVector == sizeof(uint4));

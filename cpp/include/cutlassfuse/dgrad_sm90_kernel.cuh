@@ -42,20 +42,25 @@ struct FusedEpilogueTree {
   using Tree = EVT<Sm90GroupNormStats<Element, TileShape>, BiasRelu>;
 };
 
-template <class Element, class Config>
+// ElementIn: input and filter (the tensor-core operands); ElementOut: bias, the stored
+// activation and the statistics' staging tile. Equal for float16/bfloat16 calls;
+// float32 calls run bfloat16 operands (three products; split_input and split_filter
+// in dispatch_cuda.cpp) with a float32 activation.
+template <class ElementIn, class ElementOut, class Config>
 struct DgradFusedKernel {
   using Layout = cutlass::layout::TensorNDHWC;
   using Accumulator = float;
   using TileShape = typename Config::TileShape;
   using ClusterShape = typename Config::ClusterShape;
-  using Trees = FusedEpilogueTree<Element, TileShape>;
-  static constexpr int kAlignment = Trees::kAlignment;
+  using Trees = FusedEpilogueTree<ElementOut, TileShape>;
+  static constexpr int kAlignmentIn = 128 / cutlass::sizeof_bits<ElementIn>::value;  // 16-byte vectors
+  static constexpr int kAlignmentOut = Trees::kAlignment;
 
   template <class Callbacks>
   using EpilogueWith = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, Accumulator,
-      void, Layout, kAlignment, Element, Layout, kAlignment,
+      void, Layout, kAlignmentOut, ElementOut, Layout, kAlignmentOut,
       cutlass::epilogue::TmaWarpSpecialized, Callbacks>::CollectiveOp;
   using Epilogue = EpilogueWith<typename Trees::Tree>;
 
@@ -66,7 +71,7 @@ struct DgradFusedKernel {
 
   using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kDgrad,
-      Element, Layout, kAlignment, Element, Layout, kAlignment, Accumulator, TileShape, ClusterShape,
+      ElementIn, Layout, kAlignmentIn, ElementIn, Layout, kAlignmentIn, Accumulator, TileShape, ClusterShape,
       cutlass::conv::collective::StageCountAutoCarveout<kCarveout>,
       cutlass::conv::collective::KernelScheduleAuto>::CollectiveOp;
 

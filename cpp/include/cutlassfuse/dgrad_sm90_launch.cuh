@@ -52,36 +52,37 @@ StrideD output_stride(const ProblemShape& shape) {
 }
 
 // The phase's views applied to the whole tensors.
-template <class Element>
+template <class ElementIn, class ElementOut>
 struct PhasePointers {
-  const Element* input;
-  const Element* filter;
-  Element* output;
+  const ElementIn* input;
+  const ElementIn* filter;
+  ElementOut* output;
 
   PhasePointers(const PhaseProblem& phase, const void* input, const void* filter, void* output)
-      : input(static_cast<const Element*>(input) + (input ? phase.input.offset : 0)),
-        filter(static_cast<const Element*>(filter) + (filter ? phase.filter.offset : 0)),
-        output(static_cast<Element*>(output) + (output ? phase.output.offset : 0)) {}
+      : input(static_cast<const ElementIn*>(input) + (input ? phase.input.offset : 0)),
+        filter(static_cast<const ElementIn*>(filter) + (filter ? phase.filter.offset : 0)),
+        output(static_cast<ElementOut*>(output) + (output ? phase.output.offset : 0)) {}
 };
 
 template <class Fused>
 typename Fused::Device::Arguments make_arguments(const Problem& problem, const PhaseProblem& phase,
                                                  const DgradOperands& ops, int sm_count) {
-  using Element = typename Fused::Mainloop::ElementA;
+  using ElementIn = typename Fused::Mainloop::ElementA;
+  using ElementOut = typename Fused::Epilogue::ElementD;
   using StrideD = typename Fused::Epilogue::StrideD;
   constexpr int kTileM = cute::size<0>(typename Fused::TileShape{});
   constexpr int kTileN = cute::size<1>(typename Fused::TileShape{});
 
   const ProblemShape shape = make_problem_shape(problem, phase);
   const StrideD stride_d = output_stride<StrideD>(shape);
-  const PhasePointers<Element> ptr(phase, ops.input, ops.filter, ops.activation);
+  const PhasePointers<ElementIn, ElementOut> ptr(phase, ops.input, ops.filter, ops.activation);
 
   const GroupNormShape gn = phase_group_norm_shape(problem, phase);
   const TilePartials tiles = TilePartials::for_tiles(gn, kTileM, kTileN);
   const GroupNormStatsArguments stats{ops.partials, gn.spatial, static_cast<int>(gn.channels / gn.num_groups),
                                       tiles.max_segments, tiles.max_local_groups, tiles.tiles_n};
   // Tree arguments nest as the tree: {child arguments..., node arguments}.
-  const typename Fused::Trees::Bias::Arguments bias{static_cast<const Element*>(ops.bias), Element(0), {}};
+  const typename Fused::Trees::Bias::Arguments bias{static_cast<const ElementOut*>(ops.bias), ElementOut(0), {}};
   const typename Fused::Epilogue::FusionCallbacks::Arguments tree{{{{}, bias, {}}, {}}, stats};
 
   cutlass::KernelHardwareInfo hw_info;
@@ -143,30 +144,31 @@ void run(const Problem& problem, const PhaseProblem& phase, const DgradOperands&
 }
 
 // One configuration enum value -> one kernel type.
-template <class Element, class F>
+template <class ElementIn, class ElementOut, class F>
 decltype(auto) with_kernel(DgradConfig config, F&& f) {
   switch (config) {
-    case DgradConfig::k128x128_cluster2x1: return f(DgradFusedKernel<Element, TileConfig<128, 128, 2>>{});
-    case DgradConfig::k128x64_cluster1x1: return f(DgradFusedKernel<Element, TileConfig<128, 64, 1>>{});
-    default: return f(DgradFusedKernel<Element, TileConfig<128, 128, 1>>{});
+    case DgradConfig::k128x128_cluster2x1: return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 128, 2>>{});
+    case DgradConfig::k128x64_cluster1x1: return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 64, 1>>{});
+    default: return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 128, 1>>{});
   }
 }
 
 }  // namespace cutlassfuse::sm90
 
-// Defines the family's two entry points for one element type.
-#define CUTLASSFUSE_DEFINE_DGRAD_FAMILY(ELEMENT_TYPE, CUTLASS_ELEMENT)                                         \
+// Defines the family's two entry points for one element type of the op (ELEMENT_TYPE),
+// run with CUTLASS_IN operands and a CUTLASS_OUT activation.
+#define CUTLASSFUSE_DEFINE_DGRAD_FAMILY(ELEMENT_TYPE, CUTLASS_IN, CUTLASS_OUT)                                 \
   namespace cutlassfuse::sm90 {                                                                                 \
   template <>                                                                                                   \
   std::string dgrad_unsupported_reason<ELEMENT_TYPE>(DgradConfig config, const Problem& problem,                \
                                                      const PhaseProblem& phase) {                               \
-    return with_kernel<CUTLASS_ELEMENT>(                                                                        \
+    return with_kernel<CUTLASS_IN, CUTLASS_OUT>(                                                                \
         config, [&](auto fused) { return unsupported_reason<decltype(fused)>(problem, phase); });               \
   }                                                                                                             \
   template <>                                                                                                   \
   void dgrad_fused<ELEMENT_TYPE>(DgradConfig config, const Problem& problem, const PhaseProblem& phase,         \
                                  const DgradOperands& operands, int sm_count, cudaStream_t stream) {           \
-    with_kernel<CUTLASS_ELEMENT>(                                                                               \
+    with_kernel<CUTLASS_IN, CUTLASS_OUT>(                                                                       \
         config, [&](auto fused) { run<decltype(fused)>(problem, phase, operands, sm_count, stream); });         \
   }                                                                                                             \
   }

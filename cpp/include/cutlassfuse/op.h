@@ -50,7 +50,7 @@ std::string fused_path_unsupported_reason(const OpArgs& args, const Problem& pro
 void set_fused_path_enabled(bool enabled);
 at::Tensor fused_forward_cuda(const OpArgs& args, const Problem& problem);
 // What the fused path runs for `problem` (kernel configuration included).
-std::string fused_path_description(const Problem& problem);
+std::string fused_path_description(const OpArgs& args, const Problem& problem);
 // Empty when the CUDA fallback takes the call (cuDNN's convolution, then this
 // project's ReLU + GroupNorm kernels), else why not.
 std::string fallback_unsupported_reason(const OpArgs& args, const Problem& problem);

@@ -12,6 +12,7 @@ namespace cutlassfuse {
 
 // activation: [batch, Do, Ho, Wo, out_channels] packed; bias: [out_channels] of the
 // same element type, or nullptr (zeros). out_channels must be a multiple of 8.
+// float16, bfloat16 or float32.
 void fill_unreached_pixels(ElementType element, void* activation, const void* bias, const Problem& problem,
                            cudaStream_t stream);
 
