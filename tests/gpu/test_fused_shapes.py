@@ -34,7 +34,7 @@ def random_case(rng: random.Random, **fixed) -> dict:
             batch=rng.choice([1, 2, 3, 5, 32]),
             in_channels=8 * rng.randint(1, 16),
             out_channels=8 * rng.randint(2, 32),
-            kernel=rng.choice([1, 2, 3, 5]),
+            kernel=rng.choice([1, 2, 3, 4, 5]),
             padding=rng.choice([0, 1, 2]),
             dilation=rng.choice([1, 2]),
             size=tuple(rng.randint(1, 9) for _ in range(3)),
