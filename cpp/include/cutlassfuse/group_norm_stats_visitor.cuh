@@ -45,7 +45,8 @@ struct Sm90GroupNormStats {
   static constexpr int kTileM = cute::size<0>(CtaTileShapeMNK{});
   static constexpr int kTileN = cute::size<1>(CtaTileShapeMNK{});
   // Row pitch in elements: 16-byte aligned rows, and 4 banks between consecutive rows
-  // so the fragment writes of a warp (8 rows x 4 column pairs) are conflict-free.
+  // of 16-bit elements so the fragment writes of a warp (8 rows x 4 column pairs) are
+  // conflict-free (float32 activations, 8 banks apart, take 2-way conflicts).
   static constexpr int kPitch = kTileN + 8;
   static constexpr int kVector = 16 / sizeof(Element);
   static constexpr int kWarps = 4;  // the consumer warpgroup
