@@ -3,8 +3,19 @@
 #   1. install the carried nvidia-cutlass wheel (.whl/; the machine has no network),
 #   2. build and install cutlassfuse against the machine's torch (incremental: the
 #      ignored build/ folder survives between calls on a warm machine),
-#   3. run the GPU tests, 4. run the KernelBench demo and benchmarks (and, with
-#   CUTLASSFUSE_SANITIZE=1, compute-sanitizer), 5. print a short table last.
+#   3. the selected steps (STEPS, default all, in this order):
+#        tests      the GPU tests (pytest -m gpu tests/gpu)
+#        demo       the KernelBench level2/61 demo
+#        breakdown  per-kernel times and launch counts, every baselines.md shape
+#        baselines  benchmarks/fused_vs_baselines.py (kb61, tile configurations)
+#        float32    benchmarks/float32_choice.py (accuracy and time of the fp32 choices)
+#        training   benchmarks/training_step.py
+#        examples   examples/*.py
+#        bench      python -m cutlassfuse bench (CSV, JSON, PNG)
+#        profile    python -m cutlassfuse profile (Nsight Compute table, kb61 fp16)
+#        sanitize   scripts/sanitize.sh (only when named, or CUTLASSFUSE_SANITIZE=1)
+#      e.g. STEPS="tests breakdown" bash scripts/device_iteration.sh
+#   4. a short summary last.
 # The device tool brings back at most 8 files from $OUT: the bench CLI's CSV, JSON and
 # PNG, the GPU tests' JUnit XML, and one archive of every log (logs.tar.gz).
 set -uo pipefail
@@ -12,12 +23,17 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/cutlassfuse-device}"
 LOGS="$(mktemp -d)"
 mkdir -p "$OUT"
-trap 'tar czf "$OUT/logs.tar.gz" -C "$LOGS" .' EXIT
+# Archived at every step, so a run stopped at the call's time limit still returns its logs.
+archive_logs() { tar czf "$OUT/logs.tar.gz" -C "$LOGS" . 2>/dev/null; }
+trap archive_logs EXIT
 export PYTHONUNBUFFERED=1 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 export CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)"
 PYTHON="${PYTHON:-python3}"
+STEPS="${STEPS:-all}"
+[[ "${CUTLASSFUSE_SANITIZE:-0}" == 1 ]] && STEPS="$STEPS sanitize"
 
-step() { printf '\n=== %s\n' "$*"; }
+step() { archive_logs; printf '\n=== %s (%s s)\n' "$*" "$SECONDS"; }
+wanted() { [[ " $STEPS " == *" $1 "* || ( " $STEPS " == *" all "* && "$1" != sanitize ) ]]; }
 status=()
 
 step "environment"
@@ -38,54 +54,75 @@ else
 fi
 grep -E "registers|spill" "$LOGS/build.log" | sort | uniq -c | head -20
 
-step "GPU tests"
-"$PYTHON" -m pytest -m gpu tests/gpu -q -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" 2>&1 | tee "$LOGS/gpu-tests.log"
-status+=("gpu tests: $(tail -1 "$LOGS/gpu-tests.log")")
+if wanted tests; then
+  step "GPU tests"
+  "$PYTHON" -m pytest -m gpu tests/gpu -q -p no:cacheprovider --durations=10 --junitxml="$OUT/gpu-tests.xml" 2>&1 \
+    | tee "$LOGS/gpu-tests.log"
+  status+=("gpu tests: $(tail -1 "$LOGS/gpu-tests.log")")
+fi
 
-step "demo (KernelBench level2/61)"
-"$PYTHON" -m cutlassfuse demo 2>&1 | tee "$LOGS/demo.log"
+if wanted demo; then
+  step "demo (KernelBench level2/61)"
+  "$PYTHON" -m cutlassfuse demo 2>&1 | tee "$LOGS/demo.log"
+fi
 
-step "kernel breakdown"
-for shape in kb61 kb61_v0 unet_k2s2 gan_k4s2p1 vid_k3s2p1op1; do
-  "$PYTHON" benchmarks/kernel_breakdown.py --shape "$shape"
-done 2>&1 | tee "$LOGS/breakdown.log"
-"$PYTHON" benchmarks/kernel_breakdown.py --shape kb61 --dtype float32 2>&1 | tee -a "$LOGS/breakdown.log"
+if wanted breakdown; then
+  step "kernel breakdown"
+  for shape in kb61 kb61_v0 unet_k2s2 gan_k4s2p1 vid_k3s2p1op1; do
+    "$PYTHON" benchmarks/kernel_breakdown.py --shape "$shape"
+  done 2>&1 | tee "$LOGS/breakdown.log"
+  "$PYTHON" benchmarks/kernel_breakdown.py --shape kb61 --dtype float32 2>&1 | tee -a "$LOGS/breakdown.log"
+fi
 
-step "benchmark: fused vs baselines, tile configurations"
-"$PYTHON" benchmarks/fused_vs_baselines.py --no-compile 2>&1 | tee "$LOGS/bench.log"
+if wanted baselines; then
+  step "benchmark: fused vs baselines, tile configurations"
+  "$PYTHON" benchmarks/fused_vs_baselines.py --no-compile 2>&1 | tee "$LOGS/bench.log"
+fi
 
-step "float32: accuracy and time of the choices"
-for shape in kb61 gan_k4s2p1; do
-  "$PYTHON" benchmarks/float32_choice.py --shape "$shape"
-done 2>&1 | tee "$LOGS/float32.log"
+if wanted float32; then
+  step "float32: accuracy and time of the choices"
+  for shape in kb61 gan_k4s2p1; do
+    "$PYTHON" benchmarks/float32_choice.py --shape "$shape"
+  done 2>&1 | tee "$LOGS/float32.log"
+fi
 
-step "training step: time and memory"
-"$PYTHON" benchmarks/training_step.py 2>&1 | tee "$LOGS/training.log"
+if wanted training; then
+  step "training step: time and memory"
+  "$PYTHON" benchmarks/training_step.py 2>&1 | tee "$LOGS/training.log"
+fi
 
-step "examples"
-for example in examples/*.py; do
-  echo "--- $example"; "$PYTHON" "$example" 2>&1 | tail -8
-done | tee "$LOGS/examples.log"
+if wanted examples; then
+  step "examples"
+  for example in examples/*.py; do
+    echo "--- $example"; "$PYTHON" "$example" 2>&1 | tail -8
+  done | tee "$LOGS/examples.log"
+fi
 
-step "bench CLI (all baselines.md shapes)"
-"$PYTHON" -m cutlassfuse bench --csv "$OUT/bench.csv" --json "$OUT/bench.json" --plot "$OUT/speedups.png" \
-  2>&1 | tee "$LOGS/bench-cli.log"
+if wanted bench; then
+  step "bench CLI (all baselines.md shapes)"
+  "$PYTHON" -m cutlassfuse bench --csv "$OUT/bench.csv" --json "$OUT/bench.json" --plot "$OUT/speedups.png" \
+    2>&1 | tee "$LOGS/bench-cli.log"
+fi
 
-step "Nsight Compute (kb61 fp16)"
-"$PYTHON" -m cutlassfuse profile --shape kb61 --dtype float16 2>&1 | tee "$LOGS/ncu.log"
+if wanted profile; then
+  step "Nsight Compute (kb61 fp16)"
+  "$PYTHON" -m cutlassfuse profile --shape kb61 --dtype float16 2>&1 | tee "$LOGS/ncu.log"
+fi
 
-if [[ "${CUTLASSFUSE_SANITIZE:-0}" == 1 ]]; then
+if wanted sanitize; then
   step "compute-sanitizer"
   bash scripts/sanitize.sh 2>&1 | tee "$LOGS/sanitize.log"
   status+=("sanitizer: $(tail -1 "$LOGS/sanitize.log")")
 fi
 
 step "summary"
+show() { [[ -f "$LOGS/$1" ]] && { shift; "$@"; }; }
 cat "$LOGS/gpu.txt"
 printf '%s\n' "${status[@]}"
-sed -n '/^dtype/,$p' "$LOGS/demo.log"
-grep -E "^kb61|fused\(CL in\)" "$LOGS/bench.log"
-grep -E "launches per call|: fused_sm90|: fallback|: reference" "$LOGS/breakdown.log"
-cat "$LOGS/float32.log"
-grep -E "^\[|cutlassfuse  " "$LOGS/bench-cli.log"
-cat "$LOGS/training.log"
+show demo.log sed -n '/^dtype/,$p' "$LOGS/demo.log"
+show bench.log grep -E "^kb61|fused\(CL in\)" "$LOGS/bench.log"
+show breakdown.log grep -E "launches per call|: fused_sm90|: fallback|: reference" "$LOGS/breakdown.log"
+show float32.log cat "$LOGS/float32.log"
+show bench-cli.log grep -E "^\[|cutlassfuse  |cutlassfuse fallback" "$LOGS/bench-cli.log"
+show training.log cat "$LOGS/training.log"
+true
