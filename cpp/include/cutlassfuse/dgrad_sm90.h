@@ -10,7 +10,9 @@
 // runs one sub-pixel phase (subpixel.h), reading views of the input and filter and
 // writing a strided view of the activation; stride 1 is a single phase.
 // GEMM view of a phase: M = batch * pixels of the phase, N = out_channels,
-// K = in_channels * taps of the phase.
+// K = in_channels * taps of the phase. Element types: float16 and bfloat16 calls run
+// in their own type; float32 calls run bfloat16 operands (three products, in_channels
+// tripled by the caller) with a float32 activation.
 #pragma once
 
 #include <cuda_runtime_api.h>

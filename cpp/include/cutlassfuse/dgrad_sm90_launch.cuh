@@ -1,5 +1,6 @@
 // Arguments, checks and launch of the sm90 fused dgrad family, shared by the per-dtype
-// translation units (dgrad_sm90_f16.cu, dgrad_sm90_bf16.cu).
+// translation units (dgrad_sm90_f16.cu, dgrad_sm90_bf16.cu, dgrad_sm90_f32.cu) and the
+// plain-store baseline (dgrad_sm90_plain.cu).
 #pragma once
 
 #include <cutlass/cutlass.h>
