@@ -40,6 +40,7 @@ decltype(auto) with_element(ElementType element, F&& f) {
 // nothing overflows or flushes as a float16 split would.
 constexpr int64_t kSplitProducts = 3;
 
+// The filter's split (small; the input's is a kernel, split_to_bf16x3_ndhwc).
 std::pair<at::Tensor, at::Tensor> split_bf16(const at::Tensor& v) {
   at::Tensor hi = v.to(at::kBFloat16);
   // An infinite value is all in its high part (inf - inf would make the low part NaN).
@@ -47,16 +48,16 @@ std::pair<at::Tensor, at::Tensor> split_bf16(const at::Tensor& v) {
   return {hi, lo};
 }
 
-// The input as the GEMM's left operand: NDHWC bfloat16 with channels [hi, hi, lo].
-at::Tensor split_input(const at::Tensor& input) {
-  const at::Tensor x = input.contiguous(at::MemoryFormat::ChannelsLast3d);
-  const auto [hi, lo] = split_bf16(x);
-  const int64_t c = x.size(1);
-  at::Tensor out = at::empty({x.size(0), kSplitProducts * c, x.size(2), x.size(3), x.size(4)},
-                             x.options().dtype(at::kBFloat16).memory_format(at::MemoryFormat::ChannelsLast3d));
-  out.narrow(1, 0, c).copy_(hi);
-  out.narrow(1, c, c).copy_(hi);
-  out.narrow(1, 2 * c, c).copy_(lo);
+// The input as the GEMM's left operand: NDHWC bfloat16 with channels [hi, hi, lo],
+// in one pass from NCDHW or channels-last float32.
+at::Tensor split_input(const at::Tensor& input, const Problem& p, cudaStream_t stream) {
+  const NvtxRange range("cutlassfuse.split_to_bf16x3");
+  const bool channels_last = input.is_contiguous(at::MemoryFormat::ChannelsLast3d);
+  const at::Tensor src = channels_last ? input : input.contiguous();
+  at::Tensor out = at::empty({p.batch, kSplitProducts * p.in_channels, p.input_size[0], p.input_size[1], p.input_size[2]},
+                             input.options().dtype(at::kBFloat16).memory_format(at::MemoryFormat::ChannelsLast3d));
+  split_to_bf16x3_ndhwc(src.data_ptr(), channels_last, out.data_ptr(), p.batch, p.in_channels, p.input_spatial(),
+                        stream);
   return out;
 }
 
@@ -186,7 +187,7 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   const auto options = a.input.options();
 
   const bool split = element == ElementType::kFloat32;
-  const at::Tensor input = split ? split_input(a.input) : to_channels_last(a.input, element, p, stream);
+  const at::Tensor input = split ? split_input(a.input, p, stream) : to_channels_last(a.input, element, p, stream);
   const at::Tensor filter = split ? split_filter(filter_of(a)) : filter_of(a);
   std::optional<at::Tensor> bias, gamma, beta;
   FusedPlan plan = make_fused_plan(p, element);

@@ -1,4 +1,6 @@
 // NCDHW -> NDHWC through shared-memory tiles. See cutlassfuse/layout.h.
+#include <string>
+
 #include "cutlassfuse/device_utils.cuh"
 #include "cutlassfuse/layout.h"
 
@@ -42,12 +44,64 @@ ncdhw_to_ndhwc_kernel(const T* __restrict__ src, T* __restrict__ dst, int channe
   }
 }
 
+// Block (spatial tile, channel tile, n), as above, reading float32 (through the tile
+// when the source is NCDHW) and writing three 16-byte bfloat16 vectors per 8 channels
+// of a pixel: hi at c, hi at channels + c, lo at 2 * channels + c.
+template <bool kChannelsLastSource>
+__global__ void __launch_bounds__(kThreads)
+split_bf16x3_kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ dst, int channels, int64_t spatial) {
+  __shared__ float tile[kTile][kTile + 1];  // [s][c]; +1 keeps the transposed accesses off one bank
+  const int64_t n = blockIdx.z;
+  const int64_t s_begin = blockIdx.x * int64_t{kTile};
+  const int c_begin = blockIdx.y * kTile;
+  const int s_count = static_cast<int>(min(spatial - s_begin, int64_t{kTile}));
+  const int c_count = min(kTile, channels - c_begin);
+
+  const int inner = threadIdx.x % kTile;  // along the source's contiguous dimension
+  for (int outer = threadIdx.x / kTile; outer < (kChannelsLastSource ? s_count : c_count); outer += kThreads / kTile) {
+    if constexpr (kChannelsLastSource) {
+      if (inner < c_count) tile[outer][inner] = src[(n * spatial + s_begin + outer) * channels + c_begin + inner];
+    } else {
+      if (inner < s_count) tile[inner][outer] = src[(n * channels + c_begin + outer) * spatial + s_begin + inner];
+    }
+  }
+  __syncthreads();
+
+  constexpr int kVectorsPerRow = kTile / kVector;
+  const int store_c = (threadIdx.x % kVectorsPerRow) * kVector;
+  if (store_c >= c_count) return;
+  for (int s = threadIdx.x / kVectorsPerRow; s < s_count; s += kThreads / kVectorsPerRow) {
+    uint4 hi_raw, lo_raw;
+    auto* hi = reinterpret_cast<__nv_bfloat16*>(&hi_raw);
+    auto* lo = reinterpret_cast<__nv_bfloat16*>(&lo_raw);
+#pragma unroll
+    for (int k = 0; k < kVector; ++k) {
+      const float v = tile[s][store_c + k];
+      hi[k] = __float2bfloat16_rn(v);
+      const float rest = v - __bfloat162float(hi[k]);
+      lo[k] = __float2bfloat16_rn(isfinite(rest) ? rest : 0.f);
+    }
+    __nv_bfloat16* row = dst + (n * spatial + s_begin + s) * 3 * channels + c_begin + store_c;
+    *reinterpret_cast<uint4*>(row) = hi_raw;
+    *reinterpret_cast<uint4*>(row + channels) = hi_raw;
+    *reinterpret_cast<uint4*>(row + 2 * channels) = lo_raw;
+  }
+}
+
+dim3 tile_grid(int64_t batch, int64_t channels, int64_t spatial) {
+  return dim3(static_cast<unsigned>(ceil_div(spatial, kTile)), static_cast<unsigned>(ceil_div(channels, kTile)),
+              static_cast<unsigned>(batch));
+}
+
+void check_shape(const char* what, int64_t batch, int64_t channels) {
+  if (channels % kVector != 0) throw std::invalid_argument(std::string("cutlassfuse: ") + what + " needs channels % 8 == 0");
+  if (batch > 65535) throw std::invalid_argument(std::string("cutlassfuse: ") + what + " takes at most 65535 samples");
+}
+
 template <class T>
 void launch(const void* src, void* dst, int64_t batch, int64_t channels, int64_t spatial, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(ceil_div(spatial, kTile)), static_cast<unsigned>(ceil_div(channels, kTile)),
-                  static_cast<unsigned>(batch));
-  ncdhw_to_ndhwc_kernel<T><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(src), static_cast<T*>(dst),
-                                                          static_cast<int>(channels), spatial);
+  ncdhw_to_ndhwc_kernel<T><<<tile_grid(batch, channels, spatial), kThreads, 0, stream>>>(
+      static_cast<const T*>(src), static_cast<T*>(dst), static_cast<int>(channels), spatial);
   check_launch("ncdhw_to_ndhwc_kernel");
 }
 
@@ -55,13 +109,26 @@ void launch(const void* src, void* dst, int64_t batch, int64_t channels, int64_t
 
 void ncdhw_to_ndhwc(ElementType element, const void* src, void* dst, int64_t batch, int64_t channels,
                     int64_t spatial, cudaStream_t stream) {
-  if (channels % kVector != 0) throw std::invalid_argument("cutlassfuse: ncdhw_to_ndhwc needs channels % 8 == 0");
-  if (batch > 65535) throw std::invalid_argument("cutlassfuse: ncdhw_to_ndhwc takes at most 65535 samples");
+  check_shape("ncdhw_to_ndhwc", batch, channels);
   switch (element) {
     case ElementType::kFloat16: return launch<__half>(src, dst, batch, channels, spatial, stream);
     case ElementType::kBFloat16: return launch<__nv_bfloat16>(src, dst, batch, channels, spatial, stream);
     default: throw std::invalid_argument("cutlassfuse: ncdhw_to_ndhwc takes float16 or bfloat16");
   }
+}
+
+void split_to_bf16x3_ndhwc(const void* src, bool channels_last_source, void* dst, int64_t batch, int64_t channels,
+                           int64_t spatial, cudaStream_t stream) {
+  check_shape("split_to_bf16x3_ndhwc", batch, channels);
+  const auto* in = static_cast<const float*>(src);
+  auto* out = static_cast<__nv_bfloat16*>(dst);
+  const dim3 grid = tile_grid(batch, channels, spatial);
+  if (channels_last_source) {
+    split_bf16x3_kernel<true><<<grid, kThreads, 0, stream>>>(in, out, static_cast<int>(channels), spatial);
+  } else {
+    split_bf16x3_kernel<false><<<grid, kThreads, 0, stream>>>(in, out, static_cast<int>(channels), spatial);
+  }
+  check_launch("split_bf16x3_kernel");
 }
 
 }  // namespace cutlassfuse

@@ -1,4 +1,4 @@
-// Layout conversion of the deconvolution's input: NCDHW (PyTorch's default) to the
+// Layout conversions of the deconvolution's input: NCDHW (PyTorch's default) to the
 // NDHWC the tensor-core kernel reads through TMA. One pass at memory bandwidth; ATen's
 // generic permuted copy runs at a fifth of it on this access pattern.
 #pragma once
@@ -15,5 +15,12 @@ namespace cutlassfuse {
 // channels must be a multiple of 8 (16-byte stores).
 void ncdhw_to_ndhwc(ElementType element, const void* src, void* dst, int64_t batch, int64_t channels,
                     int64_t spatial, cudaStream_t stream);
+
+// The float32 path's left operand in one pass: src float32, [batch, channels, spatial]
+// (NCDHW) or [batch, spatial, channels] (channels_last_source); dst bfloat16
+// [batch, spatial, 3 * channels] holding [hi | hi | lo] per pixel, hi = bf16(v),
+// lo = bf16(v - hi) (0 where v is not finite: hi carries it). channels % 8 == 0.
+void split_to_bf16x3_ndhwc(const void* src, bool channels_last_source, void* dst, int64_t batch, int64_t channels,
+                           int64_t spatial, cudaStream_t stream);
 
 }  // namespace cutlassfuse
