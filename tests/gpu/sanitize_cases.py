@@ -1,7 +1,8 @@
 """A representative set of calls for compute-sanitizer (scripts/sanitize.sh): the fused
 path in fp16 and bf16 with tiles straddling samples and groups crossing N tiles,
 NCDHW and channels-last output, bias and no affine, strided (sub-pixel phases, pixels
-no tap reaches), and the CUDA fallback (odd channels, conv groups, float32)."""
+no tap reaches, the pixel-shuffle GEMM), float32 as three bfloat16 products, and the
+CUDA fallback (odd channels, conv groups, strict float32)."""
 
 import torch
 
@@ -16,7 +17,9 @@ CASES = [
     (2, 16, 32, (4, 5, 3), 1, 3, 0, 1, 4, True, True, True, torch.bfloat16),    # kernel < stride: unreached pixels
     (2, 3, 12, (4, 4, 4), 3, 1, 1, 1, 4, True, True, False, torch.float16),     # fallback: 3 input channels
     (2, 16, 32, (4, 4, 4), 3, 2, 1, 4, 8, True, True, True, torch.float16),     # fallback: conv groups
-    (2, 16, 32, (4, 4, 4), 3, 2, 1, 1, 8, True, True, False, torch.float32),    # fallback: strict fp32
+    (2, 16, 32, (4, 4, 4), 3, 2, 1, 1, 8, True, True, False, torch.float32),    # fp32 as 3 bf16 products
+    (2, 16, 32, (4, 4, 4), 2, 2, 0, 1, 8, True, True, True, torch.float32),     # fp32 pixel-shuffle GEMM, CL
+    (2, 5, 6, (4, 4, 4), 3, 2, 1, 1, 3, True, True, False, torch.float32),      # fallback: strict fp32
 ]
 
 
