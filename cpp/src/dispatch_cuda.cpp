@@ -1,11 +1,12 @@
-// The CUDA kernel of the op: the fused sm90 path (per sub-pixel phase, a CUTLASS dgrad
-// whose epilogue adds the bias, applies ReLU and reduces GroupNorm partial statistics;
-// then finalize and normalize) when the call fits it, ATen's kernels otherwise.
+// The fused sm90 path of the op's CUDA kernel: per sub-pixel phase (or one
+// pixel-shuffle GEMM), a CUTLASS dgrad whose epilogue adds the bias, applies ReLU and
+// reduces GroupNorm partial statistics; then finalize and normalize. Calls it does not
+// take go to the fallback (fallback_cuda.cpp) or ATen (registration.cpp decides).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
 
 #include <atomic>
-#include <c10/cuda/CUDAGuard.h>
 
 #include "cutlassfuse/dgrad_sm90.h"
 #include "cutlassfuse/group_norm.h"
