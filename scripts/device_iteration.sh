@@ -9,6 +9,7 @@
 #        breakdown  per-kernel times and launch counts, every baselines.md shape
 #        baselines  benchmarks/fused_vs_baselines.py (kb61, tile configurations)
 #        float32    benchmarks/float32_choice.py (accuracy and time of the fp32 choices)
+#        streams    benchmarks/phase_streams.py (sub-pixel phases on 1-8 streams)
 #        training   benchmarks/training_step.py
 #        examples   examples/*.py
 #        bench      python -m cutlassfuse bench (CSV, JSON, PNG)
@@ -86,6 +87,11 @@ if wanted float32; then
   done 2>&1 | tee "$LOGS/float32.log"
 fi
 
+if wanted streams; then
+  step "sub-pixel phases on side streams"
+  "$PYTHON" benchmarks/phase_streams.py 2>&1 | tee "$LOGS/streams.log"
+fi
+
 if wanted training; then
   step "training step: time and memory"
   "$PYTHON" benchmarks/training_step.py 2>&1 | tee "$LOGS/training.log"
@@ -123,6 +129,7 @@ show demo.log sed -n '/^dtype/,$p' "$LOGS/demo.log"
 show bench.log grep -E "^kb61|fused\(CL in\)" "$LOGS/bench.log"
 show breakdown.log grep -E "launches per call|: fused_sm90|: fallback|: reference" "$LOGS/breakdown.log"
 show float32.log cat "$LOGS/float32.log"
+show streams.log cat "$LOGS/streams.log"
 show bench-cli.log grep -E "^\[|cutlassfuse  |cutlassfuse fallback" "$LOGS/bench-cli.log"
 show training.log cat "$LOGS/training.log"
 true

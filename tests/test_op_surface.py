@@ -81,6 +81,11 @@ def test_set_dgrad_config_checks_names():
     cutlassfuse.set_dgrad_config(None)
 
 
+def test_phase_streams_knob_is_harmless_on_the_cpu():
+    cutlassfuse.set_phase_streams(4)
+    cutlassfuse.set_phase_streams(1)
+
+
 def test_fused_path_switch_is_harmless_on_the_cpu():
     x, w = torch.rand(1, 8, 2, 2, 2), torch.rand(8, 8, 3, 3, 3)
     cutlassfuse.set_fused_path_enabled(False)

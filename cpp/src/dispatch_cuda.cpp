@@ -4,9 +4,12 @@
 // take go to the fallback (fallback_cuda.cpp) or ATen (registration.cpp decides).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
 #include <atomic>
+#include <vector>
 
 #include "cutlassfuse/dgrad_sm90.h"
 #include "cutlassfuse/group_norm.h"
@@ -21,6 +24,42 @@ namespace cutlassfuse {
 namespace {
 
 std::atomic<bool> g_fused_path_enabled{true};
+std::atomic<int> g_phase_streams{1};
+
+// Sub-pixel phases are independent (disjoint outputs, their own partials): with more
+// than one lane they run on side streams, so one phase's last wave overlaps the next
+// phase's first. Forked from and joined back into the caller's stream, so the op stays
+// ordered on it (and capturable in a CUDA graph); the tensors the phases use outlive
+// the join. One lane (the default) launches everything on the caller's stream.
+class PhaseLanes {
+ public:
+  PhaseLanes(size_t phases, const at::cuda::CUDAStream& caller) : caller_(caller) {
+    const size_t lanes = std::min<size_t>(static_cast<size_t>(std::max(g_phase_streams.load(), 1)), phases);
+    if (lanes <= 1) return;
+    at::cuda::CUDAEvent forked;
+    forked.record(caller_);
+    for (size_t i = 0; i < lanes; ++i) {
+      side_.push_back(at::cuda::getStreamFromPool(/*isHighPriority=*/false, caller_.device_index()));
+      forked.block(side_.back());
+    }
+  }
+
+  cudaStream_t stream_for(size_t phase) const {
+    return side_.empty() ? caller_.stream() : side_[phase % side_.size()].stream();
+  }
+
+  void join() const {
+    for (const at::cuda::CUDAStream& side : side_) {
+      at::cuda::CUDAEvent done;
+      done.record(side);
+      done.block(caller_);
+    }
+  }
+
+ private:
+  at::cuda::CUDAStream caller_;
+  std::vector<at::cuda::CUDAStream> side_;
+};
 
 // Calls f with the element type as a compile-time constant.
 template <class F>
@@ -141,6 +180,8 @@ at::Tensor filter_of(const OpArgs& a) {
 
 void set_fused_path_enabled(bool enabled) { g_fused_path_enabled.store(enabled); }
 
+void set_phase_streams(int64_t lanes) { g_phase_streams.store(static_cast<int>(std::clamp<int64_t>(lanes, 1, 8))); }
+
 std::string fused_path_unsupported_reason(const OpArgs& a, const Problem& p) {
   if (!g_fused_path_enabled.load()) return "the fused path is turned off (cutlassfuse.set_fused_path_enabled)";
   const cudaDeviceProp* props = at::cuda::getDeviceProperties(a.input.device().index());
@@ -209,13 +250,16 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   }
   {
     const NvtxRange range("cutlassfuse.dgrad_bias_relu_stats");
+    const PhaseLanes lanes(plan.subpixel.phases.size(), at::cuda::getCurrentCUDAStream());
     for (size_t i = 0; i < plan.subpixel.phases.size(); ++i) {
       const sm90::DgradOperands operands{input.data_ptr(), filter.data_ptr(), epilogue_bias, activation.data_ptr(),
                                          partials_ptr + plan.sources.regions[i * plan.blocks()].first_slot};
       with_element(element, [&](auto e) {
-        sm90::dgrad_fused<decltype(e)::value>(plan.config, c, plan.subpixel.phases[i], operands, sm_count, stream);
+        sm90::dgrad_fused<decltype(e)::value>(plan.config, c, plan.subpixel.phases[i], operands, sm_count,
+                                              lanes.stream_for(i));
       });
     }
+    lanes.join();
   }
 
   // Channels-last output of an NDHWC activation is normalized in place: each element

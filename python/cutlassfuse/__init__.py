@@ -23,6 +23,7 @@ from .ops import (  # noqa: E402
     pack_weight,
     set_dgrad_config,
     set_fused_path_enabled,
+    set_phase_streams,
 )
 from .rewrite import FuseResult, fuse  # noqa: E402
 
@@ -36,5 +37,6 @@ __all__ = [
     "pack_weight",
     "set_dgrad_config",
     "set_fused_path_enabled",
+    "set_phase_streams",
     "__version__",
 ]

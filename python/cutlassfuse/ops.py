@@ -84,6 +84,14 @@ def set_fused_path_enabled(enabled: bool) -> None:
         torch.ops.cutlassfuse.set_fused_path_enabled(bool(enabled))
 
 
+def set_phase_streams(lanes: int) -> None:
+    """Spreads the sub-pixel phases of one strided call over `lanes` CUDA streams (1, the
+    default, to 8), forked from and joined back into the current stream: an experiment
+    knob for overlapping one phase's tail with the next. No effect on a CPU-only build."""
+    if hasattr(torch.ops.cutlassfuse, "set_phase_streams"):
+        torch.ops.cutlassfuse.set_phase_streams(int(lanes))
+
+
 def explain(*args, **kwargs) -> str:
     """Which implementation ``conv_transpose3d_relu_group_norm`` takes for the same
     arguments, and why: ``"fused_sm90: ..."``, ``"fallback: ..., because ..."`` or

@@ -82,3 +82,27 @@ def test_tensors_around_two_to_the_31(batch, edge, conv_groups, path):
         del y
         err = errors(out[n:n + 1].float(), expected)
         assert err.relative <= 5e-3, f"{taken}, sample {n}: {err}"
+
+
+@pytest.mark.parametrize("lanes", [2, 4])
+def test_phases_on_side_streams_match_one_stream(lanes):
+    """Sub-pixel phases spread over side streams give the bitwise result of one stream,
+    on the caller's (non-default) stream, also inside a CUDA graph."""
+    args = make(3, size=(5, 6, 7))
+    args.update(stride=2, padding=1, output_padding=1)
+    expected = cutlassfuse.conv_transpose3d_relu_group_norm(**args)
+    cutlassfuse.set_phase_streams(lanes)
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = cutlassfuse.conv_transpose3d_relu_group_norm(**args)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = cutlassfuse.conv_transpose3d_relu_group_norm(**args)
+            graph.replay()
+        side.synchronize()
+    finally:
+        cutlassfuse.set_phase_streams(1)
+    assert torch.equal(out, expected)
+    assert torch.equal(captured, expected)

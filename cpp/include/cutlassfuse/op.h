@@ -48,6 +48,8 @@ at::Tensor reference_forward(const OpArgs& args);
 std::string fused_path_unsupported_reason(const OpArgs& args, const Problem& problem);
 // Process-wide switch of the fused path (on by default), for benchmarking the fallback.
 void set_fused_path_enabled(bool enabled);
+// How many streams the fused path spreads sub-pixel phases over (1, the default, to 8).
+void set_phase_streams(int64_t lanes);
 at::Tensor fused_forward_cuda(const OpArgs& args, const Problem& problem);
 // What the fused path runs for `problem` (kernel configuration included).
 std::string fused_path_description(const OpArgs& args, const Problem& problem);
