@@ -15,6 +15,7 @@
 #        bench      python -m cutlassfuse bench (CSV, JSON, PNG)
 #        profile    python -m cutlassfuse profile (Nsight Compute table, kb61 fp16)
 #        sanitize   scripts/sanitize.sh (only when named, or CUTLASSFUSE_SANITIZE=1)
+#        stalls     scripts/ncu_conv_source.sh (only when named: per-line stalls of the conv)
 #      e.g. STEPS="tests breakdown" bash scripts/device_iteration.sh
 #   4. a short summary last.
 # The device tool brings back at most 8 files from $OUT: the bench CLI's CSV, JSON and
@@ -34,7 +35,7 @@ STEPS="${STEPS:-all}"
 [[ "${CUTLASSFUSE_SANITIZE:-0}" == 1 ]] && STEPS="$STEPS sanitize"
 
 step() { archive_logs; printf '\n=== %s (%s s)\n' "$*" "$SECONDS"; }
-wanted() { [[ " $STEPS " == *" $1 "* || ( " $STEPS " == *" all "* && "$1" != sanitize ) ]]; }
+wanted() { [[ " $STEPS " == *" $1 "* || ( " $STEPS " == *" all "* && "$1" != sanitize && "$1" != stalls ) ]]; }
 status=()
 
 step "environment"
@@ -119,6 +120,12 @@ if wanted sanitize; then
   step "compute-sanitizer"
   bash scripts/sanitize.sh 2>&1 | tee "$LOGS/sanitize.log"
   status+=("sanitizer: $(tail -1 "$LOGS/sanitize.log")")
+fi
+
+if wanted stalls; then
+  step "Nsight Compute source view of the conv kernel"
+  bash scripts/ncu_conv_source.sh "$LOGS" 2>&1 | tail -5
+  rm -f "$LOGS/conv.ncu-rep"
 fi
 
 step "summary"
