@@ -1,5 +1,5 @@
 """float32: accuracy against float64 and time, in one run, of cutlassfuse's two float32
-implementations (the fused path running three bfloat16 products; the CUDA fallback
+implementations (the fused path running six bfloat16 piece products; the CUDA fallback
 running cuDNN in strict fp32) and PyTorch eager with its default TF32 convolution and
 with TF32 off. The evidence for the fp32 implementation choice (docs/performance.md).
 

@@ -8,10 +8,12 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <vector>
 
 #include "cutlassfuse/dgrad_sm90.h"
+#include "cutlassfuse/float32_split.h"
 #include "cutlassfuse/group_norm.h"
 #include "cutlassfuse/layout.h"
 #include "cutlassfuse/nvtx.h"
@@ -71,40 +73,36 @@ decltype(auto) with_element(ElementType element, F&& f) {
   }
 }
 
-// float32 runs as three bfloat16 products on the tensor cores: with hi = bf16(v) and
-// lo = bf16(v - hi), x * w ~ hi(x) hi(w) + hi(x) lo(w) + lo(x) hi(w); each value keeps
-// ~16 significant bits and the dropped lo(x) lo(w) is ~2^-16 relative, so one GEMM
-// over three times the input channels, [hi, hi, lo] x [hi; lo; hi], lands ~1e-5 from
-// float32 (the GPU tests hold it to 1e-4 max abs after GroupNorm, the float32 bar;
-// PyTorch's default TF32 lands ~3e-3 away). bfloat16 has float32's exponent range, so
-// nothing overflows or flushes as a float16 split would.
-constexpr int64_t kSplitProducts = 3;
-
-// The filter's split (small; the input's is a kernel, split_to_bf16x3_ndhwc).
-std::pair<at::Tensor, at::Tensor> split_bf16(const at::Tensor& v) {
-  at::Tensor hi = v.to(at::kBFloat16);
-  // An infinite value is all in its high part (inf - inf would make the low part NaN).
-  at::Tensor lo = at::nan_to_num(v - hi.to(at::kFloat), 0.0, 0.0, 0.0).to(at::kBFloat16);
-  return {hi, lo};
-}
-
-// The input as the GEMM's left operand: NDHWC bfloat16 with channels [hi, hi, lo],
-// in one pass from NCDHW or channels-last float32.
+// float32 runs as six bfloat16 piece products in one GEMM over 6 * Cin channels
+// (float32_split.h): the input's split is a kernel (split_float32_ndhwc), the filter's
+// (small next to the input on the shapes that matter) runs through ATen here.
 at::Tensor split_input(const at::Tensor& input, const Problem& p, cudaStream_t stream) {
-  const NvtxRange range("cutlassfuse.split_to_bf16x3");
+  const NvtxRange range("cutlassfuse.split_float32");
   const bool channels_last = input.is_contiguous(at::MemoryFormat::ChannelsLast3d);
   const at::Tensor src = channels_last ? input : input.contiguous();
-  at::Tensor out = at::empty({p.batch, kSplitProducts * p.in_channels, p.input_size[0], p.input_size[1], p.input_size[2]},
-                             input.options().dtype(at::kBFloat16).memory_format(at::MemoryFormat::ChannelsLast3d));
-  split_to_bf16x3_ndhwc(src.data_ptr(), channels_last, out.data_ptr(), p.batch, p.in_channels, p.input_spatial(),
-                        stream);
+  at::Tensor out =
+      at::empty({p.batch, float32_split::kProducts * p.in_channels, p.input_size[0], p.input_size[1], p.input_size[2]},
+                input.options().dtype(at::kBFloat16).memory_format(at::MemoryFormat::ChannelsLast3d));
+  split_float32_ndhwc(src.data_ptr(), channels_last, out.data_ptr(), p.batch, p.in_channels, p.input_spatial(),
+                      stream);
   return out;
 }
 
-// The packed filter [Cin, T, R, S, Cout] as the right operand: [hi; lo; hi] along Cin.
+// The packed filter [Cin, T, R, S, Cout] as the right operand: block b along Cin holds
+// piece filter_piece(b).
 at::Tensor split_filter(const at::Tensor& packed) {
-  const auto [hi, lo] = split_bf16(packed);
-  return at::cat({hi, lo, hi}, 0);
+  std::array<at::Tensor, float32_split::kPieces> pieces;
+  at::Tensor rest = packed;
+  for (auto& piece : pieces) {
+    piece = rest.to(at::kBFloat16);
+    // A non-finite value is all in its first piece (inf - inf would make the rest NaN).
+    rest = at::nan_to_num(rest - piece.to(at::kFloat), 0.0, 0.0, 0.0);
+  }
+  std::vector<at::Tensor> blocks;
+  for (int block = 0; block < float32_split::kProducts; ++block) {
+    blocks.push_back(pieces[float32_split::filter_piece(block)]);
+  }
+  return at::cat(blocks, 0);
 }
 
 // The launches of one call. `conv` is what the CUTLASS launches compute: the call's
@@ -125,7 +123,7 @@ struct FusedPlan {
 FusedPlan describe_launches(const Problem& p, ElementType element) {
   FusedPlan plan;
   plan.conv = is_pixel_shuffle_gemm(p) ? pixel_shuffle_gemm_problem(p) : p;
-  if (element == ElementType::kFloat32) plan.conv.in_channels *= kSplitProducts;
+  if (element == ElementType::kFloat32) plan.conv.in_channels *= float32_split::kProducts;
   plan.subpixel = plan_subpixel(plan.conv);
   plan.config = sm90::choose_config(plan.conv);
   if (plan.conv.out_channels != p.out_channels) {
@@ -216,7 +214,7 @@ std::string fused_path_description(const OpArgs& a, const Problem& p) {
     launches = std::to_string(plan.subpixel.phases.size()) + " sub-pixel phases of CUTLASS sm90 dgrad ";
   }
   if (plan.subpixel.unreached_pixels > 0) launches = "ReLU(bias) fill of unreached pixels + " + launches;
-  if (element == ElementType::kFloat32) launches = "float32 as three bfloat16 products: " + launches;
+  if (element == ElementType::kFloat32) launches = "float32 as six bfloat16 piece products: " + launches;
   return launches + sm90::config_name(plan.config) + " (epilogue: bias, ReLU, GroupNorm partial statistics) + normalize";
 }
 

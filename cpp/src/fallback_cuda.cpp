@@ -30,6 +30,9 @@ std::string fallback_unsupported_reason(const OpArgs& a, const Problem& p) {
   if (!affine_element_type(a)) return "norm_weight/norm_bias are not both float32, float16 or bfloat16 of one dtype";
   if (p.batch == 0) return "empty batch";
   if (p.batch > 65535) return "batch larger than 65535 (grid y limit of the finalize kernel)";
+  // Legal when dilation > stride, but cuDNN rejects it (PyTorch's CUDA path avoids cuDNN there too).
+  for (int i = 0; i < 3; ++i)
+    if (p.output_padding[i] >= p.stride[i]) return "output_padding >= stride in some dimension (cuDNN rejects it)";
   // PyTorch's cuDNN convolution splits the batch to keep each call under 2^31
   // elements; one sample past that it cannot take.
   constexpr int64_t kMax32 = (int64_t{1} << 31) - 1;

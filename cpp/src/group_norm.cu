@@ -97,26 +97,60 @@ __device__ WelfordPartial unreached_moments(const StatisticsSources& sources, El
 
 // --- finalize: partials -> per-channel scale and shift -------------------------------------
 
-// Block (g, n) merges the partials of (sample n, group g): threads strided over each
-// region's slots, then warp shuffle trees and a fixed-order merge of the warps'
-// results, then the unreached pixels. It then folds mean, rstd, gamma and beta into
-// the normalize pass's one multiply-add per element, out = x * scale[n, c] +
-// shift[n, c], for the group's channels.
+// The slots of (sample n, group g) over all regions as one sequence, regions in order,
+// so that a thread's loads do not wait on one another region by region.
+struct GroupSlots {
+  int64_t region_end[kMaxPartialsRegions];  // where region r's slots end in the sequence
+  int region_count;
+
+  __device__ int64_t total() const { return region_count > 0 ? region_end[region_count - 1] : 0; }
+};
+
+// Block (g, n) merges the partials of (sample n, group g): threads strided over the
+// flattened slots, kLoadsInFlight loads issued before their merges, then warp shuffle
+// trees and a fixed-order merge of the warps' results, then the unreached pixels. The
+// order of every merge is fixed, so results are bitwise reproducible. It then folds
+// mean, rstd, gamma and beta into the normalize pass's one multiply-add per element,
+// out = x * scale[n, c] + shift[n, c], for the group's channels.
 __global__ void __launch_bounds__(kThreads)
 group_norm_finalize_kernel(const WelfordPartial* __restrict__ partials, const __grid_constant__ StatisticsSources
                            sources, ElementType element, int channels, int num_groups, GroupNormAffine affine,
                            float eps, float2* __restrict__ scale_shift) {
+  constexpr int kLoadsInFlight = 4;
   __shared__ WelfordPartial warp_results[kWarps];
+  __shared__ GroupSlots slots;
   __shared__ float group_mean, group_rstd;
   const int g = blockIdx.x;
   const int64_t n = blockIdx.y;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int channels_per_group = channels / num_groups;
+  if (threadIdx.x == 0) {
+    int64_t end = 0;
+    for (int r = 0; r < sources.region_count; ++r) {
+      end += TileRange(sources.regions[r], n, g, channels_per_group).count;
+      slots.region_end[r] = end;
+    }
+    slots.region_count = sources.region_count;
+  }
+  __syncthreads();
+
   WelfordPartial acc{0.f, 0.f, 0.f};
-  for (int r = 0; r < sources.region_count; ++r) {
-    const TileRange range(sources.regions[r], n, g, channels_per_group);
-    for (int64_t p = threadIdx.x; p < range.count; p += kThreads) acc = merge(acc, partials[range.slot(p)]);
+  for (int64_t first = threadIdx.x; first < slots.total(); first += int64_t{kThreads} * kLoadsInFlight) {
+    WelfordPartial loaded[kLoadsInFlight];
+#pragma unroll
+    for (int i = 0; i < kLoadsInFlight; ++i) {
+      const int64_t p = first + int64_t{i} * kThreads;
+      loaded[i] = {0.f, 0.f, 0.f};
+      if (p < slots.total()) {
+        int r = 0;
+        while (p >= slots.region_end[r]) ++r;
+        const int64_t region_begin = r > 0 ? slots.region_end[r - 1] : 0;
+        loaded[i] = partials[TileRange(sources.regions[r], n, g, channels_per_group).slot(p - region_begin)];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kLoadsInFlight; ++i) acc = merge(acc, loaded[i]);
   }
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) acc = merge(acc, shuffle_down(acc, offset));

@@ -2,6 +2,7 @@
 #include <string>
 
 #include "cutlassfuse/device_utils.cuh"
+#include "cutlassfuse/float32_split.h"
 #include "cutlassfuse/layout.h"
 
 namespace cutlassfuse {
@@ -45,11 +46,11 @@ ncdhw_to_ndhwc_kernel(const T* __restrict__ src, T* __restrict__ dst, int channe
 }
 
 // Block (spatial tile, channel tile, n), as above, reading float32 (through the tile
-// when the source is NCDHW) and writing three 16-byte bfloat16 vectors per 8 channels
-// of a pixel: hi at c, hi at channels + c, lo at 2 * channels + c.
+// when the source is NCDHW) and writing, per 8 channels of a pixel, one 16-byte
+// bfloat16 vector into each of the six channel blocks (float32_split.h).
 template <bool kChannelsLastSource>
 __global__ void __launch_bounds__(kThreads)
-split_bf16x3_kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ dst, int channels, int64_t spatial) {
+split_float32_kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ dst, int channels, int64_t spatial) {
   __shared__ float tile[kTile][kTile + 1];  // [s][c]; +1 keeps the transposed accesses off one bank
   const int64_t n = blockIdx.z;
   const int64_t s_begin = blockIdx.x * int64_t{kTile};
@@ -67,24 +68,29 @@ split_bf16x3_kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ d
   }
   __syncthreads();
 
+  using namespace float32_split;
   constexpr int kVectorsPerRow = kTile / kVector;
   const int store_c = (threadIdx.x % kVectorsPerRow) * kVector;
   if (store_c >= c_count) return;
   for (int s = threadIdx.x / kVectorsPerRow; s < s_count; s += kThreads / kVectorsPerRow) {
-    uint4 hi_raw, lo_raw;
-    auto* hi = reinterpret_cast<__nv_bfloat16*>(&hi_raw);
-    auto* lo = reinterpret_cast<__nv_bfloat16*>(&lo_raw);
+    uint4 raw[kPieces];
 #pragma unroll
     for (int k = 0; k < kVector; ++k) {
-      const float v = tile[s][store_c + k];
-      hi[k] = __float2bfloat16_rn(v);
-      const float rest = v - __bfloat162float(hi[k]);
-      lo[k] = __float2bfloat16_rn(isfinite(rest) ? rest : 0.f);
+      float rest = tile[s][store_c + k];
+#pragma unroll
+      for (int piece = 0; piece < kPieces; ++piece) {
+        const __nv_bfloat16 part = __float2bfloat16_rn(rest);
+        reinterpret_cast<__nv_bfloat16*>(&raw[piece])[k] = part;
+        rest -= __bfloat162float(part);
+        // A non-finite value is all in its first piece (inf - inf would make the rest NaN).
+        if (!isfinite(rest)) rest = 0.f;
+      }
     }
-    __nv_bfloat16* row = dst + (n * spatial + s_begin + s) * 3 * channels + c_begin + store_c;
-    *reinterpret_cast<uint4*>(row) = hi_raw;
-    *reinterpret_cast<uint4*>(row + channels) = hi_raw;
-    *reinterpret_cast<uint4*>(row + 2 * channels) = lo_raw;
+    __nv_bfloat16* row = dst + (n * spatial + s_begin + s) * kProducts * channels + c_begin + store_c;
+#pragma unroll
+    for (int block = 0; block < kProducts; ++block) {
+      *reinterpret_cast<uint4*>(row + block * channels) = raw[input_piece(block)];
+    }
   }
 }
 
@@ -117,18 +123,18 @@ void ncdhw_to_ndhwc(ElementType element, const void* src, void* dst, int64_t bat
   }
 }
 
-void split_to_bf16x3_ndhwc(const void* src, bool channels_last_source, void* dst, int64_t batch, int64_t channels,
+void split_float32_ndhwc(const void* src, bool channels_last_source, void* dst, int64_t batch, int64_t channels,
                            int64_t spatial, cudaStream_t stream) {
-  check_shape("split_to_bf16x3_ndhwc", batch, channels);
+  check_shape("split_float32_ndhwc", batch, channels);
   const auto* in = static_cast<const float*>(src);
   auto* out = static_cast<__nv_bfloat16*>(dst);
   const dim3 grid = tile_grid(batch, channels, spatial);
   if (channels_last_source) {
-    split_bf16x3_kernel<true><<<grid, kThreads, 0, stream>>>(in, out, static_cast<int>(channels), spatial);
+    split_float32_kernel<true><<<grid, kThreads, 0, stream>>>(in, out, static_cast<int>(channels), spatial);
   } else {
-    split_bf16x3_kernel<false><<<grid, kThreads, 0, stream>>>(in, out, static_cast<int>(channels), spatial);
+    split_float32_kernel<false><<<grid, kThreads, 0, stream>>>(in, out, static_cast<int>(channels), spatial);
   }
-  check_launch("split_bf16x3_kernel");
+  check_launch("split_float32_kernel");
 }
 
 }  // namespace cutlassfuse

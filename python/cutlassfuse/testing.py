@@ -26,7 +26,9 @@ def reference_float64(input: Tensor, weight: Tensor, bias: Optional[Tensor] = No
     """GroupNorm(ReLU(ConvTranspose3d)) with PyTorch's ops in float64 on the inputs' device."""
     y = F.conv_transpose3d(_float64(input), _float64(weight), _float64(bias), stride, padding, output_padding,
                            groups, dilation)
-    return F.group_norm(F.relu(y), num_groups, _float64(norm_weight), _float64(norm_bias), eps)
+    # torch.group_norm, not F.group_norm: the functional refuses groups of one element
+    # ("more than 1 value per channel when training"), which the op normalizes to beta.
+    return torch.group_norm(F.relu(y), num_groups, _float64(norm_weight), _float64(norm_bias), eps)
 
 
 def poison_cuda_allocator(nbytes: int) -> None:

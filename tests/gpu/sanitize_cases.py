@@ -1,7 +1,7 @@
 """A representative set of calls for compute-sanitizer (scripts/sanitize.sh): the fused
 path in fp16 and bf16 with tiles straddling samples and groups crossing N tiles,
 NCDHW and channels-last output, bias and no affine, strided (sub-pixel phases, pixels
-no tap reaches, the pixel-shuffle GEMM), float32 as three bfloat16 products, and the
+no tap reaches, the pixel-shuffle GEMM), float32 as six bfloat16 piece products, and the
 CUDA fallback (odd channels, conv groups, strict float32)."""
 
 import torch

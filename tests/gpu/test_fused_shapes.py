@@ -18,7 +18,7 @@ from cutlassfuse.testing import errors, poison_cuda_allocator, reference_float64
 
 pytestmark = pytest.mark.gpu
 
-# float32 runs as three bfloat16 products: the bar is 1e-4 max abs against float64.
+# float32 runs as six bfloat16 piece products: the bar is 1e-4 max abs against float64.
 MAX_ABS = {torch.float16: 3e-2, torch.bfloat16: 2e-1, torch.float32: 1e-4}
 RELATIVE = {torch.float16: 5e-3, torch.bfloat16: 2e-2, torch.float32: 1e-4}
 

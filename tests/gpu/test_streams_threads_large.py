@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import cutlassfuse
-from cutlassfuse.testing import errors
+from cutlassfuse.testing import Errors
 
 pytestmark = pytest.mark.gpu
 
@@ -75,13 +75,24 @@ def test_tensors_around_two_to_the_31(batch, edge, conv_groups, path):
     assert taken.startswith(path), taken
     out = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, groups=conv_groups, num_groups=2)
     assert out.numel() == batch * 8 * edge**3
-    # Reference: the same math in fp32 through PyTorch, one sample at a time, compared.
+    # Reference: the same math in fp32 through PyTorch, one sample at a time, compared
+    # in depth slabs (float64 copies of the whole sample would not fit an 80 GB card).
     for n in range(batch):
         y = torch.nn.functional.conv_transpose3d(x[n:n + 1].float(), w.float(), groups=conv_groups).relu_()
         expected = torch.nn.functional.group_norm(y, 2)
         del y
-        err = errors(out[n:n + 1].float(), expected)
+        err = slab_errors(out[n:n + 1], expected)
         assert err.relative <= 5e-3, f"{taken}, sample {n}: {err}"
+
+
+def slab_errors(actual, expected, slabs: int = 32) -> Errors:
+    squared_diff = squared_reference = max_abs = 0.0
+    for a, e in zip(actual.chunk(slabs, dim=2), expected.chunk(slabs, dim=2)):
+        diff = a.double() - e.double()
+        squared_diff += diff.square().sum().item()
+        squared_reference += e.double().square().sum().item()
+        max_abs = max(max_abs, diff.abs().max().item())
+    return Errors(relative=(squared_diff / squared_reference) ** 0.5, max_abs=max_abs)
 
 
 @pytest.mark.parametrize("lanes", [2, 4])
