@@ -1,6 +1,6 @@
 """float32: accuracy against float64 and time, in one run, of cutlassfuse's two float32
-implementations (the fused path running six bfloat16 piece products; the CUDA fallback
-running cuDNN in strict fp32) and PyTorch eager with its default TF32 convolution and
+implementations (the fused path running three bfloat16 piece products, opted in with
+set_float32_tensor_cores; the default, cuDNN in strict fp32 on the CUDA fallback) and PyTorch eager with its default TF32 convolution and
 with TF32 off. The evidence for the fp32 implementation choice (docs/performance.md).
 
     python benchmarks/float32_choice.py [--shape kb61]
@@ -36,19 +36,19 @@ def main() -> None:
     def ours():
         return cutlassfuse.conv_transpose3d_relu_group_norm(x, w, num_groups=shape.groups, **args)
 
-    def ours_fallback():
-        cutlassfuse.set_fused_path_enabled(False)
+    def ours_tensor_cores():
+        cutlassfuse.set_float32_tensor_cores(True)
         try:
             return ours()
         finally:
-            cutlassfuse.set_fused_path_enabled(True)
+            cutlassfuse.set_float32_tensor_cores(False)
 
     print(f"{shape.name} float32 on {torch.cuda.get_device_name()}: {cutlassfuse.explain(x, w, num_groups=shape.groups, **args)}")
     print(f"{'implementation':<42}{'median ms':>10}{'max abs err':>13}{'rel err':>10}")
     saved = torch.backends.cudnn.allow_tf32
     try:
-        for name, fn, tf32 in [("cutlassfuse fused (3x bf16 products)", ours, saved),
-                               ("cutlassfuse fallback (strict fp32 cuDNN)", ours_fallback, saved),
+        for name, fn, tf32 in [("cutlassfuse tensor cores (3 bf16 products)", ours_tensor_cores, saved),
+                               ("cutlassfuse default (strict fp32 cuDNN)", ours, saved),
                                ("eager, TF32 conv (PyTorch default)", eager, True),
                                ("eager, strict fp32", eager, False)]:
             torch.backends.cudnn.allow_tf32 = tf32

@@ -68,6 +68,8 @@ def main() -> None:
         "cutlassfuse fallback (fused path off), NCDHW input": lambda: cutlassfuse.conv_transpose3d_relu_group_norm(
             x, w, num_groups=shape.groups, **conv),
     }
+    # float32 on the fused path is opt-in; the fallback run shows the default (strict fp32).
+    cutlassfuse.set_float32_tensor_cores(dtype == torch.float32)
     print(f"{shape.name} {args.dtype}: {cutlassfuse.explain(x, w, num_groups=shape.groups, **conv)}")
     for title, fn in runs.items():
         cutlassfuse.set_fused_path_enabled("fallback" not in title)

@@ -113,7 +113,7 @@ fi
 
 if wanted profile; then
   step "Nsight Compute (kb61 fp16)"
-  "$PYTHON" -m cutlassfuse profile --shape kb61 --dtype float16 2>&1 | tee "$LOGS/ncu.log"
+  "$PYTHON" -m cutlassfuse profile --shape kb61 --dtype float16 --csv "$LOGS/ncu.csv" 2>&1 | tee "$LOGS/ncu.log"
 fi
 
 if wanted sanitize; then

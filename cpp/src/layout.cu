@@ -47,7 +47,7 @@ ncdhw_to_ndhwc_kernel(const T* __restrict__ src, T* __restrict__ dst, int channe
 
 // Block (spatial tile, channel tile, n), as above, reading float32 (through the tile
 // when the source is NCDHW) and writing, per 8 channels of a pixel, one 16-byte
-// bfloat16 vector into each of the six channel blocks (float32_split.h).
+// bfloat16 vector into each of the kProducts channel blocks (float32_split.h).
 template <bool kChannelsLastSource>
 __global__ void __launch_bounds__(kThreads)
 split_float32_kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ dst, int channels, int64_t spatial) {

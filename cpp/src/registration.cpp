@@ -127,6 +127,8 @@ TORCH_LIBRARY(cutlassfuse, m) {
   m.def("set_dgrad_config(str name) -> ()", [](c10::string_view name) { set_dgrad_config(name); });
   // Turns the fused sm90 path off or on, so CUDA calls take the fallback (benchmarks).
   m.def("set_fused_path_enabled(bool enabled) -> ()", [](bool enabled) { set_fused_path_enabled(enabled); });
+  // float32 on the fused path as bfloat16 piece products (faster, less accurate; off by default).
+  m.def("set_float32_tensor_cores(bool enabled) -> ()", [](bool enabled) { set_float32_tensor_cores(enabled); });
   // Spreads the sub-pixel phases of one call over this many streams (1 to 8; benchmarks).
   m.def("set_phase_streams(int lanes) -> ()", [](int64_t lanes) { set_phase_streams(lanes); });
   // The deconvolution alone through the stock CUTLASS kernel (benchmark baseline); the

@@ -22,6 +22,7 @@ from .ops import (  # noqa: E402
     explain,
     pack_weight,
     set_dgrad_config,
+    set_float32_tensor_cores,
     set_fused_path_enabled,
     set_phase_streams,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "info",
     "pack_weight",
     "set_dgrad_config",
+    "set_float32_tensor_cores",
     "set_fused_path_enabled",
     "set_phase_streams",
     "__version__",

@@ -32,7 +32,9 @@ KERNEL_KEYS = ("ConvUniversal", "group_norm_finalize", "group_norm_apply", "ncdh
 # before), and a metric ncu knows can still read n/a on a given GPU (the gmma-cycles
 # one did on the H200's ncu). One unknown metric fails the whole ncu run, so the
 # profile asks `ncu --query-metrics` which bases it knows, requests every candidate
-# among them, and the table shows the first that has a number.
+# among them, and the table shows the largest number among them (on the H100's ncu the
+# gmma-cycles metric read 0 % for the wgmma conv kernel, so the first number is not
+# enough).
 TENSOR_PIPE_METRICS = (
     "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
     "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
@@ -72,8 +74,11 @@ def summarize(csv_text: str) -> str:
         name = row["Metric Name"]
         label = METRICS.get(name) or (TENSOR_PIPE_LABEL if name in TENSOR_PIPE_METRICS else None)
         values = table.setdefault(key, {})
-        if label == TENSOR_PIPE_LABEL and (label in values or not _is_number(row["Metric Value"])):
-            continue  # an earlier candidate already gave a number, or this one reads n/a
+        if label == TENSOR_PIPE_LABEL:
+            if not _is_number(row["Metric Value"]):
+                continue  # this candidate reads n/a
+            if label in values and _number(values[label].split()[0]) >= _number(row["Metric Value"]):
+                continue  # another candidate gave more
         if label:
             values[label] = f'{row["Metric Value"]} {row["Metric Unit"]}'.strip()
     columns = list(dict.fromkeys(c for values in table.values() for c in values))
@@ -83,9 +88,13 @@ def summarize(csv_text: str) -> str:
     return "\n".join(out)
 
 
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
 def _is_number(text: str) -> bool:
     try:
-        float(text.replace(",", ""))
+        _number(text)
         return True
     except ValueError:
         return False

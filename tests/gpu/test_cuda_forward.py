@@ -57,7 +57,7 @@ CASES = [
 ]
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
-FLOAT32_MAX_ABS = 1e-4  # issue 4's bar; PyTorch's default TF32 lands ~3e-3 away
+FLOAT32_MAX_ABS = 1e-4  # issue 4's bar (strict fp32 by default); PyTorch's default TF32 lands ~3e-3 away
 
 
 def make_inputs(case: Case, dtype: torch.dtype, generator: torch.Generator) -> dict:
@@ -92,7 +92,7 @@ def test_matches_float64(case: Case, dtype: torch.dtype):
     inputs = make_inputs(case, dtype, generator)
     on_sm90 = torch.cuda.get_device_capability() == (9, 0)
     path = cutlassfuse.explain(**inputs)
-    if case.fused and on_sm90:
+    if case.fused and on_sm90 and dtype != torch.float32:
         assert path.startswith("fused_sm90"), path
 
     expected_like = eager(inputs)  # shape and dtype of PyTorch's result

@@ -48,6 +48,9 @@ at::Tensor reference_forward(const OpArgs& args);
 std::string fused_path_unsupported_reason(const OpArgs& args, const Problem& problem);
 // Process-wide switch of the fused path (on by default), for benchmarking the fallback.
 void set_fused_path_enabled(bool enabled);
+// Whether float32 calls take the fused path as bfloat16 piece products (off by default:
+// strict fp32 cuDNN is the accurate default; see float32_split.h).
+void set_float32_tensor_cores(bool enabled);
 // How many streams the fused path spreads sub-pixel phases over (1, the default, to 8).
 void set_phase_streams(int64_t lanes);
 at::Tensor fused_forward_cuda(const OpArgs& args, const Problem& problem);
