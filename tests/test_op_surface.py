@@ -86,19 +86,14 @@ def test_phase_streams_knob_is_harmless_on_the_cpu():
     cutlassfuse.set_phase_streams(1)
 
 
-def test_float32_tensor_cores_knob_leaves_the_cpu_reference():
+@pytest.mark.parametrize("switch,changed,default", [
+    (cutlassfuse.set_float32_tensor_cores, True, False),
+    (cutlassfuse.set_fused_path_enabled, False, True),
+], ids=["float32_tensor_cores", "fused_path"])
+def test_path_switches_leave_the_cpu_reference(switch, changed, default):
     x, w = torch.rand(1, 8, 2, 2, 2), torch.rand(8, 8, 3, 3, 3)
-    cutlassfuse.set_float32_tensor_cores(True)
+    switch(changed)
     try:
         assert cutlassfuse.explain(x, w, num_groups=2).startswith("reference")
     finally:
-        cutlassfuse.set_float32_tensor_cores(False)
-
-
-def test_fused_path_switch_is_harmless_on_the_cpu():
-    x, w = torch.rand(1, 8, 2, 2, 2), torch.rand(8, 8, 3, 3, 3)
-    cutlassfuse.set_fused_path_enabled(False)
-    try:
-        assert cutlassfuse.explain(x, w, num_groups=2).startswith("reference")
-    finally:
-        cutlassfuse.set_fused_path_enabled(True)
+        switch(default)
