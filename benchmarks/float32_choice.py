@@ -1,7 +1,8 @@
 """float32: accuracy against float64 and time, in one run, of cutlassfuse's two float32
 implementations (the fused path running three bfloat16 piece products, opted in with
-set_float32_tensor_cores; the default, cuDNN in strict fp32 on the CUDA fallback) and PyTorch eager with its default TF32 convolution and
-with TF32 off. The evidence for the fp32 implementation choice (docs/performance.md).
+set_float32_tensor_cores; the default, cuDNN in strict fp32 on the CUDA fallback) and
+PyTorch eager with its default TF32 convolution and with TF32 off. The evidence for the
+fp32 implementation choice (docs/performance.md).
 
     python benchmarks/float32_choice.py [--shape kb61]
 """

@@ -75,8 +75,8 @@ decltype(auto) with_element(ElementType element, F&& f) {
 }
 
 // float32 on tensor cores runs as bfloat16 piece products in one GEMM over
-// kProducts * Cin channels (float32_split.h): the input's split is a kernel (split_float32_ndhwc), the filter's
-// (small next to the input on the shapes that matter) runs through ATen here.
+// kProducts * Cin channels (float32_split.h): the input's split is a kernel
+// (split_float32_ndhwc), the filter's (small next to the input) runs through ATen here.
 at::Tensor split_input(const at::Tensor& input, const Problem& p, cudaStream_t stream) {
   const NvtxRange range("cutlassfuse.split_float32");
   const bool channels_last = input.is_contiguous(at::MemoryFormat::ChannelsLast3d);
@@ -220,7 +220,9 @@ std::string fused_path_description(const OpArgs& a, const Problem& p) {
     launches = std::to_string(plan.subpixel.phases.size()) + " sub-pixel phases of CUTLASS sm90 dgrad ";
   }
   if (plan.subpixel.unreached_pixels > 0) launches = "ReLU(bias) fill of unreached pixels + " + launches;
-  if (element == ElementType::kFloat32) launches = "float32 as three bfloat16 piece products (set_float32_tensor_cores): " + launches;
+  if (element == ElementType::kFloat32) {
+    launches = "float32 as three bfloat16 piece products (set_float32_tensor_cores): " + launches;
+  }
   return launches + sm90::config_name(plan.config) + " (epilogue: bias, ReLU, GroupNorm partial statistics) + normalize";
 }
 

@@ -1,8 +1,8 @@
 """A representative set of calls for compute-sanitizer (scripts/sanitize.sh): the fused
 path in fp16 and bf16 with tiles straddling samples and groups crossing N tiles,
 NCDHW and channels-last output, bias and no affine, strided (sub-pixel phases, pixels
-no tap reaches, the pixel-shuffle GEMM), float32 as bfloat16 piece products (opted in), and the
-CUDA fallback (odd channels, conv groups, strict float32)."""
+no tap reaches, the pixel-shuffle GEMM), float32 as bfloat16 piece products (opted
+in), and the CUDA fallback (odd channels, conv groups, strict float32)."""
 
 import torch
 

@@ -20,16 +20,21 @@ constexpr int kProducts = 3;
 
 // Functions rather than arrays, so that device code can use them too.
 #ifdef __CUDACC__
-__host__ __device__
+#define CUTLASSFUSE_SPLIT_HOST_DEVICE __host__ __device__
+#else
+#define CUTLASSFUSE_SPLIT_HOST_DEVICE
 #endif
-constexpr int input_piece(int block) {
+
+CUTLASSFUSE_SPLIT_HOST_DEVICE constexpr int input_piece(int block) {
   constexpr int kInputPiece[kProducts] = {0, 0, 1};
   return kInputPiece[block];
 }
 
-constexpr int filter_piece(int block) {
+CUTLASSFUSE_SPLIT_HOST_DEVICE constexpr int filter_piece(int block) {
   constexpr int kFilterPiece[kProducts] = {0, 1, 0};
   return kFilterPiece[block];
 }
 
 }  // namespace cutlassfuse::float32_split
+
+#undef CUTLASSFUSE_SPLIT_HOST_DEVICE

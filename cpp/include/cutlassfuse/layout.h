@@ -18,8 +18,8 @@ void ncdhw_to_ndhwc(ElementType element, const void* src, void* dst, int64_t bat
 
 // The float32 path's left operand in one pass: src float32, [batch, channels, spatial]
 // (NCDHW) or [batch, spatial, channels] (channels_last_source); dst bfloat16
-// [batch, spatial, kProducts * channels], channel block b holding piece input_piece(b) of each
-// value (float32_split.h). channels % 8 == 0.
+// [batch, spatial, kProducts * channels], channel block b holding piece input_piece(b)
+// of each value (float32_split.h). channels % 8 == 0.
 void split_float32_ndhwc(const void* src, bool channels_last_source, void* dst, int64_t batch, int64_t channels,
                          int64_t spatial, cudaStream_t stream);
 
