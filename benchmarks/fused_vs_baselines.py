@@ -20,7 +20,7 @@ from cutlassfuse.benchmarking import median_ms
 from cutlassfuse.testing import KernelBenchModel
 
 SHAPES = {"kb61": (16, 64, 128, (32, 32, 32)), "kb61_v0": (16, 64, 128, (8, 16, 16))}
-CONFIGS = ["128x128_cluster1x1", "128x128_cluster2x1", "128x64_cluster1x1"]
+CONFIGS = ["128x128_cluster1x1", "128x64_cluster1x1", "128x128_pingpong", "128x64_pingpong"]
 
 
 def time_ms(fn) -> float:

@@ -58,7 +58,8 @@ grep -E "registers|spill" "$LOGS/build.log" | sort | uniq -c | head -20
 
 if wanted tests; then
   step "GPU tests"
-  "$PYTHON" -m pytest -m gpu tests/gpu -q -p no:cacheprovider --durations=10 --junitxml="$OUT/gpu-tests.xml" 2>&1 \
+  # A hung kernel must not eat the whole call: the remaining steps still run.
+  timeout 420 "$PYTHON" -m pytest -m gpu tests/gpu -q -p no:cacheprovider --durations=10 --junitxml="$OUT/gpu-tests.xml" 2>&1 \
     | tee "$LOGS/gpu-tests.log"
   status+=("gpu tests: $(tail -1 "$LOGS/gpu-tests.log")")
 fi

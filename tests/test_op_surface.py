@@ -77,7 +77,7 @@ def test_module_packs_no_weight_on_cpu():
 def test_set_dgrad_config_checks_names():
     with pytest.raises(ValueError, match="unknown dgrad config"):
         cutlassfuse.set_dgrad_config("256x256_cluster4x4")
-    cutlassfuse.set_dgrad_config("128x128_cluster2x1")
+    cutlassfuse.set_dgrad_config("128x64_pingpong")
     cutlassfuse.set_dgrad_config(None)
 
 

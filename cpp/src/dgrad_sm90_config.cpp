@@ -12,13 +12,15 @@ std::atomic<int> g_override{-1};
 }  // namespace
 
 TileExtent tile_extent(DgradConfig config) {
-  return config == DgradConfig::k128x64_cluster1x1 ? TileExtent{128, 64} : TileExtent{128, 128};
+  const bool narrow = config == DgradConfig::k128x64_cluster1x1 || config == DgradConfig::k128x64_pingpong;
+  return narrow ? TileExtent{128, 64} : TileExtent{128, 128};
 }
 
 const char* config_name(DgradConfig config) {
   switch (config) {
-    case DgradConfig::k128x128_cluster2x1: return "128x128_cluster2x1";
     case DgradConfig::k128x64_cluster1x1: return "128x64_cluster1x1";
+    case DgradConfig::k128x128_pingpong: return "128x128_pingpong";
+    case DgradConfig::k128x64_pingpong: return "128x64_pingpong";
     default: return "128x128_cluster1x1";
   }
 }
@@ -36,9 +38,11 @@ void set_config_override(std::optional<DgradConfig> config) {
 
 DgradConfig choose_config(const Problem& problem) {
   if (const int pinned = g_override.load(); pinned >= 0) return static_cast<DgradConfig>(pinned);
-  // A 128-channel tile would compute half zeros for 64 or fewer output channels.
-  if (problem.out_channels <= 64) return DgradConfig::k128x64_cluster1x1;
-  return DgradConfig::k128x128_cluster1x1;
+  // The ping-pong kernel hides each tile's epilogue behind the other consumer's MMAs
+  // and runs all sub-pixel phases in one launch. A 128-channel tile would compute half
+  // zeros for 64 or fewer output channels.
+  if (problem.out_channels <= 64) return DgradConfig::k128x64_pingpong;
+  return DgradConfig::k128x128_pingpong;
 }
 
 }  // namespace cutlassfuse::sm90

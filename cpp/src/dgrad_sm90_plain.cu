@@ -1,61 +1,69 @@
-// The stock CUTLASS sm90 dgrad with a plain-store epilogue, same tile configuration as
-// the fused family's default: the baseline for measuring what the fused epilogue costs.
-// Like the fused family it runs one sub-pixel phase per launch.
+// The fused family's kernel layers with CUTLASS's stock epilogue (a plain store, no
+// bias, ReLU or statistics): the baseline for measuring what the fused epilogue costs.
+// 128x128 tiles, through CUTLASS's non-persistent kernel or the ping-pong kernel.
 #include "cutlassfuse/dgrad_sm90_launch.cuh"
 
 namespace cutlassfuse::sm90 {
 namespace {
 
-template <class Element>
+template <class Element, class Config>
 struct DgradPlainKernel {
-  using Config = TileConfig<128, 128, 1>;
   using Layout = cutlass::layout::TensorNDHWC;
   static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Config::TileShape, typename Config::ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, Layout, kAlignment, Element, Layout,
       kAlignment, cutlass::epilogue::TmaWarpSpecialized>::CollectiveOp;
+  static constexpr int kCarveout = Config::kPingpong ? pingpong_carveout_bytes<Epilogue>()
+                                                     : static_cast<int>(sizeof(typename Epilogue::SharedStorage));
   using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kDgrad, Element, Layout,
       kAlignment, Element, Layout, kAlignment, float, typename Config::TileShape, typename Config::ClusterShape,
-      cutlass::conv::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::conv::collective::StageCountAutoCarveout<kCarveout>,
       cutlass::conv::collective::KernelScheduleAuto>::CollectiveOp;
-  using Kernel = cutlass::conv::kernel::ConvUniversal<ProblemShape, Mainloop, Epilogue>;
-  using Device = cutlass::conv::device::ConvUniversalAdapter<Kernel>;
+  using Kernel = std::conditional_t<Config::kPingpong, PingpongPhasesKernel<Mainloop, Epilogue, kMaxPhasesPerLaunch>,
+                                    cutlass::conv::kernel::ConvUniversal<ProblemShape, Mainloop, Epilogue>>;
 };
 
+template <class Element, class Config>
+void run_plain(const Problem& problem, std::span<const PhaseLaunch> phases, int sm_count, cudaStream_t stream) {
+  using Plain = DgradPlainKernel<Element, Config>;
+  std::vector<PhaseArguments<typename Plain::Mainloop, typename Plain::Epilogue>> args;
+  for (const PhaseLaunch& launch : phases) {
+    const ProblemShape shape = make_problem_shape(problem, *launch.phase);
+    const auto stride_d = output_stride<typename Plain::Epilogue::StrideD>(shape);
+    const PhasePointers<Element, Element> ptr(*launch.phase, launch.operands.input, launch.operands.filter,
+                                              launch.operands.activation);
+    args.push_back({shape, {ptr.input, ptr.filter}, {{}, nullptr, stride_d, ptr.output, stride_d}});
+    std::string why = shape_rules_violation(problem);
+    if (why.empty()) why = phase_rejection(*launch.phase, args.back());
+    if (!why.empty()) throw std::invalid_argument("cutlassfuse: the plain CUTLASS dgrad cannot run this problem: " + why);
+  }
+  launch_phases<typename Plain::Kernel, Config::kPingpong>(args, sm_count, stream);
+}
+
 template <class Element>
-void run_plain(const Problem& problem, const PhaseProblem& phase, const void* input, const void* filter, void* output,
-               int sm_count, cudaStream_t stream) {
-  using Plain = DgradPlainKernel<Element>;
-  const ProblemShape shape = make_problem_shape(problem, phase);
-  const auto stride_d = output_stride<typename Plain::Epilogue::StrideD>(shape);
-  const PhasePointers<Element, Element> ptr(phase, input, filter, output);
-  cutlass::KernelHardwareInfo hw_info;
-  cudaGetDevice(&hw_info.device_id);
-  hw_info.sm_count = sm_count;
-  typename Plain::Device::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm, shape, {ptr.input, ptr.filter},
-                                         {{}, nullptr, stride_d, ptr.output, stride_d}, hw_info};
-  std::string why = shape_rules_violation(problem);
-  if (why.empty()) why = phase_rejection<typename Plain::Device>(shape, phase, args);
-  if (!why.empty()) throw std::invalid_argument("cutlassfuse: the plain CUTLASS dgrad cannot run this problem: " + why);
-  typename Plain::Device conv;
-  if (conv.initialize(args, nullptr, stream) != cutlass::Status::kSuccess || conv.run(stream) != cutlass::Status::kSuccess)
-    throw std::runtime_error("cutlassfuse: the plain CUTLASS dgrad failed to run this problem");
+void run_plain_config(DgradConfig config, const Problem& problem, std::span<const PhaseLaunch> phases, int sm_count,
+                      cudaStream_t stream) {
+  if (plain_config(config) == DgradConfig::k128x128_pingpong) {
+    run_plain<Element, TileConfig<128, 128, 1, Schedule::kPingpong>>(problem, phases, sm_count, stream);
+  } else {
+    run_plain<Element, TileConfig<128, 128, 1>>(problem, phases, sm_count, stream);
+  }
 }
 
 }  // namespace
 
 template <>
-void dgrad_plain<ElementType::kFloat16>(const Problem& p, const PhaseProblem& phase, const void* in, const void* flt,
-                                        void* out, int sms, cudaStream_t s) {
-  run_plain<cutlass::half_t>(p, phase, in, flt, out, sms, s);
+void dgrad_plain<ElementType::kFloat16>(DgradConfig config, const Problem& p, std::span<const PhaseLaunch> phases,
+                                        int sms, cudaStream_t s) {
+  run_plain_config<cutlass::half_t>(config, p, phases, sms, s);
 }
 
 template <>
-void dgrad_plain<ElementType::kBFloat16>(const Problem& p, const PhaseProblem& phase, const void* in,
-                                         const void* flt, void* out, int sms, cudaStream_t s) {
-  run_plain<cutlass::bfloat16_t>(p, phase, in, flt, out, sms, s);
+void dgrad_plain<ElementType::kBFloat16>(DgradConfig config, const Problem& p, std::span<const PhaseLaunch> phases,
+                                         int sms, cudaStream_t s) {
+  run_plain_config<cutlass::bfloat16_t>(config, p, phases, sms, s);
 }
 
 }  // namespace cutlassfuse::sm90

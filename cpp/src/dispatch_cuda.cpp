@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <span>
 #include <vector>
 
 #include "cutlassfuse/dgrad_sm90.h"
@@ -30,8 +31,9 @@ std::atomic<int> g_phase_streams{1};
 std::atomic<bool> g_float32_tensor_cores{false};
 
 // Sub-pixel phases are independent (disjoint outputs, their own partials): with more
-// than one lane they run on side streams, so one phase's last wave overlaps the next
-// phase's first. Forked from and joined back into the caller's stream, so the op stays
+// than one lane each phase is its own launch on a side stream, so one phase's last
+// wave can overlap the next phase's first (the ping-pong kernel does this inside one
+// launch). Forked from and joined back into the caller's stream, so the op stays
 // ordered on it (and capturable in a CUDA graph); the tensors the phases use outlive
 // the join. One lane (the default) launches everything on the caller's stream.
 class PhaseLanes {
@@ -46,6 +48,8 @@ class PhaseLanes {
       forked.block(side_.back());
     }
   }
+
+  size_t count() const { return std::max<size_t>(side_.size(), 1); }
 
   cudaStream_t stream_for(size_t phase) const {
     return side_.empty() ? caller_.stream() : side_[phase % side_.size()].stream();
@@ -256,15 +260,23 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   }
   {
     const NvtxRange range("cutlassfuse.dgrad_bias_relu_stats");
-    const PhaseLanes lanes(plan.subpixel.phases.size(), at::cuda::getCurrentCUDAStream());
+    std::vector<sm90::PhaseLaunch> launches;
     for (size_t i = 0; i < plan.subpixel.phases.size(); ++i) {
-      const sm90::DgradOperands operands{input.data_ptr(), filter.data_ptr(), epilogue_bias, activation.data_ptr(),
-                                         partials_ptr + plan.sources.regions[i * plan.blocks()].first_slot};
-      with_element(element, [&](auto e) {
-        sm90::dgrad_fused<decltype(e)::value>(plan.config, c, plan.subpixel.phases[i], operands, sm_count,
-                                              lanes.stream_for(i));
-      });
+      launches.push_back({&plan.subpixel.phases[i],
+                          {input.data_ptr(), filter.data_ptr(), epilogue_bias, activation.data_ptr(),
+                           partials_ptr + plan.sources.regions[i * plan.blocks()].first_slot}});
     }
+    const PhaseLanes lanes(launches.size(), at::cuda::getCurrentCUDAStream());
+    with_element(element, [&](auto e) {
+      if (lanes.count() <= 1) {
+        sm90::dgrad_fused<decltype(e)::value>(plan.config, c, launches, sm_count, lanes.stream_for(0));
+        return;
+      }
+      for (size_t i = 0; i < launches.size(); ++i) {
+        sm90::dgrad_fused<decltype(e)::value>(plan.config, c, std::span(&launches[i], 1), sm_count,
+                                              lanes.stream_for(i));
+      }
+    });
     lanes.join();
   }
 
@@ -303,11 +315,15 @@ at::Tensor cutlass_dgrad_plain(const OpArgs& a, const Problem& p) {
   // Pixels no input reaches are zeros of the convolution (it has no bias here).
   at::Tensor out = plan.unreached_pixels > 0 ? at::zeros(size, options) : at::empty(size, options);
   const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  std::vector<sm90::PhaseLaunch> launches;
   for (const PhaseProblem& phase : plan.phases) {
-    with_element(*element, [&](auto e) {
-      sm90::dgrad_plain<decltype(e)::value>(p, phase, input.data_ptr(), filter.data_ptr(), out.data_ptr(), sm_count,
-                                            stream);
-    });
+    launches.push_back({&phase, {input.data_ptr(), filter.data_ptr(), nullptr, out.data_ptr(), nullptr}});
+  }
+  const sm90::DgradConfig config = sm90::choose_config(p);
+  if (*element == ElementType::kBFloat16) {
+    sm90::dgrad_plain<ElementType::kBFloat16>(config, p, launches, sm_count, stream);
+  } else {
+    sm90::dgrad_plain<ElementType::kFloat16>(config, p, launches, sm_count, stream);
   }
   return out;
 }

@@ -71,8 +71,10 @@ def pack_weight(weight: Tensor) -> Tensor:
 
 
 def set_dgrad_config(name: Optional[str]) -> None:
-    """Pins the sm90 kernel's tile configuration (for benchmarking); None restores the
-    heuristic. Names: "128x128_cluster1x1", "128x128_cluster2x1", "128x64_cluster1x1"."""
+    """Pins the sm90 kernel's configuration (for benchmarking); None restores the
+    heuristic. Names (CTA tile and kernel layer): "128x128_pingpong", "128x64_pingpong"
+    (this project's persistent ping-pong kernel, the heuristic's choices),
+    "128x128_cluster1x1", "128x64_cluster1x1" (CUTLASS's non-persistent conv kernel)."""
     torch.ops.cutlassfuse.set_dgrad_config(name or "")
 
 

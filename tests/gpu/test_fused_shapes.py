@@ -152,3 +152,30 @@ def test_fused_path_matches_float64(case: dict, dtype: torch.dtype, float32_on_t
     assert err.relative <= RELATIVE[dtype] and err.max_abs <= MAX_ABS[dtype], err
     poison_cuda_allocator(poison_bytes)
     assert torch.equal(out, cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)), "two runs differ"
+
+
+# Every kernel configuration, whichever the heuristic picks: both kernel layers (the
+# ping-pong kernel's multi-phase launches, CUTLASS's one launch per phase) and both
+# tiles, on the named edge cases.
+CONFIGS = ["128x128_pingpong", "128x64_pingpong", "128x128_cluster1x1", "128x64_cluster1x1"]
+
+
+@pytest.fixture(params=CONFIGS)
+def dgrad_config(request):
+    cutlassfuse.set_dgrad_config(request.param)
+    yield request.param
+    cutlassfuse.set_dgrad_config(None)
+
+
+@pytest.mark.parametrize("case", CASES[:16], ids=case_id)
+def test_every_config_matches_float64(case: dict, dgrad_config: str):
+    inputs = make_inputs(case, torch.float16)
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert dgrad_config in cutlassfuse.explain(**inputs)
+    poison_cuda_allocator(8 * 2 * case["batch"] * case["out_channels"] * torch.Size(case["output_size"]).numel())
+    out = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all(), "unwritten (poisoned) or non-finite output elements"
+    err = errors(out, reference_float64(**inputs))
+    assert err.relative <= RELATIVE[torch.float16] and err.max_abs <= MAX_ABS[torch.float16], err
+    assert torch.equal(out, cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)), "two runs differ"

@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -27,10 +28,12 @@
 
 namespace cutlassfuse::sm90 {
 
-// CTA tile (M pixels x N channels, K = 64) and thread-block cluster.
-enum class DgradConfig { k128x128_cluster1x1, k128x128_cluster2x1, k128x64_cluster1x1 };
-inline constexpr DgradConfig kDgradConfigs[] = {DgradConfig::k128x128_cluster1x1, DgradConfig::k128x128_cluster2x1,
-                                                DgradConfig::k128x64_cluster1x1};
+// CTA tile (M pixels x N channels, K = 64) and kernel layer: CUTLASS's non-persistent
+// conv kernel (one launch per phase, cluster 1x1), or the persistent ping-pong kernel
+// (dgrad_sm90_pingpong.cuh: up to 8 phases per launch, epilogues overlapped with MMAs).
+enum class DgradConfig { k128x128_cluster1x1, k128x64_cluster1x1, k128x128_pingpong, k128x64_pingpong };
+inline constexpr DgradConfig kDgradConfigs[] = {DgradConfig::k128x128_cluster1x1, DgradConfig::k128x64_cluster1x1,
+                                                DgradConfig::k128x128_pingpong, DgradConfig::k128x64_pingpong};
 
 struct TileExtent {
   int m;
@@ -63,21 +66,33 @@ inline GroupNormShape phase_group_norm_shape(const Problem& problem, const Phase
 template <ElementType E>
 std::string dgrad_unsupported_reason(DgradConfig config, const Problem& problem, const PhaseProblem& phase);
 
-// Launches one phase on `stream`. Throws std::runtime_error if CUTLASS refuses or the
-// launch fails.
+struct PhaseLaunch {
+  const PhaseProblem* phase;
+  DgradOperands operands;
+};
+
+// Launches the phases on `stream`: one launch per phase for the non-persistent
+// configurations, up to 8 phases per launch for the ping-pong ones. Throws
+// std::runtime_error if CUTLASS refuses or a launch fails.
 template <ElementType E>
-void dgrad_fused(DgradConfig config, const Problem& problem, const PhaseProblem& phase,
-                 const DgradOperands& operands, int sm_count, cudaStream_t stream);
+void dgrad_fused(DgradConfig config, const Problem& problem, std::span<const PhaseLaunch> phases, int sm_count,
+                 cudaStream_t stream);
 
 }  // namespace cutlassfuse::sm90
 
 namespace cutlassfuse::sm90 {
 
-// The same mainloop (128x128x64, cluster 1x1) with CUTLASS's stock epilogue: a plain
-// store of one phase of the convolution, no bias, ReLU or statistics. The baseline the
-// fused epilogue is measured against (benchmarks), not a path of the op.
+// The 128x128 kernel of `config`'s layer (CUTLASS's non-persistent one, or the
+// ping-pong one for the ping-pong configurations) with CUTLASS's stock epilogue: a plain
+// store of the convolution, no bias, ReLU or statistics. The baseline the fused
+// epilogue is measured against (benchmarks), not a path of the op. Operands' bias and
+// partials are unused.
+inline DgradConfig plain_config(DgradConfig config) {
+  const bool pingpong = config == DgradConfig::k128x128_pingpong || config == DgradConfig::k128x64_pingpong;
+  return pingpong ? DgradConfig::k128x128_pingpong : DgradConfig::k128x128_cluster1x1;
+}
 template <ElementType E>
-void dgrad_plain(const Problem& problem, const PhaseProblem& phase, const void* input, const void* filter,
-                 void* output, int sm_count, cudaStream_t stream);
+void dgrad_plain(DgradConfig config, const Problem& problem, std::span<const PhaseLaunch> phases, int sm_count,
+                 cudaStream_t stream);
 
 }  // namespace cutlassfuse::sm90

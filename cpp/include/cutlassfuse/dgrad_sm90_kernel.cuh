@@ -11,15 +11,27 @@
 #include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
 #include <cutlass/epilogue/thread/activation.h>
 
+#include <type_traits>
+
+#include "cutlassfuse/dgrad_sm90_pingpong.cuh"
 #include "cutlassfuse/group_norm_stats_visitor.cuh"
 
 namespace cutlassfuse::sm90 {
 
-template <int TileM, int TileN, int ClusterM>
+// Kernel layers: CUTLASS's own (non-persistent, one launch per phase) or this
+// project's persistent ping-pong kernel (dgrad_sm90_pingpong.cuh, several phases per launch).
+enum class Schedule { kNonPersistent, kPingpong };
+
+// Phases one ping-pong launch takes (3-D stride 2 has 8); the kernel's parameters hold
+// each phase's TMA descriptors and epilogue arguments.
+inline constexpr int kMaxPhasesPerLaunch = 8;
+
+template <int TileM, int TileN, int ClusterM, Schedule KernelSchedule = Schedule::kNonPersistent>
 struct TileConfig {
   // The conv builders expect the K mode wrapped in its own tuple.
   using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Shape<cute::_64>>;
   using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::_1, cute::_1>;
+  static constexpr bool kPingpong = KernelSchedule == Schedule::kPingpong;
 };
 
 template <class Element, class TileShape>
@@ -46,8 +58,9 @@ struct FusedEpilogueTree {
 // activation and the statistics' staging tile. Equal for float16/bfloat16 calls;
 // float32 calls run bfloat16 operands (three products; split_input and split_filter
 // in dispatch_cuda.cpp) with a float32 activation.
-template <class ElementIn, class ElementOut, class Config>
+template <class ElementIn, class ElementOut, class Config_>
 struct DgradFusedKernel {
+  using Config = Config_;
   using Layout = cutlass::layout::TensorNDHWC;
   using Accumulator = float;
   using TileShape = typename Config::TileShape;
@@ -64,10 +77,13 @@ struct DgradFusedKernel {
       cutlass::epilogue::TmaWarpSpecialized, Callbacks>::CollectiveOp;
   using Epilogue = EpilogueWith<typename Trees::Tree>;
 
-  // The sm90 conv kernel is non-persistent: its mainloop and epilogue shared memory
-  // are a union, so the statistics' staging tile need not be carved out of the
-  // mainloop's stages. Carve out what the epilogue needs without it.
-  static constexpr int kCarveout = static_cast<int>(sizeof(typename EpilogueWith<typename Trees::BiasRelu>::SharedStorage));
+  // CUTLASS's sm90 conv kernel is non-persistent: its mainloop and epilogue shared
+  // memory are a union, so the statistics' staging tile need not be carved out of the
+  // mainloop's stages; carve out what the epilogue needs without it. The ping-pong
+  // kernel runs epilogues while the mainloop loads: everything is carved out.
+  static constexpr int kCarveout =
+      Config::kPingpong ? pingpong_carveout_bytes<Epilogue>()
+                        : static_cast<int>(sizeof(typename EpilogueWith<typename Trees::BiasRelu>::SharedStorage));
 
   using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kDgrad,
@@ -76,8 +92,8 @@ struct DgradFusedKernel {
       cutlass::conv::collective::KernelScheduleAuto>::CollectiveOp;
 
   using ProblemShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kDgrad, 3>;
-  using Kernel = cutlass::conv::kernel::ConvUniversal<ProblemShape, Mainloop, Epilogue>;
-  using Device = cutlass::conv::device::ConvUniversalAdapter<Kernel>;
+  using Kernel = std::conditional_t<Config::kPingpong, PingpongPhasesKernel<Mainloop, Epilogue, kMaxPhasesPerLaunch>,
+                                    cutlass::conv::kernel::ConvUniversal<ProblemShape, Mainloop, Epilogue>>;
   static_assert(sizeof(typename Kernel::SharedStorage) <= 227 * 1024, "shared memory over the sm90 limit");
 };
 

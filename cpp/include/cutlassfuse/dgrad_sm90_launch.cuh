@@ -6,8 +6,11 @@
 #include <cutlass/cutlass.h>
 #include <cutlass/kernel_hardware_info.h>
 
+#include <algorithm>
+#include <span>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "cutlassfuse/dgrad_sm90.h"
 #include "cutlassfuse/dgrad_sm90_kernel.cuh"
@@ -66,8 +69,9 @@ struct PhasePointers {
 };
 
 template <class Fused>
-typename Fused::Device::Arguments make_arguments(const Problem& problem, const PhaseProblem& phase,
-                                                 const DgradOperands& ops, int sm_count) {
+PhaseArguments<typename Fused::Mainloop, typename Fused::Epilogue> make_arguments(const Problem& problem,
+                                                                                 const PhaseProblem& phase,
+                                                                                 const DgradOperands& ops) {
   using ElementIn = typename Fused::Mainloop::ElementA;
   using ElementOut = typename Fused::Epilogue::ElementD;
   using StrideD = typename Fused::Epilogue::StrideD;
@@ -85,12 +89,7 @@ typename Fused::Device::Arguments make_arguments(const Problem& problem, const P
   // Tree arguments nest as the tree: {child arguments..., node arguments}.
   const typename Fused::Trees::Bias::Arguments bias{static_cast<const ElementOut*>(ops.bias), ElementOut(0), {}};
   const typename Fused::Epilogue::FusionCallbacks::Arguments tree{{{{}, bias, {}}, {}}, stats};
-
-  cutlass::KernelHardwareInfo hw_info;
-  cudaGetDevice(&hw_info.device_id);
-  hw_info.sm_count = sm_count;
-  return {cutlass::gemm::GemmUniversalMode::kGemm, shape, {ptr.input, ptr.filter},
-          {tree, nullptr, stride_d, ptr.output, stride_d}, hw_info};
+  return {shape, {ptr.input, ptr.filter}, {tree, nullptr, stride_d, ptr.output, stride_d}};
 }
 
 // Rules of this kernel beyond CUTLASS's own can_implement.
@@ -104,17 +103,16 @@ inline std::string shape_rules_violation(const Problem& p) {
   return {};
 }
 
-// Empty when CUTLASS takes the phase: the input extent it derives matches the view's,
-// and can_implement (TMA im2col limits on padding, dilation, filter extent) agrees.
-template <class Device>
-std::string phase_rejection(const ProblemShape& shape, const PhaseProblem& phase,
-                            const typename Device::Arguments& args) {
+// Empty when CUTLASS's collectives take the phase: the input extent they derive matches
+// the view's, and their can_implement (TMA im2col limits on padding, dilation, filter
+// extent) agrees.
+template <class Mainloop, class Epilogue>
+std::string phase_rejection(const PhaseProblem& phase, const PhaseArguments<Mainloop, Epilogue>& args) {
   for (int i = 0; i < 3; ++i) {
-    if (shape.shape_A[i + 1] != phase.input.extent[i]) return "input extent does not match the dgrad problem";
+    if (args.shape.shape_A[i + 1] != phase.input.extent[i]) return "input extent does not match the dgrad problem";
   }
-  if (Device::can_implement(args) != cutlass::Status::kSuccess)
+  if (!collectives_can_implement(args))
     return "CUTLASS can_implement rejected a phase (TMA im2col limits: padding <= 16, (kernel - 1) * dilation < 31)";
-  if (Device::get_workspace_size(args) != 0) return "kernel needs a workspace";  // never for sm90 conv
   return {};
 }
 
@@ -122,34 +120,64 @@ template <class Fused>
 std::string unsupported_reason(const Problem& problem, const PhaseProblem& phase) {
   if (std::string why = shape_rules_violation(problem); !why.empty()) return why;
   WelfordPartial placeholder{};
-  const auto args = make_arguments<Fused>(problem, phase, {nullptr, nullptr, nullptr, nullptr, &placeholder}, 1);
-  return phase_rejection<typename Fused::Device>(make_problem_shape(problem, phase), phase, args);
+  return phase_rejection(phase, make_arguments<Fused>(problem, phase, {nullptr, nullptr, nullptr, nullptr, &placeholder}));
+}
+
+inline void throw_on_failure(bool failed, const char* what, const char* status) {
+  const cudaError_t launch = cudaGetLastError();
+  if (failed || launch != cudaSuccess) {
+    throw std::runtime_error(std::string("cutlassfuse: CUTLASS dgrad ") + what + " failed: " + status + " / " +
+                             cudaGetErrorString(launch));
+  }
+}
+
+// CUTLASS's kernel layer: one launch per phase.
+template <class Kernel, class Arguments>
+void run_non_persistent(const Arguments& phase, int sm_count, cudaStream_t stream) {
+  using Device = cutlass::conv::device::ConvUniversalAdapter<Kernel>;
+  cutlass::KernelHardwareInfo hw_info;
+  cudaGetDevice(&hw_info.device_id);
+  hw_info.sm_count = sm_count;
+  const typename Device::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm, phase.shape, phase.mainloop,
+                                        phase.epilogue, hw_info};
+  Device conv;
+  cutlass::Status status = conv.initialize(args, /*workspace=*/nullptr, stream);
+  throw_on_failure(status != cutlass::Status::kSuccess, "initialize", cutlass::cutlassGetStatusString(status));
+  status = conv.run(stream);
+  throw_on_failure(status != cutlass::Status::kSuccess, "launch", cutlass::cutlassGetStatusString(status));
+}
+
+// The phases through either kernel layer: one launch per phase for CUTLASS's, up to
+// kMaxPhasesPerLaunch per launch for the ping-pong kernel.
+template <class Kernel, bool kPingpong, class Arguments>
+void launch_phases(const std::vector<Arguments>& phases, int sm_count, cudaStream_t stream) {
+  if constexpr (kPingpong) {
+    for (size_t first = 0; first < phases.size(); first += kMaxPhasesPerLaunch) {
+      const size_t count = std::min(phases.size() - first, static_cast<size_t>(kMaxPhasesPerLaunch));
+      const cudaError_t e = Kernel::launch(phases.data() + first, static_cast<int>(count), sm_count, stream);
+      throw_on_failure(e != cudaSuccess, "ping-pong launch", cudaGetErrorString(e));
+    }
+  } else {
+    for (const Arguments& phase : phases) run_non_persistent<Kernel>(phase, sm_count, stream);
+  }
 }
 
 template <class Fused>
-void run(const Problem& problem, const PhaseProblem& phase, const DgradOperands& ops, int sm_count,
-         cudaStream_t stream) {
-  typename Fused::Device conv;
-  auto args = make_arguments<Fused>(problem, phase, ops, sm_count);
-  cutlass::Status status = conv.initialize(args, /*workspace=*/nullptr, stream);
-  if (status != cutlass::Status::kSuccess) {
-    throw std::runtime_error(std::string("cutlassfuse: CUTLASS dgrad initialize failed: ") +
-                             cutlass::cutlassGetStatusString(status));
-  }
-  status = conv.run(stream);
-  const cudaError_t launch = cudaGetLastError();
-  if (status != cutlass::Status::kSuccess || launch != cudaSuccess) {
-    throw std::runtime_error(std::string("cutlassfuse: CUTLASS dgrad launch failed: ") +
-                             cutlass::cutlassGetStatusString(status) + " / " + cudaGetErrorString(launch));
-  }
+void run(const Problem& problem, std::span<const PhaseLaunch> phases, int sm_count, cudaStream_t stream) {
+  std::vector<PhaseArguments<typename Fused::Mainloop, typename Fused::Epilogue>> args;
+  for (const PhaseLaunch& launch : phases) args.push_back(make_arguments<Fused>(problem, *launch.phase, launch.operands));
+  launch_phases<typename Fused::Kernel, Fused::Config::kPingpong>(args, sm_count, stream);
 }
 
 // One configuration enum value -> one kernel type.
 template <class ElementIn, class ElementOut, class F>
 decltype(auto) with_kernel(DgradConfig config, F&& f) {
   switch (config) {
-    case DgradConfig::k128x128_cluster2x1: return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 128, 2>>{});
     case DgradConfig::k128x64_cluster1x1: return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 64, 1>>{});
+    case DgradConfig::k128x128_pingpong:
+      return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 128, 1, Schedule::kPingpong>>{});
+    case DgradConfig::k128x64_pingpong:
+      return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 64, 1, Schedule::kPingpong>>{});
     default: return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 128, 1>>{});
   }
 }
@@ -167,9 +195,9 @@ decltype(auto) with_kernel(DgradConfig config, F&& f) {
         config, [&](auto fused) { return unsupported_reason<decltype(fused)>(problem, phase); });               \
   }                                                                                                             \
   template <>                                                                                                   \
-  void dgrad_fused<ELEMENT_TYPE>(DgradConfig config, const Problem& problem, const PhaseProblem& phase,         \
-                                 const DgradOperands& operands, int sm_count, cudaStream_t stream) {           \
-    with_kernel<CUTLASS_IN, CUTLASS_OUT>(                                                                       \
-        config, [&](auto fused) { run<decltype(fused)>(problem, phase, operands, sm_count, stream); });         \
+  void dgrad_fused<ELEMENT_TYPE>(DgradConfig config, const Problem& problem, std::span<const PhaseLaunch> phases, \
+                                 int sm_count, cudaStream_t stream) {                                           \
+    with_kernel<CUTLASS_IN, CUTLASS_OUT>(config,                                                                \
+                                         [&](auto fused) { run<decltype(fused)>(problem, phases, sm_count, stream); }); \
   }                                                                                                             \
   }

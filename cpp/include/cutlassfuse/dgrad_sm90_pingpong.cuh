@@ -1,0 +1,308 @@
+// A persistent ping-pong kernel for CUTLASS's sm90 implicit-GEMM dgrad collectives,
+// running the output tiles of several sub-pixel phases in one launch.
+//
+// Why it exists: CUTLASS's sm90 conv kernel is non-persistent with one consumer
+// warpgroup (its dispatch policy rejects the persistent schedules), so every tile's
+// epilogue (here: bias, ReLU, store and the GroupNorm statistics reduction) runs while
+// the tensor cores idle, and each sub-pixel phase is its own launch with its own
+// partial last wave. This kernel keeps CUTLASS's mainloop and epilogue collectives and
+// replaces the kernel layer around them:
+//   - one CTA per SM walks a static list of tiles (PhaseTiles), phase after phase;
+//   - warpgroup 0 is the producer: its first warp issues the TMA loads of every tile
+//     into one shared-memory pipeline, running ahead across tile and phase boundaries;
+//   - warpgroups 1 and 2 are consumers taking alternate tiles. An ordered barrier lets
+//     one run its MMAs while the other runs its epilogue, so the epilogue is hidden
+//     behind tensor-core work instead of serialized after it.
+// Each phase has its own TMA descriptors and epilogue parameters (output view, bias,
+// partials region) in the kernel's parameters.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/conv/convnd_problem_shape.hpp>
+#include <cutlass/conv/detail.hpp>
+#include <cutlass/device_kernel.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+namespace cutlassfuse::sm90 {
+
+// The tiles of one launch: phase p owns tiles [first_tile[p], first_tile[p + 1]),
+// numbered with the N tiles of an M tile adjacent (they share their input rows in L2).
+template <int MaxPhases>
+struct PhaseTiles {
+  int phases = 0;
+  int tiles_n[MaxPhases] = {};
+  int k_tiles[MaxPhases] = {};  // K blocks per tile (the mainloop's trip count)
+  int first_tile[MaxPhases + 1] = {};
+
+  CUTLASS_HOST_DEVICE int total() const { return first_tile[phases]; }
+
+  struct Work {
+    int phase;
+    int m;
+    int n;
+    int k_tiles;
+  };
+  CUTLASS_DEVICE Work locate(int tile) const {
+    int phase = 0;
+    while (tile >= first_tile[phase + 1]) ++phase;
+    const int local = tile - first_tile[phase];
+    return {phase, local / tiles_n[phase], local % tiles_n[phase], k_tiles[phase]};
+  }
+  CUTLASS_DEVICE int k_tiles_of(int tile) const { return tile < total() ? locate(tile).k_tiles : 0; }
+};
+
+using DgradShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kDgrad, 3>;
+
+// One phase as the two collectives take it: the kernel layers (CUTLASS's and this
+// one) differ in how they schedule tiles, not in what a phase is.
+template <class CollectiveMainloop, class CollectiveEpilogue>
+struct PhaseArguments {
+  DgradShape shape;
+  typename CollectiveMainloop::Arguments mainloop;
+  typename CollectiveEpilogue::Arguments epilogue;
+};
+
+// The collectives' own rules (TMA im2col limits, alignment), which both kernel layers
+// check, and that the epilogue needs no workspace (neither layer allocates one).
+template <class CollectiveMainloop, class CollectiveEpilogue>
+bool collectives_can_implement(PhaseArguments<CollectiveMainloop, CollectiveEpilogue> const& args) {
+  const auto transformed = cutlass::conv::detail::get_transformed_problem_shape_MNKL(args.shape);
+  return CollectiveMainloop::can_implement(args.shape, args.mainloop) &&
+         CollectiveEpilogue::can_implement(transformed, args.epilogue) &&
+         CollectiveEpilogue::get_workspace_size(transformed, args.epilogue) == 0;
+}
+
+// Two stages (mainloop, epilogue) alternating between the two consumer warpgroups.
+using ConsumerOrderBarrier = cutlass::OrderedSequenceBarrier<2, 2>;
+
+// Shared memory the kernel needs besides the mainloop's stages: what the mainloop's
+// builder must carve out when it sizes the pipeline.
+template <class CollectiveEpilogue>
+constexpr int pingpong_carveout_bytes() {
+  constexpr size_t kAlignmentSlack = 256;
+  return static_cast<int>(sizeof(typename CollectiveEpilogue::TensorStorage) +
+                          sizeof(typename CollectiveEpilogue::PipelineStorage) +
+                          sizeof(typename ConsumerOrderBarrier::SharedStorage) + kAlignmentSlack);
+}
+
+template <class CollectiveMainloop_, class CollectiveEpilogue_, int MaxPhases>
+class PingpongPhasesKernel {
+ public:
+  using CollectiveMainloop = CollectiveMainloop_;
+  using CollectiveEpilogue = CollectiveEpilogue_;
+  using TileShape = typename CollectiveMainloop::TileShape;
+  using TiledMma = typename CollectiveMainloop::TiledMma;
+  using ArchTag = typename CollectiveMainloop::ArchTag;
+  using ConvShape = DgradShape;
+  using ProblemShapeMNKL = decltype(CollectiveMainloop::get_problem_shape_MNKL(ConvShape{}));
+  using PhaseArguments = sm90::PhaseArguments<CollectiveMainloop, CollectiveEpilogue>;
+  static constexpr int kMaxPhases = MaxPhases;
+
+  static constexpr uint32_t MaxThreadsPerBlock = 3 * cutlass::NumThreadsPerWarpGroup;
+  static constexpr uint32_t MinBlocksPerMultiprocessor = 1;
+  static_assert(cute::size(TiledMma{}) == cutlass::NumThreadsPerWarpGroup, "one warpgroup per tile");
+  static_assert(cute::size(typename CollectiveMainloop::DispatchPolicy::ClusterShape{}) == 1,
+                "the phases' tile lists are per CTA: no clusters");
+  // The producer needs few registers; the consumers hold a 128x128 fp32 accumulator.
+  static constexpr uint32_t kProducerRegisters = 40;
+  static constexpr uint32_t kConsumerRegisters = 232;
+
+  using MainloopPipeline = typename CollectiveMainloop::MainloopPipeline;
+  using EpiLoadPipeline = typename CollectiveEpilogue::LoadPipeline;
+  using EpiStorePipeline = typename CollectiveEpilogue::StorePipeline;
+  using ConsumerOrder = ConsumerOrderBarrier;
+
+  struct SharedStorage {
+    struct Pipelines : cute::aligned_struct<16, cute::_1> {
+      alignas(16) typename CollectiveMainloop::PipelineStorage mainloop;
+      alignas(16) typename CollectiveEpilogue::PipelineStorage epi_load;
+      alignas(16) typename ConsumerOrder::SharedStorage consumer_order;
+    } pipelines;
+    // Separate, not a union: a consumer's epilogue runs while the producer fills stages.
+    struct Tensors : cute::aligned_struct<128, cute::_1> {
+      typename CollectiveEpilogue::TensorStorage epilogue;
+      typename CollectiveMainloop::TensorStorage mainloop;
+    } tensors;
+  };
+  static constexpr int SharedStorageSize = sizeof(SharedStorage);
+
+  struct PhaseParams {
+    ProblemShapeMNKL mnkl;
+    typename CollectiveMainloop::Params mainloop;
+    typename CollectiveEpilogue::Params epilogue;
+  };
+
+  struct Params {
+    PhaseParams phase[MaxPhases];
+    PhaseTiles<MaxPhases> tiles;
+  };
+
+  // Tile counts (m, n, k) of a phase, tiled as the mainloop's load_init tiles its operands.
+  static auto tile_counts(ConvShape const& shape) {
+    using namespace cute;
+    const auto [M, N, K, L] = append<4>(CollectiveMainloop::get_problem_shape_MNKL(shape), Int<1>{});
+    const auto a_tiles = local_tile(make_identity_tensor(make_shape(M, K)), TileShape{}, make_coord(_, _, _),
+                                    Step<_1, Underscore, _1>{});  // (BLK_M, BLK_K, m, k)
+    const auto b_tiles = local_tile(make_identity_tensor(make_shape(N, K)), TileShape{}, make_coord(_, _, _),
+                                    Step<Underscore, _1, _1>{});  // (BLK_N, BLK_K, n, k)
+    return cute::make_tuple(int(size<2>(a_tiles)), int(size<2>(b_tiles)), int(size<3>(a_tiles)));
+  }
+
+  // `count` <= MaxPhases phases of one launch.
+  static Params to_underlying_arguments(PhaseArguments const* phases, int count) {
+    Params params{};
+    params.tiles.phases = count;
+    for (int p = 0; p < count; ++p) {
+      const ConvShape& shape = phases[p].shape;
+      params.phase[p] = {CollectiveMainloop::get_problem_shape_MNKL(shape),
+                         CollectiveMainloop::to_underlying_arguments(shape, phases[p].mainloop, nullptr),
+                         CollectiveEpilogue::to_underlying_arguments(
+                             cutlass::conv::detail::get_transformed_problem_shape_MNKL(shape), phases[p].epilogue,
+                             nullptr)};
+      const auto [tiles_m, tiles_n, k_tiles] = tile_counts(shape);
+      params.tiles.tiles_n[p] = tiles_n;
+      params.tiles.k_tiles[p] = k_tiles;
+      params.tiles.first_tile[p + 1] = params.tiles.first_tile[p] + tiles_m * tiles_n;
+    }
+    return params;
+  }
+
+  // One CTA per SM (or per tile, when there are fewer), each walking its tiles.
+  static dim3 get_grid_shape(Params const& params, int sm_count) {
+    return dim3(static_cast<unsigned>(cute::max(1, cute::min(params.tiles.total(), sm_count))), 1, 1);
+  }
+  static dim3 get_block_shape() { return dim3(MaxThreadsPerBlock, 1, 1); }
+
+  static cudaError_t launch(PhaseArguments const* phases, int count, int sm_count, cudaStream_t stream) {
+    const Params params = to_underlying_arguments(phases, count);
+    const auto kernel = &cutlass::device_kernel<PingpongPhasesKernel>;
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SharedStorageSize);
+        e != cudaSuccess) {
+      return e;
+    }
+    kernel<<<get_grid_shape(params, sm_count), get_block_shape(), SharedStorageSize, stream>>>(params);
+    return cudaGetLastError();
+  }
+
+  CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using namespace cute;
+    SharedStorage& storage = *reinterpret_cast<SharedStorage*>(smem_buf);
+    const int warp_group = cutlass::canonical_warp_group_idx();
+    const int warp_in_group = cutlass::canonical_warp_idx_sync() % cutlass::NumWarpsPerWarpGroup;
+    const int group_thread = int(threadIdx.x) % cutlass::NumThreadsPerWarpGroup;
+    const bool producer_warp = warp_group == 0 && warp_in_group == 0;
+
+    if (producer_warp && cute::elect_one_sync()) {
+      for (int p = 0; p < params.tiles.phases; ++p) {
+        CollectiveMainloop::prefetch_tma_descriptors(params.phase[p].mainloop);
+        CollectiveEpilogue::prefetch_tma_descriptors(params.phase[p].epilogue);
+      }
+    }
+
+    typename MainloopPipeline::Params mainloop_params;
+    if (producer_warp) mainloop_params.role = MainloopPipeline::ThreadCategory::Producer;
+    if (warp_group > 0) mainloop_params.role = MainloopPipeline::ThreadCategory::Consumer;
+    mainloop_params.is_leader = group_thread == 0;
+    mainloop_params.num_consumers = cutlass::NumThreadsPerWarpGroup;  // one consumer warpgroup per stage
+    mainloop_params.num_producers = 1;  // one elected thread issues a stage's TMA loads
+    mainloop_params.transaction_bytes = params.phase[0].mainloop.tma_transaction_bytes;  // the same for every phase
+    MainloopPipeline mainloop_pipeline(storage.pipelines.mainloop, mainloop_params, Shape<_1, _1, _1>{});
+
+    // The source C is void: the load pipeline exists for the collective's interface only.
+    typename EpiLoadPipeline::Params epi_load_params;
+    if (warp_group > 0) epi_load_params.role = EpiLoadPipeline::ThreadCategory::Consumer;
+    epi_load_params.dst_blockid = 0;
+    epi_load_params.producer_arv_count = cutlass::NumThreadsPerWarp;
+    epi_load_params.consumer_arv_count = cutlass::NumThreadsPerWarpGroup;
+    if constexpr (CollectiveEpilogue::RequiresTransactionBytes) {
+      epi_load_params.transaction_bytes = params.phase[0].epilogue.tma_transaction_bytes;
+    }
+    EpiLoadPipeline epi_load_pipeline(storage.pipelines.epi_load, epi_load_params);
+
+    typename EpiStorePipeline::Params epi_store_params;
+    epi_store_params.always_wait = true;
+    EpiStorePipeline epi_store_pipeline(epi_store_params);
+
+    typename ConsumerOrder::Params order_params;
+    order_params.group_id = cute::max(warp_group - 1, 0);
+    order_params.group_size = cutlass::NumThreadsPerWarpGroup;
+    ConsumerOrder consumer_order(storage.pipelines.consumer_order, order_params);
+
+    __syncthreads();  // barrier initialization visible to every warp
+
+    CollectiveMainloop mainloop;
+    const int total = params.tiles.total();
+    const int stride = int(gridDim.x);
+    if (warp_group == 0) {
+      cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
+      if (!producer_warp) return;
+      auto state = cutlass::make_producer_start_state<MainloopPipeline>();
+      for (int tile = int(blockIdx.x); tile < total; tile += stride) {
+        const auto work = params.tiles.locate(tile);
+        const PhaseParams& phase = params.phase[work.phase];
+        auto inputs = mainloop.load_init(append<4>(phase.mnkl, Int<1>{}), phase.mainloop);
+        mainloop.load(phase.mainloop, mainloop_pipeline, state, inputs, make_coord(work.m, work.n, _, Int<0>{}),
+                      cute::make_coord_iterator(shape<3>(get<0>(inputs))), work.k_tiles, cutlass::canonical_lane_idx(),
+                      0u, storage.tensors.mainloop);
+        state.advance(work.k_tiles);
+      }
+      mainloop.load_tail(mainloop_pipeline, state);
+      return;
+    }
+
+    cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
+    constexpr auto c_tiles = CollectiveEpilogue::get_load_pipe_increment(TileShape{});
+    constexpr auto d_tiles = CollectiveEpilogue::get_store_pipe_increment(TileShape{});
+    typename CollectiveMainloop::PipelineState read_state;
+    typename CollectiveEpilogue::LoadPipelineState epi_load_state;
+    auto epi_store_state = cutlass::make_producer_start_state<EpiStorePipeline>();
+    int tile = int(blockIdx.x);
+    if (warp_group == 2) {
+      // The second consumer starts at the CTA's second tile, after the first one's stages.
+      read_state.advance(params.tiles.k_tiles_of(tile));
+      epi_load_state.advance(c_tiles);
+      epi_store_state.advance(d_tiles);
+      tile += stride;
+    }
+    TiledMma tiled_mma;
+    for (; tile < total; tile += 2 * stride) {
+      const auto work = params.tiles.locate(tile);
+      const PhaseParams& phase = params.phase[work.phase];
+      const auto mnkl = append<4>(phase.mnkl, Int<1>{});
+      const int k_tiles = work.k_tiles;
+      const auto tile_coord = make_coord(work.m, work.n, _, Int<0>{});
+      Tensor accumulators = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
+
+      consumer_order.wait();
+      mainloop.mma(mainloop_pipeline, read_state, accumulators, k_tiles, group_thread, storage.tensors.mainloop,
+                   phase.mainloop);
+      consumer_order.arrive();
+      mainloop.mma_tail(mainloop_pipeline, read_state, k_tiles);
+      // Skip the stages of the other consumer's next tile.
+      read_state.advance(k_tiles + params.tiles.k_tiles_of(tile + stride));
+
+      consumer_order.wait();
+      CollectiveEpilogue epilogue(phase.epilogue, storage.tensors.epilogue);
+      auto [load_next, store_next] =
+          epilogue.store(epi_load_pipeline, epi_load_state, epi_store_pipeline, epi_store_state, mnkl, TileShape{},
+                         tile_coord, accumulators, tiled_mma, group_thread, storage.tensors.epilogue);
+      // The TMA stores must have read the staging buffers before the other consumer's
+      // epilogue reuses them.
+      auto [load_after, store_after] = epilogue.store_tail(epi_load_pipeline, load_next, epi_store_pipeline, store_next);
+      epi_load_state = load_after;
+      epi_store_state = store_after;
+      epi_load_state.advance(c_tiles);
+      epi_store_state.advance(d_tiles);
+      consumer_order.arrive();
+    }
+#else
+    // Compiled for sm_90a only (the TU's architecture): other targets never launch it.
+    (void)params;
+    (void)smem_buf;
+#endif
+  }
+};
+
+}  // namespace cutlassfuse::sm90
