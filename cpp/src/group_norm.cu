@@ -173,21 +173,37 @@ group_norm_finalize_kernel(const WelfordPartial* __restrict__ partials, const __
 
 // --- normalize ---------------------------------------------------------------------------
 
+// Where output pixel (od, oh, ow) of a sample is in the space-to-depth activation:
+// input pixel (od / bd, oh / bh, ow / bw), block position (od % bd, oh % bh, ow % bw).
+// Pixels within a sample stay below 2^31 on the fused path (it takes fewer than 2^31
+// output elements), so the divisions are 32-bit multiply-highs.
+struct ShuffleIndex {
+  FastDivisor out_w, out_h, block_d, block_h, block_w;
+  uint32_t in_h = 1, in_w = 1, block_h_size = 1, block_w_size = 1, block_volume = 1;
+
+  ShuffleIndex() = default;
+  explicit ShuffleIndex(const PixelShuffle& order)
+      : out_w(order.output_size[2]), out_h(order.output_size[1]), block_d(order.block[0]), block_h(order.block[1]),
+        block_w(order.block[2]), in_h(order.output_size[1] / order.block[1]),
+        in_w(order.output_size[2] / order.block[2]), block_h_size(order.block[1]), block_w_size(order.block[2]),
+        block_volume(order.block[0] * order.block[1] * order.block[2]) {}
+
+  __device__ __forceinline__ int64_t source_row(int64_t pixel) const {
+    const uint32_t p = static_cast<uint32_t>(pixel);
+    const uint32_t dh = out_w.quotient(p), ow = out_w.remainder(p, dh);
+    const uint32_t od = out_h.quotient(dh), oh = out_h.remainder(dh, od);
+    const uint32_t id = block_d.quotient(od), ih = block_h.quotient(oh), iw = block_w.quotient(ow);
+    const uint32_t position =
+        (block_d.remainder(od, id) * block_h_size + block_h.remainder(oh, ih)) * block_w_size + block_w.remainder(ow, iw);
+    return (int64_t{(id * in_h + ih)} * in_w + iw) * block_volume + position;
+  }
+};
+
 // The activation row (within its sample) of output pixel `pixel`.
 template <bool kShuffled>
-__device__ __forceinline__ int64_t source_row(int64_t pixel, const PixelShuffle& order) {
-  if constexpr (!kShuffled) {
-    return pixel;
-  } else {
-    const int ho = order.output_size[1], wo = order.output_size[2];
-    const int bd = order.block[0], bh = order.block[1], bw = order.block[2];
-    const int ow = static_cast<int>(pixel % wo);
-    const int oh = static_cast<int>(pixel / wo % ho);
-    const int od = static_cast<int>(pixel / (int64_t{wo} * ho));
-    const int64_t input_pixel = (int64_t{od / bd} * (ho / bh) + oh / bh) * (wo / bw) + ow / bw;
-    const int block_position = ((od % bd) * bh + oh % bh) * bw + ow % bw;
-    return input_pixel * (bd * bh * bw) + block_position;
-  }
+__device__ __forceinline__ int64_t source_row(int64_t pixel, const ShuffleIndex& order) {
+  if constexpr (kShuffled) return order.source_row(pixel);
+  return pixel;
 }
 
 __device__ void load_scale_shift(const float2* __restrict__ scale_shift, int64_t n, int channels, float* scale,
@@ -206,7 +222,7 @@ __device__ void load_scale_shift(const float2* __restrict__ scale_shift, int64_t
 // doubled the registers and halved the resident blocks).
 template <class T, bool kShuffled>
 __device__ void normalize_rows_channels_last(const T* activation, T* out, int64_t row_begin, int rows, int channels,
-                                             const PixelShuffle& order, const float* scale, const float* shift) {
+                                             const ShuffleIndex& order, const float* scale, const float* shift) {
   const int vectors_per_row = channels / kVector;
   for (int i = threadIdx.x; i < rows * vectors_per_row; i += kThreads) {
     const int64_t pixel = row_begin + i / vectors_per_row;
@@ -226,7 +242,7 @@ __device__ void normalize_rows_channels_last(const T* activation, T* out, int64_
 // hoisted ran slower, bound by registers at half occupancy.)
 template <class T, bool kShuffled>
 __device__ void normalize_rows_ncdhw(const T* activation, T* sample_out, int64_t row_begin, int rows, int channels,
-                                     int64_t spatial, const PixelShuffle& order, const float* scale,
+                                     int64_t spatial, const ShuffleIndex& order, const float* scale,
                                      const float* shift) {
   constexpr int kVectorsPerTileRow = kTile / kVector;          // 8
   constexpr int kRowsPerLoad = kThreads / kVectorsPerTileRow;  // 32
@@ -263,7 +279,7 @@ __device__ void normalize_rows_ncdhw(const T* activation, T* sample_out, int64_t
 // and whose occupancy is bound by the transpose tile.
 template <class T, bool kChannelsLast, bool kShuffled>
 __global__ void __launch_bounds__(kThreads)
-group_norm_apply_kernel(const T* activation, const __grid_constant__ PixelShuffle order,
+group_norm_apply_kernel(const T* activation, const __grid_constant__ ShuffleIndex order,
                         const float2* __restrict__ scale_shift, int64_t spatial, int channels, T* out) {
   __shared__ float scale[kMaxChannels];
   __shared__ float shift[kMaxChannels];
@@ -292,7 +308,7 @@ void launch_apply(const T* in, const PixelShuffle& order, const float2* scale_sh
   const int64_t rows_per_block = int64_t{kTile} * (kChannelsLast ? kTilesPerBlock : 1);
   const dim3 grid(static_cast<unsigned>(ceil_div(shape.spatial, rows_per_block)), static_cast<unsigned>(shape.batch));
   group_norm_apply_kernel<T, kChannelsLast, kShuffled><<<grid, kThreads, 0, stream>>>(
-      in, order, scale_shift, shape.spatial, static_cast<int>(shape.channels), out);
+      in, kShuffled ? ShuffleIndex(order) : ShuffleIndex(), scale_shift, shape.spatial, static_cast<int>(shape.channels), out);
   check_launch("group_norm_apply_kernel");
 }
 

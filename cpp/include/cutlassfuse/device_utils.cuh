@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -22,6 +23,29 @@ template <> __device__ __forceinline__ __half from_float<__half>(float v) { retu
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
+
+// Division by a divisor fixed at launch, for dividends below 2^31, as a multiply-high
+// (Granlund and Montgomery): per-vector index arithmetic otherwise costs a software
+// integer division (tens of instructions, hundreds in 64 bits) per 16 bytes moved.
+class FastDivisor {
+ public:
+  FastDivisor() = default;
+  explicit FastDivisor(uint32_t divisor) : divisor_(divisor) {
+    while ((uint64_t{1} << shift_) < divisor) ++shift_;
+    multiplier_ = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift_) - divisor)) / divisor + 1);
+  }
+  __device__ __forceinline__ uint32_t quotient(uint32_t n) const {
+    return static_cast<uint32_t>((uint64_t{__umulhi(n, multiplier_)} + n) >> shift_);
+  }
+  __device__ __forceinline__ uint32_t remainder(uint32_t n, uint32_t quotient) const {
+    return n - quotient * divisor_;
+  }
+
+ private:
+  uint32_t divisor_ = 1;
+  uint32_t multiplier_ = 1;
+  uint32_t shift_ = 0;
+};
 
 // ReLU as PyTorch's: NaN propagates.
 __device__ __forceinline__ float relu(float v) { return v > 0.f || v != v ? v : 0.f; }

@@ -204,12 +204,77 @@ struct Sm90GroupNormStats {
       return {count, shift + shifted_mean, cute::max(q - s * shifted_mean, 0.f)};
     }
 
+    // Groups narrower than a vector (a power of two below kVector channels): a warp
+    // takes the rows of one sample segment over one 16-byte column of the tile, which
+    // holds kVector / kGroupWidth whole groups, so every lane load is a vector and the
+    // warp writes several groups' partials. (One warp per group rectangle would read
+    // one element per lane per step: that made the epilogue, not the MMAs, bound the
+    // strided video shapes, whose 4-channel groups sit in 128x64 tiles.)
+    template <int kGroupWidth>
+    CUTLASS_DEVICE void write_narrow_partials(int64_t first_sample, int segments, int first_group) const {
+      constexpr int kGroups = kVector / kGroupWidth;  // per 16-byte column
+      const int warp = thread_idx / 32;
+      const int lane = thread_idx % 32;
+      const int columns = cols / kVector;
+      for (int item = warp; item < segments * columns; item += kWarps) {
+        const int segment = item / columns;
+        const int col = (item % columns) * kVector;
+        const int64_t sample_row = (first_sample + segment) * params.spatial;
+        const int row_begin = static_cast<int>(cute::max(sample_row - tile_row_begin, int64_t{0}));
+        const int row_end = static_cast<int>(cute::min(sample_row + params.spatial - tile_row_begin, int64_t{rows}));
+        float shift[kGroups];
+        CUTLASS_PRAGMA_UNROLL
+        for (int g = 0; g < kGroups; ++g) shift[g] = static_cast<float>(smem[row_begin * kPitch + col + g * kGroupWidth]);
+        float sum[kGroups] = {};
+        float squares[kGroups] = {};
+#pragma unroll 4
+        for (int row = row_begin + lane; row < row_end; row += 32) {
+          const auto v = *reinterpret_cast<cutlass::Array<Element, kVector> const*>(smem + row * kPitch + col);
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < kVector; ++i) {
+            const float x = static_cast<float>(v[i]) - shift[i / kGroupWidth];
+            sum[i / kGroupWidth] += x;
+            squares[i / kGroupWidth] = fmaf(x, x, squares[i / kGroupWidth]);
+          }
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int g = 0; g < kGroups; ++g) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int offset = 16; offset > 0; offset /= 2) {
+            sum[g] += __shfl_xor_sync(0xffffffffu, sum[g], offset);
+            squares[g] += __shfl_xor_sync(0xffffffffu, squares[g], offset);
+          }
+        }
+        if (lane == 0) {
+          const float count = static_cast<float>((row_end - row_begin) * kGroupWidth);
+          CUTLASS_PRAGMA_UNROLL
+          for (int g = 0; g < kGroups; ++g) {
+            const float shifted_mean = sum[g] / count;
+            const int local_group = (tile_col_begin + col) / kGroupWidth + g - first_group;
+            params.partials[slot(segment, local_group)] = {count, shift[g] + shifted_mean,
+                                                           cute::max(squares[g] - sum[g] * shifted_mean, 0.f)};
+          }
+        }
+      }
+    }
+
+    CUTLASS_DEVICE int64_t slot(int segment, int local_group) const {
+      return ((int64_t{tile_m_index} * params.max_segments + segment) * params.tiles_n + tile_n_index) *
+                 params.max_local_groups + local_group;
+    }
+
     CUTLASS_DEVICE void write_partials() const {
       const int64_t spatial = params.spatial;
       const int cpg = params.channels_per_group;
       const int64_t first_sample = tile_row_begin / spatial;
       const int segments = static_cast<int>((tile_row_begin + rows - 1) / spatial - first_sample + 1);
       const int first_group = tile_col_begin / cpg;
+      // Tiles start at multiples of kVector columns and Cout is a multiple of 8.
+      if constexpr (kVector > 4) {
+        if (cpg == 4) return write_narrow_partials<4>(first_sample, segments, first_group);
+      }
+      if (cpg == 2) return write_narrow_partials<2>(first_sample, segments, first_group);
+      if (cpg == 1) return write_narrow_partials<1>(first_sample, segments, first_group);
       const int local_groups = (tile_col_begin + cols - 1) / cpg - first_group + 1;
       const int warp = thread_idx / 32;
       const int lane = thread_idx % 32;
@@ -222,12 +287,7 @@ struct Sm90GroupNormStats {
                           static_cast<int>(cute::min(sample_row + spatial - tile_row_begin, int64_t{rows})),
                           cute::max(group_col - tile_col_begin, 0), cute::min(group_col + cpg - tile_col_begin, cols)};
         const WelfordPartial moments = warp_moments(r, lane);
-        if (lane == 0) {
-          const int64_t slot =
-              ((int64_t{tile_m_index} * params.max_segments + segment) * params.tiles_n + tile_n_index) *
-                  params.max_local_groups + local_group;
-          params.partials[slot] = moments;
-        }
+        if (lane == 0) params.partials[slot(segment, local_group)] = moments;
       }
     }
   };
