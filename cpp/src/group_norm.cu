@@ -47,36 +47,40 @@ __device__ __forceinline__ WelfordPartial shuffle_down(WelfordPartial p, int off
 // --- where a (sample, group)'s partials are ----------------------------------------------
 
 // The slots of one region that hold (sample n, group g): the tiles whose rows hold
-// sample n, times the tiles whose columns hold group g.
+// sample n, times the tiles whose columns hold group g. Plain data, so the finalize
+// keeps one per region in shared memory, computed once per block: 64-bit divisions per
+// loaded partial made that kernel instruction-bound.
 struct TileRange {
-  PartialsRegion region;
   int64_t first_m;
+  int64_t count;
   int first_n;
   int count_n;
-  int64_t count;
-  int64_t sample;
-  int group;
-  int channels_per_group;
-
-  __device__ TileRange(const PartialsRegion& r, int64_t n, int g, int cpg)
-      : region(r), sample(n), group(g + r.group_offset), channels_per_group(cpg) {
-    const TilePartials& t = r.tiles;
-    first_m = n * r.spatial / t.tile_m;
-    const int64_t last_m = ((n + 1) * r.spatial - 1) / t.tile_m;
-    first_n = group * cpg / t.tile_n;
-    count_n = ((group + 1) * cpg - 1) / t.tile_n - first_n + 1;
-    count = (last_m - first_m + 1) * count_n;
-  }
-
-  __device__ int64_t slot(int64_t p) const {
-    const TilePartials& t = region.tiles;
-    const int64_t tm = first_m + p / count_n;
-    const int tn = first_n + static_cast<int>(p % count_n);
-    const int64_t segment = sample - tm * t.tile_m / region.spatial;
-    const int local_group = group - tn * t.tile_n / channels_per_group;
-    return region.first_slot + ((tm * t.max_segments + segment) * t.tiles_n + tn) * t.max_local_groups + local_group;
-  }
 };
+
+__device__ TileRange tile_range(const PartialsRegion& r, int64_t n, int group, int cpg) {
+  const TilePartials& t = r.tiles;
+  const int64_t first_m = n * r.spatial / t.tile_m;
+  const int64_t last_m = ((n + 1) * r.spatial - 1) / t.tile_m;
+  const int first_n = group * cpg / t.tile_n;
+  const int count_n = ((group + 1) * cpg - 1) / t.tile_n - first_n + 1;
+  return {first_m, (last_m - first_m + 1) * count_n, first_n, count_n};
+}
+
+// Slot of the p-th partial of `range`, without divisions in the common cases: a group
+// within one N tile, and tiles no taller than a sample (a tile then starts in sample n
+// or in n - 1).
+__device__ int64_t partial_slot(const PartialsRegion& region, const TileRange& range, int64_t p, int64_t sample,
+                                int group, int cpg) {
+  const TilePartials& t = region.tiles;
+  const bool one_column = range.count_n == 1;
+  const int64_t tm = range.first_m + (one_column ? p : p / range.count_n);
+  const int tn = range.first_n + (one_column ? 0 : static_cast<int>(p % range.count_n));
+  const int64_t tile_row = tm * t.tile_m;
+  int64_t segment = 0;
+  if (tile_row < sample * region.spatial) segment = region.spatial >= t.tile_m ? 1 : sample - tile_row / region.spatial;
+  const int local_group = group - tn * t.tile_n / cpg;
+  return region.first_slot + ((tm * t.max_segments + segment) * t.tiles_n + tn) * t.max_local_groups + local_group;
+}
 
 // Moments of `pixels` copies of ReLU(bias[c]) for the group's channels: the output
 // pixels no input reaches. Exact two-pass over at most 1024 channels.
@@ -100,6 +104,7 @@ __device__ WelfordPartial unreached_moments(const StatisticsSources& sources, El
 // The slots of (sample n, group g) over all regions as one sequence, regions in order,
 // so that a thread's loads do not wait on one another region by region.
 struct GroupSlots {
+  TileRange range[kMaxPartialsRegions];
   int64_t region_end[kMaxPartialsRegions];  // where region r's slots end in the sequence
   int region_count;
 
@@ -117,6 +122,7 @@ group_norm_finalize_kernel(const WelfordPartial* __restrict__ partials, const __
                            sources, ElementType element, int channels, int num_groups, GroupNormAffine affine,
                            float eps, float2* __restrict__ scale_shift) {
   constexpr int kLoadsInFlight = 4;
+  static_assert(kMaxPartialsRegions <= kThreads);
   __shared__ WelfordPartial warp_results[kWarps];
   __shared__ GroupSlots slots;
   __shared__ float group_mean, group_rstd;
@@ -125,10 +131,16 @@ group_norm_finalize_kernel(const WelfordPartial* __restrict__ partials, const __
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int channels_per_group = channels / num_groups;
+  const auto region_group = [&](int r) { return g + sources.regions[r].group_offset; };
+  if (threadIdx.x < sources.region_count) {
+    const int r = threadIdx.x;
+    slots.range[r] = tile_range(sources.regions[r], n, region_group(r), channels_per_group);
+  }
+  __syncthreads();
   if (threadIdx.x == 0) {
     int64_t end = 0;
     for (int r = 0; r < sources.region_count; ++r) {
-      end += TileRange(sources.regions[r], n, g, channels_per_group).count;
+      end += slots.range[r].count;
       slots.region_end[r] = end;
     }
     slots.region_count = sources.region_count;
@@ -146,7 +158,8 @@ group_norm_finalize_kernel(const WelfordPartial* __restrict__ partials, const __
         int r = 0;
         while (p >= slots.region_end[r]) ++r;
         const int64_t region_begin = r > 0 ? slots.region_end[r - 1] : 0;
-        loaded[i] = partials[TileRange(sources.regions[r], n, g, channels_per_group).slot(p - region_begin)];
+        loaded[i] = partials[partial_slot(sources.regions[r], slots.range[r], p - region_begin, n, region_group(r),
+                                          channels_per_group)];
       }
     }
 #pragma unroll
