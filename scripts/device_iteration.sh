@@ -8,6 +8,7 @@
 #        demo       the KernelBench level2/61 demo
 #        breakdown  per-kernel times and launch counts, every baselines.md shape
 #        baselines  benchmarks/fused_vs_baselines.py (kb61, tile configurations)
+#        host       benchmarks/host_overhead.py (host vs device time per call)
 #        float32    benchmarks/float32_choice.py (accuracy and time of the fp32 choices)
 #        streams    benchmarks/phase_streams.py (sub-pixel phases on 1-8 streams)
 #        training   benchmarks/training_step.py
@@ -82,6 +83,11 @@ if wanted baselines; then
   "$PYTHON" benchmarks/fused_vs_baselines.py --no-compile 2>&1 | tee "$LOGS/bench.log"
 fi
 
+if wanted host; then
+  step "host cost per call"
+  "$PYTHON" benchmarks/host_overhead.py --table kb61_v0 2>&1 | tee "$LOGS/host.log"
+fi
+
 if wanted float32; then
   step "float32: accuracy and time of the choices"
   for shape in kb61 gan_k4s2p1; do
@@ -136,6 +142,7 @@ printf '%s\n' "${status[@]}"
 show demo.log sed -n '/^dtype/,$p' "$LOGS/demo.log"
 show bench.log grep -E "^kb61|fused\(CL in\)" "$LOGS/bench.log"
 show breakdown.log grep -E "launches per call|: fused_sm90|: fallback|: reference" "$LOGS/breakdown.log"
+show host.log head -7 "$LOGS/host.log"
 show float32.log cat "$LOGS/float32.log"
 show streams.log cat "$LOGS/streams.log"
 show bench-cli.log grep -E "^\[|cutlassfuse  |cutlassfuse fallback" "$LOGS/bench-cli.log"

@@ -1,0 +1,87 @@
+"""Host cost of one fused call next to its device time, for every baselines.md shape:
+when the CPU needs longer to issue a call than the GPU needs to run it, the GPU idles
+between calls and the wall time per call is the host's.
+
+    python benchmarks/host_overhead.py [--dtype float16] [--table kb61_v0]
+
+Per shape: device time per call (CUDA events over back-to-back calls), host time per
+call (perf_counter over calls issued into an idle queue, no synchronization inside),
+and with --table the profiler's CPU-side events of that shape, by self CPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from cutlassfuse.bench import DEFAULT_SHAPES, BenchShape, parse_shape
+from cutlassfuse.modules import ConvTranspose3dReLUGroupNorm
+
+CALLS = 20  # 4-5 launches each: far below the launch queue's depth, so issuing never waits on the GPU
+
+
+def layer_and_input(shape: BenchShape, dtype: torch.dtype):
+    layer = ConvTranspose3dReLUGroupNorm(shape.in_channels, shape.out_channels, shape.kernel, shape.groups,
+                                         bias=True, stride=shape.stride, padding=shape.padding,
+                                         output_padding=shape.output_padding, device="cuda", dtype=dtype)
+    x = torch.rand(shape.batch, shape.in_channels, *shape.size, device="cuda", dtype=dtype)
+    return layer, x
+
+
+def host_us_per_call(fn) -> float:
+    samples = []
+    for _ in range(10):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(CALLS):
+            fn()
+        samples.append((time.perf_counter() - start) / CALLS * 1e6)
+        torch.cuda.synchronize()
+    return sorted(samples)[len(samples) // 2]
+
+
+def device_us_per_call(fn) -> float:
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(10):
+        torch.cuda.synchronize()
+        begin.record()
+        for _ in range(CALLS):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(begin.elapsed_time(end) / CALLS * 1e3)
+    return sorted(samples)[len(samples) // 2]
+
+
+@torch.no_grad()
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    parser.add_argument("--table", default=None, help="a shape whose CPU-side profile to print")
+    args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
+    print(f"{'shape':16s} {'wall us/call':>13s} {'host us/call':>13s}")
+    for shape in DEFAULT_SHAPES:
+        layer, x = layer_and_input(shape, dtype)
+        fn = lambda: layer(x)  # noqa: E731
+        for _ in range(5):
+            fn()
+        print(f"{shape.name:16s} {device_us_per_call(fn):13.1f} {host_us_per_call(fn):13.1f}")
+    if args.table:
+        layer, x = layer_and_input(parse_shape(args.table), dtype)
+        for _ in range(5):
+            layer(x)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(CALLS):
+                layer(x)
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+
+
+if __name__ == "__main__":
+    main()
