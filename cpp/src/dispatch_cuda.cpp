@@ -242,7 +242,10 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   const at::Tensor input = split ? split_input(a.input, p, stream) : to_channels_last(a.input, element, p, stream);
   const at::Tensor filter = split ? split_filter(filter_of(a)) : filter_of(a);
   std::optional<at::Tensor> bias, gamma, beta;
-  FusedPlan plan = make_fused_plan(p, element);
+  FusedPlan plan = [&] {
+    const NvtxRange range("cutlassfuse.plan");
+    return make_fused_plan(p, element);
+  }();
   plan.sources.bias = data_or_null(a.bias, bias);
   // The GEMM's columns are blocks of Cout channels: each needs the bias.
   const at::Tensor block_bias = bias && plan.blocks() > 1 ? bias->repeat({plan.blocks()}) : at::Tensor();

@@ -17,6 +17,9 @@
 // partials region) in the kernel's parameters.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
+
 #include <cute/tensor.hpp>
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/conv/convnd_problem_shape.hpp>
@@ -177,13 +180,11 @@ class PingpongPhasesKernel {
   static cudaError_t launch(PhaseArguments const* phases, int count, int sm_count, cudaStream_t stream) {
     const Params params = to_underlying_arguments(phases, count);
     const auto kernel = &cutlass::device_kernel<PingpongPhasesKernel>;
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SharedStorageSize);
-        e != cudaSuccess) {
-      return e;
-    }
+    if (cudaError_t e = allow_shared_memory(kernel); e != cudaSuccess) return e;
     kernel<<<get_grid_shape(params, sm_count), get_block_shape(), SharedStorageSize, stream>>>(params);
     return cudaGetLastError();
   }
+
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -303,6 +304,23 @@ class PingpongPhasesKernel {
     (void)smem_buf;
 #endif
   }
+
+ private:
+  // The opt-in to more than 48 KB of dynamic shared memory holds per function and
+  // device: one driver call per device, not per launch (several microseconds of host
+  // time in a call whose kernels may take tens).
+  template <class Kernel>
+  static cudaError_t allow_shared_memory(Kernel kernel) {
+    static std::atomic<uint64_t> allowed_devices{0};
+    int device = 0;
+    if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+    const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+    if (bit != 0 && (allowed_devices.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SharedStorageSize);
+    if (e == cudaSuccess) allowed_devices.fetch_or(bit, std::memory_order_relaxed);
+    return e;
+  }
+
 };
 
 }  // namespace cutlassfuse::sm90
