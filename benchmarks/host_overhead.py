@@ -57,6 +57,29 @@ def device_us_per_call(fn) -> float:
     return sorted(samples)[len(samples) // 2]
 
 
+def print_components(shape: BenchShape, dtype: torch.dtype) -> None:
+    """Host time of the pieces of one call, each issued alone, to see what the whole costs."""
+    from cutlassfuse.ops import _op_arguments  # the op's positional arguments
+
+    layer, x = layer_and_input(shape, dtype)
+    conv, norm = layer.conv_transpose, layer.group_norm
+    op_args = _op_arguments(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.output_padding, conv.groups,
+                            conv.dilation, norm.num_groups, norm.weight, norm.bias, norm.eps, layer.packed_weight())
+    small = torch.empty(16, device="cuda")
+    pieces = {
+        "module call": lambda: layer(x),
+        "op, arguments prepared": lambda: torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm(*op_args),
+        "explain op (validate, route, describe)": lambda: torch.ops.cutlassfuse.explain(*op_args),
+        "plain CUTLASS op (transpose + conv)": lambda: torch.ops.cutlassfuse.conv_transpose3d_cutlass(*op_args),
+        "4 x torch.empty": lambda: [torch.empty(1024, device="cuda") for _ in range(4)],
+        "4 x small kernel (add_)": lambda: [small.add_(1.0) for _ in range(4)],
+    }
+    print(f"\n{shape.name}: host us per call of each piece alone")
+    for name, fn in pieces.items():
+        fn()
+        print(f"  {name:42s} {host_us_per_call(fn):8.1f}")
+
+
 @torch.no_grad()
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -71,6 +94,7 @@ def main() -> None:
         for _ in range(5):
             fn()
         print(f"{shape.name:16s} {device_us_per_call(fn):13.1f} {host_us_per_call(fn):13.1f}")
+    print_components(parse_shape("kb61_v0"), dtype)
     if args.table:
         layer, x = layer_and_input(parse_shape(args.table), dtype)
         for _ in range(5):

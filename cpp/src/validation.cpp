@@ -1,5 +1,6 @@
 #include <c10/util/Exception.h>
 
+#include <array>
 #include <string>
 
 #include "cutlassfuse/op.h"
@@ -88,9 +89,12 @@ Problem validate_and_describe(const OpArgs& a) {
   check_optional_vector(a.norm_bias, "norm_bias", p.out_channels, input, /*same_dtype=*/false);
   if (a.packed_weight.has_value() && a.packed_weight->defined()) {
     const at::Tensor& packed = *a.packed_weight;
-    TORCH_CHECK_VALUE(packed.sizes() == weight.permute({0, 2, 3, 4, 1}).sizes(),
+    // weight.permute(0, 2, 3, 4, 1)'s shape, without making the view on every call.
+    const std::array<int64_t, 5> expected{weight.size(0), weight.size(2), weight.size(3), weight.size(4),
+                                          weight.size(1)};
+    TORCH_CHECK_VALUE(packed.sizes() == c10::IntArrayRef(expected),
                       "cutlassfuse: packed_weight must be weight.permute(0, 2, 3, 4, 1), shape ",
-                      weight.permute({0, 2, 3, 4, 1}).sizes(), ", got ", packed.sizes());
+                      c10::IntArrayRef(expected), ", got ", packed.sizes());
     TORCH_CHECK_VALUE(packed.device() == input.device() && packed.scalar_type() == weight.scalar_type(),
                       "cutlassfuse: packed_weight must have the weight's device and dtype");
   }
