@@ -96,12 +96,10 @@ class PingpongPhasesKernel {
   using CollectiveEpilogue = CollectiveEpilogue_;
   using TileShape = typename CollectiveMainloop::TileShape;
   using TiledMma = typename CollectiveMainloop::TiledMma;
-  using ArchTag = typename CollectiveMainloop::ArchTag;
-  using ConvShape = DgradShape;
-  using ProblemShapeMNKL = decltype(CollectiveMainloop::get_problem_shape_MNKL(ConvShape{}));
+  using ProblemShapeMNKL = decltype(CollectiveMainloop::get_problem_shape_MNKL(DgradShape{}));
   using PhaseArguments = sm90::PhaseArguments<CollectiveMainloop, CollectiveEpilogue>;
-  static constexpr int kMaxPhases = MaxPhases;
 
+  // Read by cutlass::device_kernel's launch bounds.
   static constexpr uint32_t MaxThreadsPerBlock = 3 * cutlass::NumThreadsPerWarpGroup;
   static constexpr uint32_t MinBlocksPerMultiprocessor = 1;
   static_assert(cute::size(TiledMma{}) == cutlass::NumThreadsPerWarpGroup, "one warpgroup per tile");
@@ -114,13 +112,12 @@ class PingpongPhasesKernel {
   using MainloopPipeline = typename CollectiveMainloop::MainloopPipeline;
   using EpiLoadPipeline = typename CollectiveEpilogue::LoadPipeline;
   using EpiStorePipeline = typename CollectiveEpilogue::StorePipeline;
-  using ConsumerOrder = ConsumerOrderBarrier;
 
   struct SharedStorage {
     struct Pipelines : cute::aligned_struct<16, cute::_1> {
       alignas(16) typename CollectiveMainloop::PipelineStorage mainloop;
       alignas(16) typename CollectiveEpilogue::PipelineStorage epi_load;
-      alignas(16) typename ConsumerOrder::SharedStorage consumer_order;
+      alignas(16) typename ConsumerOrderBarrier::SharedStorage consumer_order;
     } pipelines;
     // Separate, not a union: a consumer's epilogue runs while the producer fills stages.
     struct Tensors : cute::aligned_struct<128, cute::_1> {
@@ -142,7 +139,7 @@ class PingpongPhasesKernel {
   };
 
   // Tile counts (m, n, k) of a phase, tiled as the mainloop's load_init tiles its operands.
-  static auto tile_counts(ConvShape const& shape) {
+  static auto tile_counts(DgradShape const& shape) {
     using namespace cute;
     const auto [M, N, K, L] = append<4>(CollectiveMainloop::get_problem_shape_MNKL(shape), Int<1>{});
     const auto a_tiles = local_tile(make_identity_tensor(make_shape(M, K)), TileShape{}, make_coord(_, _, _),
@@ -157,7 +154,7 @@ class PingpongPhasesKernel {
     Params params{};
     params.tiles.phases = count;
     for (int p = 0; p < count; ++p) {
-      const ConvShape& shape = phases[p].shape;
+      const DgradShape& shape = phases[p].shape;
       params.phase[p] = {CollectiveMainloop::get_problem_shape_MNKL(shape),
                          CollectiveMainloop::to_underlying_arguments(shape, phases[p].mainloop, nullptr),
                          CollectiveEpilogue::to_underlying_arguments(
@@ -184,7 +181,6 @@ class PingpongPhasesKernel {
     kernel<<<get_grid_shape(params, sm_count), get_block_shape(), SharedStorageSize, stream>>>(params);
     return cudaGetLastError();
   }
-
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -226,43 +222,64 @@ class PingpongPhasesKernel {
     epi_store_params.always_wait = true;
     EpiStorePipeline epi_store_pipeline(epi_store_params);
 
-    typename ConsumerOrder::Params order_params;
+    typename ConsumerOrderBarrier::Params order_params;
     order_params.group_id = cute::max(warp_group - 1, 0);
     order_params.group_size = cutlass::NumThreadsPerWarpGroup;
-    ConsumerOrder consumer_order(storage.pipelines.consumer_order, order_params);
+    ConsumerOrderBarrier consumer_order(storage.pipelines.consumer_order, order_params);
 
     __syncthreads();  // barrier initialization visible to every warp
 
-    CollectiveMainloop mainloop;
-    const int total = params.tiles.total();
-    const int stride = int(gridDim.x);
     if (warp_group == 0) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
-      if (!producer_warp) return;
-      auto state = cutlass::make_producer_start_state<MainloopPipeline>();
-      for (int tile = int(blockIdx.x); tile < total; tile += stride) {
-        const auto work = params.tiles.locate(tile);
-        const PhaseParams& phase = params.phase[work.phase];
-        auto inputs = mainloop.load_init(append<4>(phase.mnkl, Int<1>{}), phase.mainloop);
-        mainloop.load(phase.mainloop, mainloop_pipeline, state, inputs, make_coord(work.m, work.n, _, Int<0>{}),
-                      cute::make_coord_iterator(shape<3>(get<0>(inputs))), work.k_tiles, cutlass::canonical_lane_idx(),
-                      0u, storage.tensors.mainloop);
-        state.advance(work.k_tiles);
-      }
-      mainloop.load_tail(mainloop_pipeline, state);
+      if (producer_warp) produce(params, storage, mainloop_pipeline);
       return;
     }
-
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
+    consume(params, storage, mainloop_pipeline, epi_load_pipeline, epi_store_pipeline, consumer_order,
+            /*second=*/warp_group == 2, group_thread);
+#else
+    // Compiled for sm_90a only (the TU's architecture): other targets never launch it.
+    (void)params;
+    (void)smem_buf;
+#endif
+  }
+
+ private:
+  // The producer warp: every tile's TMA loads, in the CTA's tile order, into one pipeline.
+  CUTLASS_DEVICE static void produce(Params const& params, SharedStorage& storage, MainloopPipeline pipeline) {
+    using namespace cute;
+    CollectiveMainloop mainloop;
+    auto state = cutlass::make_producer_start_state<MainloopPipeline>();
+    for (int tile = int(blockIdx.x); tile < params.tiles.total(); tile += int(gridDim.x)) {
+      const auto work = params.tiles.locate(tile);
+      const PhaseParams& phase = params.phase[work.phase];
+      auto inputs = mainloop.load_init(append<4>(phase.mnkl, Int<1>{}), phase.mainloop);
+      mainloop.load(phase.mainloop, pipeline, state, inputs, make_coord(work.m, work.n, _, Int<0>{}),
+                    cute::make_coord_iterator(shape<3>(get<0>(inputs))), work.k_tiles, cutlass::canonical_lane_idx(),
+                    0u, storage.tensors.mainloop);
+      state.advance(work.k_tiles);
+    }
+    mainloop.load_tail(pipeline, state);
+  }
+
+  // A consumer warpgroup: every other tile of the CTA (the second consumer starts at the
+  // CTA's second tile), its MMAs and then its epilogue, each in turn with the other
+  // consumer's.
+  CUTLASS_DEVICE static void consume(Params const& params, SharedStorage& storage, MainloopPipeline mainloop_pipeline,
+                                     EpiLoadPipeline epi_load_pipeline, EpiStorePipeline epi_store_pipeline,
+                                     ConsumerOrderBarrier& consumer_order, bool second, int group_thread) {
+    using namespace cute;
     constexpr auto c_tiles = CollectiveEpilogue::get_load_pipe_increment(TileShape{});
     constexpr auto d_tiles = CollectiveEpilogue::get_store_pipe_increment(TileShape{});
+    const int total = params.tiles.total();
+    const int stride = int(gridDim.x);
+    CollectiveMainloop mainloop;
     typename CollectiveMainloop::PipelineState read_state;
     typename CollectiveEpilogue::LoadPipelineState epi_load_state;
     auto epi_store_state = cutlass::make_producer_start_state<EpiStorePipeline>();
     int tile = int(blockIdx.x);
-    if (warp_group == 2) {
-      // The second consumer starts at the CTA's second tile, after the first one's stages.
-      read_state.advance(params.tiles.k_tiles_of(tile));
+    if (second) {
+      read_state.advance(params.tiles.k_tiles_of(tile));  // the first consumer's stages
       epi_load_state.advance(c_tiles);
       epi_store_state.advance(d_tiles);
       tile += stride;
@@ -271,24 +288,22 @@ class PingpongPhasesKernel {
     for (; tile < total; tile += 2 * stride) {
       const auto work = params.tiles.locate(tile);
       const PhaseParams& phase = params.phase[work.phase];
-      const auto mnkl = append<4>(phase.mnkl, Int<1>{});
-      const int k_tiles = work.k_tiles;
-      const auto tile_coord = make_coord(work.m, work.n, _, Int<0>{});
       Tensor accumulators = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
 
       consumer_order.wait();
-      mainloop.mma(mainloop_pipeline, read_state, accumulators, k_tiles, group_thread, storage.tensors.mainloop,
+      mainloop.mma(mainloop_pipeline, read_state, accumulators, work.k_tiles, group_thread, storage.tensors.mainloop,
                    phase.mainloop);
       consumer_order.arrive();
-      mainloop.mma_tail(mainloop_pipeline, read_state, k_tiles);
+      mainloop.mma_tail(mainloop_pipeline, read_state, work.k_tiles);
       // Skip the stages of the other consumer's next tile.
-      read_state.advance(k_tiles + params.tiles.k_tiles_of(tile + stride));
+      read_state.advance(work.k_tiles + params.tiles.k_tiles_of(tile + stride));
 
       consumer_order.wait();
       CollectiveEpilogue epilogue(phase.epilogue, storage.tensors.epilogue);
-      auto [load_next, store_next] =
-          epilogue.store(epi_load_pipeline, epi_load_state, epi_store_pipeline, epi_store_state, mnkl, TileShape{},
-                         tile_coord, accumulators, tiled_mma, group_thread, storage.tensors.epilogue);
+      auto [load_next, store_next] = epilogue.store(
+          epi_load_pipeline, epi_load_state, epi_store_pipeline, epi_store_state, append<4>(phase.mnkl, Int<1>{}),
+          TileShape{}, make_coord(work.m, work.n, _, Int<0>{}), accumulators, tiled_mma, group_thread,
+          storage.tensors.epilogue);
       // The TMA stores must have read the staging buffers before the other consumer's
       // epilogue reuses them.
       auto [load_after, store_after] = epilogue.store_tail(epi_load_pipeline, load_next, epi_store_pipeline, store_next);
@@ -298,14 +313,8 @@ class PingpongPhasesKernel {
       epi_store_state.advance(d_tiles);
       consumer_order.arrive();
     }
-#else
-    // Compiled for sm_90a only (the TU's architecture): other targets never launch it.
-    (void)params;
-    (void)smem_buf;
-#endif
   }
 
- private:
   // The opt-in to more than 48 KB of dynamic shared memory holds per function and
   // device: one driver call per device, not per launch (several microseconds of host
   // time in a call whose kernels may take tens).
