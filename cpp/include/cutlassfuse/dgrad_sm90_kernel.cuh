@@ -32,6 +32,10 @@ struct TileConfig {
   using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Shape<cute::_64>>;
   using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::_1, cute::_1>;
   static constexpr bool kPingpong = KernelSchedule == Schedule::kPingpong;
+  // Epilogue subtile: CUTLASS's choice (64x32) for its own kernel; 64x64 for the
+  // ping-pong kernel, half the subtiles (each a barrier and a TMA store) per tile.
+  using EpilogueTile = std::conditional_t<kPingpong, cute::Shape<cute::_64, cute::_64>,
+                                          cutlass::epilogue::collective::EpilogueTileAuto>;
 };
 
 template <class Element, class TileShape>
@@ -72,7 +76,7 @@ struct DgradFusedKernel {
   template <class Callbacks>
   using EpilogueWith = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, Accumulator,
+      typename Config::EpilogueTile, Accumulator, Accumulator,
       void, Layout, kAlignmentOut, ElementOut, Layout, kAlignmentOut,
       cutlass::epilogue::TmaWarpSpecialized, Callbacks>::CollectiveOp;
   using Epilogue = EpilogueWith<typename Trees::Tree>;
