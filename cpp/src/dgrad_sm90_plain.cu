@@ -37,7 +37,9 @@ void run_plain(const Problem& problem, std::span<const PhaseLaunch> phases, int 
     args.push_back({shape, {ptr.input, ptr.filter}, {{}, nullptr, stride_d, ptr.output, stride_d}});
     std::string why = shape_rules_violation(problem);
     if (why.empty()) why = phase_rejection(*launch.phase, args.back());
-    if (!why.empty()) throw std::invalid_argument("cutlassfuse: the plain CUTLASS dgrad cannot run this problem: " + why);
+    if (!why.empty()) {
+      throw std::invalid_argument("cutlassfuse: the plain CUTLASS dgrad cannot run this problem: " + why);
+    }
   }
   launch_phases<typename Plain::Kernel, Config::kPingpong>(args, sm_count, stream);
 }

@@ -227,7 +227,8 @@ std::string fused_path_description(const OpArgs& a, const Problem& p) {
   if (element == ElementType::kFloat32) {
     launches = "float32 as three bfloat16 piece products (set_float32_tensor_cores): " + launches;
   }
-  return launches + sm90::config_name(plan.config) + " (epilogue: bias, ReLU, GroupNorm partial statistics) + normalize";
+  return launches + sm90::config_name(plan.config) +
+         " (epilogue: bias, ReLU, GroupNorm partial statistics) + normalize";
 }
 
 at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
@@ -307,7 +308,8 @@ at::Tensor cutlass_dgrad_plain(const OpArgs& a, const Problem& p) {
   TORCH_CHECK_VALUE(a.input.is_cuda() && at::cuda::getDeviceProperties(a.input.device().index())->major == 9,
                     "cutlassfuse: the plain CUTLASS dgrad runs on sm_90 GPUs only");
   const auto element = element_type(a.input.scalar_type());
-  TORCH_CHECK_TYPE(element && *element != ElementType::kFloat32, "cutlassfuse: the plain CUTLASS dgrad takes float16 or bfloat16");
+  TORCH_CHECK_TYPE(element && *element != ElementType::kFloat32,
+                   "cutlassfuse: the plain CUTLASS dgrad takes float16 or bfloat16");
   const c10::cuda::CUDAGuard device_guard(a.input.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const at::Tensor input = to_channels_last(a.input, *element, p, stream);

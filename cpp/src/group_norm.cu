@@ -321,7 +321,8 @@ void launch_apply(const T* in, const PixelShuffle& order, const float2* scale_sh
   const int64_t rows_per_block = int64_t{kTile} * (kChannelsLast ? kTilesPerBlock : 1);
   const dim3 grid(static_cast<unsigned>(ceil_div(shape.spatial, rows_per_block)), static_cast<unsigned>(shape.batch));
   group_norm_apply_kernel<T, kChannelsLast, kShuffled><<<grid, kThreads, 0, stream>>>(
-      in, kShuffled ? ShuffleIndex(order) : ShuffleIndex(), scale_shift, shape.spatial, static_cast<int>(shape.channels), out);
+      in, kShuffled ? ShuffleIndex(order) : ShuffleIndex(), scale_shift, shape.spatial,
+      static_cast<int>(shape.channels), out);
   check_launch("group_norm_apply_kernel");
 }
 

@@ -112,7 +112,9 @@ void set_dgrad_config(std::string_view name) {
   if (name.empty()) return sm90::set_config_override(std::nullopt);
   const auto config = sm90::config_from_name(name);
   std::string known;
-  for (sm90::DgradConfig c : sm90::kDgradConfigs) known += std::string(known.empty() ? "" : ", ") + sm90::config_name(c);
+  for (sm90::DgradConfig c : sm90::kDgradConfigs) {
+    known += std::string(known.empty() ? "" : ", ") + sm90::config_name(c);
+  }
   TORCH_CHECK_VALUE(config.has_value(), "cutlassfuse: unknown dgrad config '", name, "'; known: ", known);
   sm90::set_config_override(config);
 }

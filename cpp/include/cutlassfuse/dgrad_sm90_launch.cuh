@@ -120,7 +120,8 @@ template <class Fused>
 std::string unsupported_reason(const Problem& problem, const PhaseProblem& phase) {
   if (std::string why = shape_rules_violation(problem); !why.empty()) return why;
   WelfordPartial placeholder{};
-  return phase_rejection(phase, make_arguments<Fused>(problem, phase, {nullptr, nullptr, nullptr, nullptr, &placeholder}));
+  const DgradOperands no_tensors{nullptr, nullptr, nullptr, nullptr, &placeholder};
+  return phase_rejection(phase, make_arguments<Fused>(problem, phase, no_tensors));
 }
 
 inline void throw_on_failure(bool failed, const char* what, const char* status) {
@@ -165,7 +166,9 @@ void launch_phases(const std::vector<Arguments>& phases, int sm_count, cudaStrea
 template <class Fused>
 void run(const Problem& problem, std::span<const PhaseLaunch> phases, int sm_count, cudaStream_t stream) {
   std::vector<PhaseArguments<typename Fused::Mainloop, typename Fused::Epilogue>> args;
-  for (const PhaseLaunch& launch : phases) args.push_back(make_arguments<Fused>(problem, *launch.phase, launch.operands));
+  for (const PhaseLaunch& launch : phases) {
+    args.push_back(make_arguments<Fused>(problem, *launch.phase, launch.operands));
+  }
   launch_phases<typename Fused::Kernel, Fused::Config::kPingpong>(args, sm_count, stream);
 }
 
@@ -195,9 +198,9 @@ decltype(auto) with_kernel(DgradConfig config, F&& f) {
         config, [&](auto fused) { return unsupported_reason<decltype(fused)>(problem, phase); });               \
   }                                                                                                             \
   template <>                                                                                                   \
-  void dgrad_fused<ELEMENT_TYPE>(DgradConfig config, const Problem& problem, std::span<const PhaseLaunch> phases, \
-                                 int sm_count, cudaStream_t stream) {                                           \
-    with_kernel<CUTLASS_IN, CUTLASS_OUT>(config,                                                                \
-                                         [&](auto fused) { run<decltype(fused)>(problem, phases, sm_count, stream); }); \
+  void dgrad_fused<ELEMENT_TYPE>(DgradConfig config, const Problem& problem,                                   \
+                                 std::span<const PhaseLaunch> phases, int sm_count, cudaStream_t stream) {     \
+    with_kernel<CUTLASS_IN, CUTLASS_OUT>(                                                                       \
+        config, [&](auto fused) { run<decltype(fused)>(problem, phases, sm_count, stream); });                  \
   }                                                                                                             \
   }

@@ -306,7 +306,8 @@ class PingpongPhasesKernel {
           storage.tensors.epilogue);
       // The TMA stores must have read the staging buffers before the other consumer's
       // epilogue reuses them.
-      auto [load_after, store_after] = epilogue.store_tail(epi_load_pipeline, load_next, epi_store_pipeline, store_next);
+      auto [load_after, store_after] =
+          epilogue.store_tail(epi_load_pipeline, load_next, epi_store_pipeline, store_next);
       epi_load_state = load_after;
       epi_store_state = store_after;
       epi_load_state.advance(c_tiles);

@@ -224,7 +224,9 @@ struct Sm90GroupNormStats {
         const int row_end = static_cast<int>(cute::min(sample_row + params.spatial - tile_row_begin, int64_t{rows}));
         float shift[kGroups];
         CUTLASS_PRAGMA_UNROLL
-        for (int g = 0; g < kGroups; ++g) shift[g] = static_cast<float>(smem[row_begin * kPitch + col + g * kGroupWidth]);
+        for (int g = 0; g < kGroups; ++g) {
+          shift[g] = static_cast<float>(smem[row_begin * kPitch + col + g * kGroupWidth]);
+        }
         float sum[kGroups] = {};
         float squares[kGroups] = {};
 #pragma unroll 4
