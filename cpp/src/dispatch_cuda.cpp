@@ -78,20 +78,75 @@ decltype(auto) with_element(ElementType element, F&& f) {
   }
 }
 
-// float32 on tensor cores runs as bfloat16 piece products in one GEMM over
-// kProducts * Cin channels (float32_split.h): the input's split is a kernel
-// (split_float32_ndhwc), the filter's (small next to the input) runs through ATen here.
-at::Tensor split_input(const at::Tensor& input, const Problem& p, cudaStream_t stream) {
-  const NvtxRange range("cutlassfuse.split_float32");
-  const bool channels_last = input.is_contiguous(at::MemoryFormat::ChannelsLast3d);
-  const at::Tensor src = channels_last ? input : input.contiguous();
-  at::Tensor out =
-      at::empty({p.batch, float32_split::kProducts * p.in_channels, p.input_size[0], p.input_size[1], p.input_size[2]},
-                input.options().dtype(at::kBFloat16).memory_format(at::MemoryFormat::ChannelsLast3d));
-  split_float32_ndhwc(src.data_ptr(), channels_last, out.data_ptr(), p.batch, p.in_channels, p.input_spatial(),
-                      stream);
-  return out;
-}
+// The call's temporaries carved from one allocation: on the GPU machine an allocation
+// from the caching allocator costs several microseconds of host time, and calls of the
+// small shapes are bound by the host. Reserve every region, then allocate once.
+class CallWorkspace {
+ public:
+  using Region = int64_t;  // byte offset
+
+  Region reserve(int64_t bytes) {
+    const Region region = bytes_;
+    bytes_ += ceil_div(bytes, kAlignment) * kAlignment;
+    return region;
+  }
+
+  void allocate(const at::TensorOptions& options) { buffer_ = at::empty({bytes_}, options.dtype(at::kByte)); }
+
+  template <class T = void>
+  T* at(Region region) const {
+    return reinterpret_cast<T*>(static_cast<char*>(buffer_.data_ptr()) + region);
+  }
+
+ private:
+  // TMA wants 128-byte aligned tensors; 256 keeps every region on its own cache lines.
+  static constexpr int64_t kAlignment = 256;
+  static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+  at::Tensor buffer_;
+  int64_t bytes_ = 0;
+};
+
+// The deconvolution's left operand, NDHWC: the input itself when it is channels-last;
+// else one pass of our transpose kernel (ATen's permuted copy is 5x slower on this
+// pattern); float32 as bfloat16 piece products in one GEMM over kProducts * Cin
+// channels (float32_split.h), split by one kernel (the filter's split, small next to
+// the input, runs through ATen in split_filter).
+class LeftOperand {
+ public:
+  LeftOperand(const at::Tensor& input, ElementType element, const Problem& p, CallWorkspace& workspace)
+      : input_(input), element_(element), problem_(p) {
+    const bool channels_last = input.is_contiguous(at::MemoryFormat::ChannelsLast3d);
+    if (element == ElementType::kFloat32) {
+      converted_ = workspace.reserve(p.input_numel() * float32_split::kProducts * 2);
+    } else if (!channels_last) {
+      converted_ = workspace.reserve(input.nbytes());
+    }
+  }
+
+  // The operand's data, converted on `stream` if needed; after workspace.allocate().
+  const void* prepare(const CallWorkspace& workspace, cudaStream_t stream) const {
+    if (!converted_) return input_.data_ptr();
+    const bool channels_last = input_.is_contiguous(at::MemoryFormat::ChannelsLast3d);
+    const at::Tensor src = channels_last ? input_ : input_.contiguous();
+    void* dst = workspace.at(*converted_);
+    const Problem& p = problem_;
+    if (element_ == ElementType::kFloat32) {
+      const NvtxRange range("cutlassfuse.split_float32");
+      split_float32_ndhwc(src.data_ptr(), channels_last, dst, p.batch, p.in_channels, p.input_spatial(), stream);
+    } else {
+      const NvtxRange range("cutlassfuse.ncdhw_to_ndhwc");
+      ncdhw_to_ndhwc(element_, src.data_ptr(), dst, p.batch, p.in_channels, p.input_spatial(), stream);
+    }
+    return dst;
+  }
+
+ private:
+  const at::Tensor& input_;
+  ElementType element_;
+  const Problem& problem_;
+  std::optional<CallWorkspace::Region> converted_;
+};
 
 // The packed filter [Cin, T, R, S, Cout] as the right operand: block b along Cin holds
 // piece filter_piece(b).
@@ -161,11 +216,9 @@ FusedPlan make_fused_plan(const Problem& p, ElementType element) {
   return plan;
 }
 
-// NDHWC view of the input: free when it already is; otherwise one pass of our
-// transpose kernel (ATen's permuted copy is 5x slower on this pattern).
+// NDHWC copy of the input for the plain baseline (free when it already is NDHWC).
 at::Tensor to_channels_last(const at::Tensor& input, ElementType element, const Problem& p, cudaStream_t stream) {
   if (input.is_contiguous(at::MemoryFormat::ChannelsLast3d)) return input;
-  const NvtxRange range("cutlassfuse.ncdhw_to_ndhwc");
   const at::Tensor packed = input.contiguous();
   at::Tensor out = at::empty_like(packed, at::MemoryFormat::ChannelsLast3d);
   ncdhw_to_ndhwc(element, packed.data_ptr(), out.data_ptr(), p.batch, p.in_channels, p.input_spatial(), stream);
@@ -238,37 +291,56 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const ElementType element = *element_type(a.input.scalar_type());
   const auto options = a.input.options();
-
-  const bool split = element == ElementType::kFloat32;
-  const at::Tensor input = split ? split_input(a.input, p, stream) : to_channels_last(a.input, element, p, stream);
-  const at::Tensor filter = split ? split_filter(filter_of(a)) : filter_of(a);
-  std::optional<at::Tensor> bias, gamma, beta;
   FusedPlan plan = [&] {
     const NvtxRange range("cutlassfuse.plan");
     return make_fused_plan(p, element);
   }();
-  plan.sources.bias = data_or_null(a.bias, bias);
-  // The GEMM's columns are blocks of Cout channels: each needs the bias.
-  const at::Tensor block_bias = bias && plan.blocks() > 1 ? bias->repeat({plan.blocks()}) : at::Tensor();
-  const void* epilogue_bias = block_bias.defined() ? block_bias.data_ptr() : plan.sources.bias;
-
   const Problem& c = plan.conv;
-  at::Tensor activation = at::empty({c.batch, c.out_channels, c.output_size[0], c.output_size[1], c.output_size[2]},
-                                    options.memory_format(at::MemoryFormat::ChannelsLast3d));
+  const GroupNormShape shape = group_norm_shape(p);
+  const int64_t element_bytes = a.input.element_size();
+
+  // Channels-last output of an NDHWC activation is normalized in place: each element
+  // is read and written by the same thread, after the statistics are complete.
+  const at::MemoryFormat format = output_memory_format(a.input, a.weight);
+  const bool channels_last = format == at::MemoryFormat::ChannelsLast3d;
+  const bool in_place = channels_last && plan.order.identity();
+  at::Tensor out = at::empty({p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]},
+                             options.memory_format(format));
+
+  CallWorkspace workspace;
+  const LeftOperand left(a.input, element, p, workspace);
+  const auto activation_region = in_place ? std::nullopt : std::optional(workspace.reserve(c.output_numel() * element_bytes));
   static_assert(sizeof(WelfordPartial) == 3 * sizeof(float));
-  at::Tensor partials = at::empty({plan.slots, 3}, options.dtype(at::kFloat));
-  auto* partials_ptr = reinterpret_cast<WelfordPartial*>(partials.data_ptr<float>());
+  const auto partials_region = workspace.reserve(plan.slots * static_cast<int64_t>(sizeof(WelfordPartial)));
+  const auto scale_shift_region = workspace.reserve(group_norm_scale_shift_bytes(shape));
+  // The GEMM's columns are blocks of Cout channels: each needs the bias.
+  const bool block_bias = present(a.bias) && plan.blocks() > 1;
+  const auto block_bias_region = block_bias ? std::optional(workspace.reserve(c.out_channels * element_bytes)) : std::nullopt;
+  workspace.allocate(options);
+
+  const void* input = left.prepare(workspace, stream);
+  const at::Tensor filter = element == ElementType::kFloat32 ? split_filter(filter_of(a)) : filter_of(a);
+  std::optional<at::Tensor> bias, gamma, beta;
+  plan.sources.bias = data_or_null(a.bias, bias);
+  const void* epilogue_bias = plan.sources.bias;
+  if (block_bias) {
+    epilogue_bias = workspace.at(*block_bias_region);
+    repeat_row(plan.sources.bias, p.out_channels * element_bytes, plan.blocks(), workspace.at(*block_bias_region),
+               stream);
+  }
+  void* activation = in_place ? out.data_ptr() : workspace.at(*activation_region);
+  auto* partials = workspace.at<WelfordPartial>(partials_region);
   if (plan.subpixel.unreached_pixels > 0) {
     const NvtxRange range("cutlassfuse.fill_unreached_pixels");
-    fill_unreached_pixels(element, activation.data_ptr(), plan.sources.bias, p, stream);
+    fill_unreached_pixels(element, activation, plan.sources.bias, p, stream);
   }
   {
     const NvtxRange range("cutlassfuse.dgrad_bias_relu_stats");
     std::vector<sm90::PhaseLaunch> launches;
     for (size_t i = 0; i < plan.subpixel.phases.size(); ++i) {
       launches.push_back({&plan.subpixel.phases[i],
-                          {input.data_ptr(), filter.data_ptr(), epilogue_bias, activation.data_ptr(),
-                           partials_ptr + plan.sources.regions[i * plan.blocks()].first_slot}});
+                          {input, filter.data_ptr(), epilogue_bias, activation,
+                           partials + plan.sources.regions[i * plan.blocks()].first_slot}});
     }
     const PhaseLanes lanes(launches.size(), at::cuda::getCurrentCUDAStream());
     with_element(element, [&](auto e) {
@@ -284,23 +356,12 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
     lanes.join();
   }
 
-  // Channels-last output of an NDHWC activation is normalized in place: each element
-  // is read and written by the same thread, after the statistics are complete.
-  const at::MemoryFormat format = output_memory_format(a.input, a.weight);
-  const bool channels_last = format == at::MemoryFormat::ChannelsLast3d;
-  at::Tensor out = channels_last && plan.order.identity()
-                       ? activation
-                       : at::empty({p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]},
-                                   options.memory_format(format));
   const GroupNormAffine affine{data_or_null(a.norm_weight, gamma), data_or_null(a.norm_bias, beta),
                                *affine_element_type(a)};
-  const GroupNormShape shape = group_norm_shape(p);
-  at::Tensor scale_shift = at::empty({group_norm_scale_shift_bytes(shape)}, options.dtype(at::kByte));
+  void* scale_shift = workspace.at(scale_shift_region);
   const NvtxRange range("cutlassfuse.group_norm_finalize_apply");
-  group_norm_finalize(element, partials_ptr, plan.sources, shape, affine, static_cast<float>(p.eps),
-                      scale_shift.data_ptr(), stream);
-  group_norm_apply(element, activation.data_ptr(), plan.order, scale_shift.data_ptr(), shape, channels_last,
-                   out.data_ptr(), stream);
+  group_norm_finalize(element, partials, plan.sources, shape, affine, static_cast<float>(p.eps), scale_shift, stream);
+  group_norm_apply(element, activation, plan.order, scale_shift, shape, channels_last, out.data_ptr(), stream);
   return out;
 }
 

@@ -13,7 +13,6 @@ from ._loader import load_extension
 
 load_extension()
 
-from . import autograd as _autograd  # noqa: E402,F401  (registers the backward)
 from ._build_info import VERSION as __version__  # noqa: E402
 from .info import info  # noqa: E402
 from .modules import ConvTranspose3dReLUGroupNorm  # noqa: E402
