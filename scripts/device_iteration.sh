@@ -14,7 +14,8 @@
 #        training   benchmarks/training_step.py
 #        examples   examples/*.py
 #        bench      python -m cutlassfuse bench (CSV, JSON, PNG)
-#        profile    python -m cutlassfuse profile (Nsight Compute table, kb61 fp16)
+#        profile    python -m cutlassfuse profile (Nsight Compute table, fp16, of each
+#                   shape in PROFILE_SHAPES, default kb61)
 #        sanitize   scripts/sanitize.sh (only when named, or CUTLASSFUSE_SANITIZE=1)
 #        stalls     scripts/ncu_conv_source.sh (only when named: per-line stalls of the conv)
 #      e.g. STEPS="tests breakdown" bash scripts/device_iteration.sh
@@ -119,8 +120,11 @@ if wanted bench; then
 fi
 
 if wanted profile; then
-  step "Nsight Compute (kb61 fp16)"
-  "$PYTHON" -m cutlassfuse profile --shape kb61 --dtype float16 --csv "$LOGS/ncu.csv" 2>&1 | tee "$LOGS/ncu.log"
+  for shape in ${PROFILE_SHAPES:-kb61}; do
+    step "Nsight Compute ($shape fp16)"
+    "$PYTHON" -m cutlassfuse profile --shape "$shape" --dtype float16 --csv "$LOGS/ncu-$shape.csv" 2>&1 \
+      | tee "$LOGS/ncu-$shape.log"
+  done
 fi
 
 if wanted sanitize; then
