@@ -250,19 +250,17 @@ __device__ void normalize_rows_channels_last(const T* activation, T* out, int64_
 
 // kTile rows of NCDHW output, kTile channels at a time: coalesced 16-byte loads along
 // the channels, a padded fp32 shared-memory transpose, then stores along the spatial
-// dimension: 16-byte vectors of 8 consecutive rows when the sample's planes allow it
-// (spatial % 8 == 0; a warp covers 4 channels x 128 contiguous bytes), else one element
-// per lane (a warp covers 64 contiguous bytes). 2-byte stores everywhere cost kb61 18 us
-// over its channels-last normalize. (Measured on H200: a variant with a 16-bit tile and
-// all loads hoisted ran slower, bound by registers at half occupancy.)
+// dimension, a warp covering 32 consecutive rows of one channel (64 contiguous bytes).
+// (Measured on H200: a variant with 16-byte stores from a 16-bit tile and all loads
+// hoisted ran slower, bound by registers at half occupancy.)
 template <class T, bool kShuffled>
 __device__ void normalize_rows_ncdhw(const T* activation, T* sample_out, int64_t row_begin, int rows, int channels,
                                      int64_t spatial, const ShuffleIndex& order, const float* scale,
                                      const float* shift) {
   constexpr int kVectorsPerTileRow = kTile / kVector;          // 8
   constexpr int kRowsPerLoad = kThreads / kVectorsPerTileRow;  // 32
+  constexpr int kChannelsPerStore = kThreads / kTile;          // 4
   __shared__ float tile[kTile][kTile + 1];  // [channel][row]; +1 keeps the transposed writes conflict-free
-  const bool vector_stores = spatial % kVector == 0;  // then rows % kVector == 0 too
   for (int c_begin = 0; c_begin < channels; c_begin += kTile) {
     const int c_count = min(kTile, channels - c_begin);
     const int load_c = (threadIdx.x % kVectorsPerTileRow) * kVector;
@@ -278,24 +276,10 @@ __device__ void normalize_rows_ncdhw(const T* activation, T* sample_out, int64_t
       }
     }
     __syncthreads();
-    T* tile_out = sample_out + int64_t{c_begin} * spatial + row_begin;
-    if (vector_stores) {
-      constexpr int kVectorsPerChannel = kTile / kVector;  // 8
-      const int store_r = (threadIdx.x % kVectorsPerChannel) * kVector;
-      if (store_r < rows) {
-        for (int c = threadIdx.x / kVectorsPerChannel; c < c_count; c += kThreads / kVectorsPerChannel) {
-          float v[kVector];
-#pragma unroll
-          for (int k = 0; k < kVector; ++k) v[k] = tile[c][store_r + k];
-          store_vector(tile_out + c * spatial + store_r, v);
-        }
-      }
-    } else {
-      const int store_r = threadIdx.x % kTile;
-      if (store_r < rows) {
-        for (int c = threadIdx.x / kTile; c < c_count; c += kThreads / kTile) {
-          tile_out[c * spatial + store_r] = from_float<T>(tile[c][store_r]);
-        }
+    const int store_r = threadIdx.x % kTile;
+    if (store_r < rows) {
+      for (int c = threadIdx.x / kTile; c < c_count; c += kChannelsPerStore) {
+        sample_out[(c_begin + c) * spatial + row_begin + store_r] = from_float<T>(tile[c][store_r]);
       }
     }
     __syncthreads();
