@@ -1,7 +1,7 @@
 """Per-kernel device time and launch count of one fused call, next to cuDNN's
 convolution alone, from torch.profiler (CUPTI) over repeated calls.
 
-    python benchmarks/kernel_breakdown.py [--shape kb61] [--dtype float16]
+    python benchmarks/kernel_breakdown.py [--shape kb61] [--dtype float16] [--config 128x64_pingpong]
 
 --shape takes a baselines.md name (kb61, kb61_v0, unet_k2s2, gan_k4s2p1,
 vid_k3s2p1op1) or N,Cin,Cout,D,H,W,kernel,stride,padding,output_padding,groups.
@@ -51,7 +51,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", default="kb61")
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    parser.add_argument("--config", default=None, help="pin the sm90 kernel configuration (set_dgrad_config)")
     args = parser.parse_args()
+    cutlassfuse.set_dgrad_config(args.config)
     shape = parse_shape(args.shape)
     dtype = getattr(torch, args.dtype)
     x = torch.rand(shape.batch, shape.in_channels, *shape.size, device="cuda", dtype=dtype)
