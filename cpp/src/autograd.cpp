@@ -46,6 +46,8 @@ bool present(const OptionalTensor& t) { return t.has_value() && t->defined(); }
 // The differentiable inputs, in the op's order; packed_weight is a detached copy of
 // the weight's layout, never differentiated.
 enum Differentiable { kInput, kWeight, kBias, kNormWeight, kNormBias, kDifferentiable };
+// Backward returns one gradient per argument of the schema (registration.cpp).
+constexpr int kOpArguments = 13;
 
 class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTransposeReluGroupNorm> {
  public:
@@ -100,7 +102,7 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
         /*transposed=*/true, c10::fromIntArrayRefSlow(output_padding), groups,
         {need[kInput], need[kWeight], need[kBias]});
 
-    variable_list grads(13);  // one per op argument; the non-tensor ones and packed_weight get none
+    variable_list grads(kOpArguments);  // the non-tensor arguments and packed_weight get none
     grads[kInput] = grad_input;
     grads[kWeight] = grad_weight;
     grads[kBias] = grad_bias;

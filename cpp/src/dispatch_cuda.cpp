@@ -101,7 +101,6 @@ class CallWorkspace {
  private:
   // TMA wants 128-byte aligned tensors; 256 keeps every region on its own cache lines.
   static constexpr int64_t kAlignment = 256;
-  static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
   at::Tensor buffer_;
   int64_t bytes_ = 0;
@@ -115,11 +114,11 @@ class CallWorkspace {
 class LeftOperand {
  public:
   LeftOperand(const at::Tensor& input, ElementType element, const Problem& p, CallWorkspace& workspace)
-      : input_(input), element_(element), problem_(p) {
-    const bool channels_last = input.is_contiguous(at::MemoryFormat::ChannelsLast3d);
+      : input_(input), element_(element), problem_(p),
+        channels_last_(input.is_contiguous(at::MemoryFormat::ChannelsLast3d)) {
     if (element == ElementType::kFloat32) {
-      converted_ = workspace.reserve(p.input_numel() * float32_split::kProducts * 2);
-    } else if (!channels_last) {
+      converted_ = workspace.reserve(p.input_numel() * float32_split::kProducts * c10::elementSize(at::kBFloat16));
+    } else if (!channels_last_) {
       converted_ = workspace.reserve(input.nbytes());
     }
   }
@@ -127,13 +126,12 @@ class LeftOperand {
   // The operand's data, converted on `stream` if needed; after workspace.allocate().
   const void* prepare(const CallWorkspace& workspace, cudaStream_t stream) const {
     if (!converted_) return input_.data_ptr();
-    const bool channels_last = input_.is_contiguous(at::MemoryFormat::ChannelsLast3d);
-    const at::Tensor src = channels_last ? input_ : input_.contiguous();
+    const at::Tensor src = channels_last_ ? input_ : input_.contiguous();
     void* dst = workspace.at(*converted_);
     const Problem& p = problem_;
     if (element_ == ElementType::kFloat32) {
       const NvtxRange range("cutlassfuse.split_float32");
-      split_float32_ndhwc(src.data_ptr(), channels_last, dst, p.batch, p.in_channels, p.input_spatial(), stream);
+      split_float32_ndhwc(src.data_ptr(), channels_last_, dst, p.batch, p.in_channels, p.input_spatial(), stream);
     } else {
       const NvtxRange range("cutlassfuse.ncdhw_to_ndhwc");
       ncdhw_to_ndhwc(element_, src.data_ptr(), dst, p.batch, p.in_channels, p.input_spatial(), stream);
@@ -145,6 +143,7 @@ class LeftOperand {
   const at::Tensor& input_;
   ElementType element_;
   const Problem& problem_;
+  bool channels_last_;
   std::optional<CallWorkspace::Region> converted_;
 };
 
@@ -214,15 +213,6 @@ FusedPlan make_fused_plan(const Problem& p, ElementType element) {
   }
   plan.sources.unreached_pixels = plan.subpixel.unreached_pixels;
   return plan;
-}
-
-// NDHWC copy of the input for the plain baseline (free when it already is NDHWC).
-at::Tensor to_channels_last(const at::Tensor& input, ElementType element, const Problem& p, cudaStream_t stream) {
-  if (input.is_contiguous(at::MemoryFormat::ChannelsLast3d)) return input;
-  const at::Tensor packed = input.contiguous();
-  at::Tensor out = at::empty_like(packed, at::MemoryFormat::ChannelsLast3d);
-  ncdhw_to_ndhwc(element, packed.data_ptr(), out.data_ptr(), p.batch, p.in_channels, p.input_spatial(), stream);
-  return out;
 }
 
 // The filter [Cin, T, R, S, Cout]: the caller's pre-packed copy when given (the module
@@ -309,13 +299,15 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
 
   CallWorkspace workspace;
   const LeftOperand left(a.input, element, p, workspace);
-  const auto activation_region = in_place ? std::nullopt : std::optional(workspace.reserve(c.output_numel() * element_bytes));
+  const auto activation_region =
+      in_place ? std::nullopt : std::optional(workspace.reserve(c.output_numel() * element_bytes));
   static_assert(sizeof(WelfordPartial) == 3 * sizeof(float));
   const auto partials_region = workspace.reserve(plan.slots * static_cast<int64_t>(sizeof(WelfordPartial)));
   const auto scale_shift_region = workspace.reserve(group_norm_scale_shift_bytes(shape));
   // The GEMM's columns are blocks of Cout channels: each needs the bias.
   const bool block_bias = present(a.bias) && plan.blocks() > 1;
-  const auto block_bias_region = block_bias ? std::optional(workspace.reserve(c.out_channels * element_bytes)) : std::nullopt;
+  const auto block_bias_region =
+      block_bias ? std::optional(workspace.reserve(c.out_channels * element_bytes)) : std::nullopt;
   workspace.allocate(options);
 
   const void* input = left.prepare(workspace, stream);
@@ -373,7 +365,10 @@ at::Tensor cutlass_dgrad_plain(const OpArgs& a, const Problem& p) {
                    "cutlassfuse: the plain CUTLASS dgrad takes float16 or bfloat16");
   const c10::cuda::CUDAGuard device_guard(a.input.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const at::Tensor input = to_channels_last(a.input, *element, p, stream);
+  CallWorkspace workspace;
+  const LeftOperand left(a.input, *element, p, workspace);
+  workspace.allocate(a.input.options());
+  const void* input = left.prepare(workspace, stream);
   const at::Tensor filter = filter_of(a);
   const SubpixelPlan plan = plan_subpixel(p);
   const auto options = a.input.options().memory_format(at::MemoryFormat::ChannelsLast3d);
@@ -383,7 +378,7 @@ at::Tensor cutlass_dgrad_plain(const OpArgs& a, const Problem& p) {
   const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   std::vector<sm90::PhaseLaunch> launches;
   for (const PhaseProblem& phase : plan.phases) {
-    launches.push_back({&phase, {input.data_ptr(), filter.data_ptr(), nullptr, out.data_ptr(), nullptr}});
+    launches.push_back({&phase, {input, filter.data_ptr(), nullptr, out.data_ptr(), nullptr}});
   }
   const sm90::DgradConfig config = sm90::choose_config(p);
   if (*element == ElementType::kBFloat16) {

@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "cutlassfuse/problem.h"  // ceil_div
+
 namespace cutlassfuse {
 
 // Every thread moves 16 bytes at a time: 8 elements of a 16-bit type.
@@ -86,7 +88,5 @@ inline void check_launch(const char* kernel) {
     throw std::runtime_error(std::string("cutlassfuse: launching ") + kernel + " failed: " + cudaGetErrorString(error));
   }
 }
-
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace cutlassfuse

@@ -42,6 +42,8 @@ constexpr int64_t transposed_conv_output_extent(int64_t input, int64_t kernel, i
   return (input - 1) * stride - 2 * padding + dilation * (kernel - 1) + output_padding + 1;
 }
 
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 // Element types the CUDA kernels are written for.
 enum class ElementType { kFloat32, kFloat16, kBFloat16 };
 
