@@ -5,6 +5,7 @@
 
 #include "cutlassfuse/device_utils.cuh"
 #include "cutlassfuse/group_norm.h"
+#include "cutlassfuse/welford.cuh"
 
 namespace cutlassfuse {
 namespace {
@@ -25,23 +26,6 @@ __device__ __forceinline__ float load_affine(const void* p, ElementType type, in
     case ElementType::kBFloat16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
     default: return static_cast<const float*>(p)[i];
   }
-}
-
-// --- Welford / Chan -------------------------------------------------------------------
-
-// Chan et al.'s pairwise merge. Callers fix the order of merges, so results are
-// bitwise reproducible.
-__device__ __forceinline__ WelfordPartial merge(WelfordPartial a, WelfordPartial b) {
-  const float count = a.count + b.count;
-  if (count == 0.f) return a;
-  const float delta = b.mean - a.mean;
-  const float weight_b = b.count / count;
-  return {count, a.mean + delta * weight_b, a.m2 + b.m2 + delta * delta * a.count * weight_b};
-}
-
-__device__ __forceinline__ WelfordPartial shuffle_down(WelfordPartial p, int offset) {
-  return {__shfl_down_sync(0xffffffffu, p.count, offset), __shfl_down_sync(0xffffffffu, p.mean, offset),
-          __shfl_down_sync(0xffffffffu, p.m2, offset)};
 }
 
 // --- where a (sample, group)'s partials are ----------------------------------------------
@@ -121,6 +105,7 @@ __global__ void __launch_bounds__(kThreads)
 group_norm_finalize_kernel(const WelfordPartial* __restrict__ partials, const __grid_constant__ StatisticsSources
                            sources, ElementType element, int channels, int num_groups, GroupNormAffine affine,
                            float eps, float2* __restrict__ scale_shift) {
+  start_after_preceding_grid();
   constexpr int kLoadsInFlight = 4;
   static_assert(kMaxPartialsRegions <= kThreads);
   __shared__ WelfordPartial warp_results[kWarps];
@@ -165,8 +150,7 @@ group_norm_finalize_kernel(const WelfordPartial* __restrict__ partials, const __
 #pragma unroll
     for (int i = 0; i < kLoadsInFlight; ++i) acc = merge(acc, loaded[i]);
   }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) acc = merge(acc, shuffle_down(acc, offset));
+  acc = warp_merge(acc);
   if (lane == 0) warp_results[warp] = acc;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -294,6 +278,7 @@ template <class T, bool kChannelsLast, bool kShuffled>
 __global__ void __launch_bounds__(kThreads)
 group_norm_apply_kernel(const T* activation, const __grid_constant__ ShuffleIndex order,
                         const float2* __restrict__ scale_shift, int64_t spatial, int channels, T* out) {
+  start_after_preceding_grid();
   __shared__ float scale[kMaxChannels];
   __shared__ float shift[kMaxChannels];
   const int64_t n = blockIdx.y;
@@ -320,10 +305,10 @@ void launch_apply(const T* in, const PixelShuffle& order, const float2* scale_sh
                   T* out, cudaStream_t stream) {
   const int64_t rows_per_block = int64_t{kTile} * (kChannelsLast ? kTilesPerBlock : 1);
   const dim3 grid(static_cast<unsigned>(ceil_div(shape.spatial, rows_per_block)), static_cast<unsigned>(shape.batch));
-  group_norm_apply_kernel<T, kChannelsLast, kShuffled><<<grid, kThreads, 0, stream>>>(
-      in, kShuffled ? ShuffleIndex(order) : ShuffleIndex(), scale_shift, shape.spatial,
-      static_cast<int>(shape.channels), out);
-  check_launch("group_norm_apply_kernel");
+  check_launch("group_norm_apply_kernel",
+               launch_after_predecessor(group_norm_apply_kernel<T, kChannelsLast, kShuffled>, grid, kThreads, 0, stream,
+                                        in, kShuffled ? ShuffleIndex(order) : ShuffleIndex(), scale_shift,
+                                        shape.spatial, static_cast<int>(shape.channels), out));
 }
 
 template <class T>
@@ -374,9 +359,10 @@ void group_norm_finalize(ElementType element, const WelfordPartial* partials, co
                          cudaStream_t stream) {
   const int channels = static_cast<int>(shape.channels);
   const int groups = static_cast<int>(shape.num_groups);
-  group_norm_finalize_kernel<<<dim3(groups, static_cast<unsigned>(shape.batch)), kThreads, 0, stream>>>(
-      partials, sources, element, channels, groups, affine, eps, static_cast<float2*>(scale_shift));
-  check_launch("group_norm_finalize_kernel");
+  check_launch("group_norm_finalize_kernel",
+               launch_after_predecessor(group_norm_finalize_kernel, dim3(groups, static_cast<unsigned>(shape.batch)),
+                                        kThreads, 0, stream, partials, sources, element, channels, groups, affine, eps,
+                                        static_cast<float2*>(scale_shift)));
 }
 
 void group_norm_apply(ElementType element, const void* activation, const PixelShuffle& order,
