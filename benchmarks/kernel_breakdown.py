@@ -1,6 +1,5 @@
 """Per-kernel device time and launch count of one fused call, next to cuDNN's
-convolution alone, from torch.profiler (CUPTI) over repeated calls; then the wall time
-per call with programmatic dependent launch off and on.
+convolution alone, from torch.profiler (CUPTI) over repeated calls.
 
     python benchmarks/kernel_breakdown.py [--shape kb61] [--dtype float16] [--config 128x64_pingpong]
 
@@ -44,22 +43,6 @@ def kernel_times_us(fn) -> tuple[dict[str, float], float]:
     return dict(sorted(totals.items(), key=lambda kv: -kv[1])), launches / REPEATS
 
 
-def wall_us_per_call(fn, calls: int = 50) -> float:
-    """Median of 5 runs of `calls` back-to-back calls, CUDA events, us per call."""
-    for _ in range(3):
-        fn()
-    samples = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / calls)
-    return sorted(samples)[len(samples) // 2]
-
-
 def short(name: str) -> str:
     return next((key for key in KERNEL_KEYS if key in name), name[:70])
 
@@ -90,8 +73,6 @@ def main() -> None:
     # float32 on the fused path is opt-in; the fallback run shows the default (strict fp32).
     cutlassfuse.set_float32_tensor_cores(dtype == torch.float32)
     print(f"{shape.name} {args.dtype}: {cutlassfuse.explain(x, w, num_groups=shape.groups, **conv)}")
-    # A kernel scheduled before its predecessor ends would count its wait as its own time.
-    cutlassfuse.set_programmatic_launch(False)
     for title, fn in runs.items():
         cutlassfuse.set_fused_path_enabled("fallback" not in title)
         times, launches = kernel_times_us(fn)
@@ -99,11 +80,6 @@ def main() -> None:
         print(f"\n{title}: {sum(times.values()):.1f} us of kernels, {launches:g} launches per call")
         for name, us in times.items():
             print(f"  {us:9.1f} us  {name}")
-    fused = runs["cutlassfuse, NCDHW input"]
-    plain_launches = wall_us_per_call(fused)
-    cutlassfuse.set_programmatic_launch(True)
-    print(f"\nwall per call, NCDHW input: {plain_launches:.1f} us with plain launches, "
-          f"{wall_us_per_call(fused):.1f} us with programmatic dependent launch")
 
 
 if __name__ == "__main__":

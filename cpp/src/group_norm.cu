@@ -105,7 +105,6 @@ __global__ void __launch_bounds__(kThreads)
 group_norm_finalize_kernel(const WelfordPartial* __restrict__ partials, const __grid_constant__ StatisticsSources
                            sources, ElementType element, int channels, int num_groups, GroupNormAffine affine,
                            float eps, float2* __restrict__ scale_shift) {
-  start_after_preceding_grid();
   constexpr int kLoadsInFlight = 4;
   static_assert(kMaxPartialsRegions <= kThreads);
   __shared__ WelfordPartial warp_results[kWarps];
@@ -278,7 +277,6 @@ template <class T, bool kChannelsLast, bool kShuffled>
 __global__ void __launch_bounds__(kThreads)
 group_norm_apply_kernel(const T* activation, const __grid_constant__ ShuffleIndex order,
                         const float2* __restrict__ scale_shift, int64_t spatial, int channels, T* out) {
-  start_after_preceding_grid();
   __shared__ float scale[kMaxChannels];
   __shared__ float shift[kMaxChannels];
   const int64_t n = blockIdx.y;
@@ -305,10 +303,10 @@ void launch_apply(const T* in, const PixelShuffle& order, const float2* scale_sh
                   T* out, cudaStream_t stream) {
   const int64_t rows_per_block = int64_t{kTile} * (kChannelsLast ? kTilesPerBlock : 1);
   const dim3 grid(static_cast<unsigned>(ceil_div(shape.spatial, rows_per_block)), static_cast<unsigned>(shape.batch));
-  check_launch("group_norm_apply_kernel",
-               launch_after_predecessor(group_norm_apply_kernel<T, kChannelsLast, kShuffled>, grid, kThreads, 0, stream,
-                                        in, kShuffled ? ShuffleIndex(order) : ShuffleIndex(), scale_shift,
-                                        shape.spatial, static_cast<int>(shape.channels), out));
+  group_norm_apply_kernel<T, kChannelsLast, kShuffled><<<grid, kThreads, 0, stream>>>(
+      in, kShuffled ? ShuffleIndex(order) : ShuffleIndex(), scale_shift, shape.spatial,
+      static_cast<int>(shape.channels), out);
+  check_launch("group_norm_apply_kernel");
 }
 
 template <class T>
@@ -359,10 +357,9 @@ void group_norm_finalize(ElementType element, const WelfordPartial* partials, co
                          cudaStream_t stream) {
   const int channels = static_cast<int>(shape.channels);
   const int groups = static_cast<int>(shape.num_groups);
-  check_launch("group_norm_finalize_kernel",
-               launch_after_predecessor(group_norm_finalize_kernel, dim3(groups, static_cast<unsigned>(shape.batch)),
-                                        kThreads, 0, stream, partials, sources, element, channels, groups, affine, eps,
-                                        static_cast<float2*>(scale_shift)));
+  group_norm_finalize_kernel<<<dim3(groups, static_cast<unsigned>(shape.batch)), kThreads, 0, stream>>>(
+      partials, sources, element, channels, groups, affine, eps, static_cast<float2*>(scale_shift));
+  check_launch("group_norm_finalize_kernel");
 }
 
 void group_norm_apply(ElementType element, const void* activation, const PixelShuffle& order,

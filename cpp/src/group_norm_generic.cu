@@ -81,7 +81,6 @@ template <class T>
 __global__ void __launch_bounds__(kThreads)
 relu_group_norm_stats_kernel(Activation<T> a, int64_t total_rows, int channels_per_group, TilePartials tiles,
                              WelfordPartial* __restrict__ partials) {
-  start_after_preceding_grid();
   const int64_t tile_m = blockIdx.x;
   const int tile_n = static_cast<int>(blockIdx.y);
   const int64_t row_begin = tile_m * kTileM;
@@ -118,7 +117,6 @@ template <class T>
 __global__ void __launch_bounds__(kThreads)
 normalize_channels_first_kernel(T* y, const T* bias, const float2* __restrict__ scale_shift, int64_t spatial,
                                 int channels, int64_t chunks_per_plane) {
-  start_after_preceding_grid();
   const int64_t plane = blockIdx.x / chunks_per_plane;
   const int64_t begin = (blockIdx.x % chunks_per_plane) * kChunk;
   const int c = static_cast<int>(plane % channels);
@@ -135,7 +133,6 @@ template <class T>
 __global__ void __launch_bounds__(kThreads)
 normalize_channels_last_kernel(T* y, const T* bias, const float2* __restrict__ scale_shift, int64_t spatial,
                                int channels, int64_t chunks_per_sample) {
-  start_after_preceding_grid();
   const int64_t n = blockIdx.x / chunks_per_sample;
   const int64_t begin = (blockIdx.x % chunks_per_sample) * kChunk;
   const int64_t count = spatial * channels;
@@ -158,9 +155,9 @@ void launch_stats(const void* y, ActivationLayout layout, const void* bias, cons
   const TilePartials tiles = generic_stats_tiles(shape);
   const int64_t total_rows = shape.batch * shape.spatial;
   const dim3 grid(static_cast<unsigned>(ceil_div(total_rows, kTileM)), static_cast<unsigned>(tiles.tiles_n));
-  check_launch("relu_group_norm_stats_kernel",
-               launch_after_predecessor(relu_group_norm_stats_kernel<T>, grid, kThreads, 0, stream, a, total_rows,
-                                        static_cast<int>(shape.channels / shape.num_groups), tiles, partials));
+  relu_group_norm_stats_kernel<T><<<grid, kThreads, 0, stream>>>(
+      a, total_rows, static_cast<int>(shape.channels / shape.num_groups), tiles, partials);
+  check_launch("relu_group_norm_stats_kernel");
 }
 
 template <class T>
@@ -173,16 +170,13 @@ void launch_normalize(void* y, ActivationLayout layout, const void* bias, const 
   if (layout == ActivationLayout::kChannelsFirst) {
     const int64_t chunks = ceil_div(shape.spatial, kChunk);
     const auto blocks = static_cast<unsigned>(shape.batch * shape.channels * chunks);
-    check_launch("normalize_channels_first_kernel",
-                 launch_after_predecessor(normalize_channels_first_kernel<T>, blocks, kThreads, 0, stream, data, b, ss,
-                                          shape.spatial, channels, chunks));
+    normalize_channels_first_kernel<T><<<blocks, kThreads, 0, stream>>>(data, b, ss, shape.spatial, channels, chunks);
   } else {
     const int64_t chunks = ceil_div(shape.spatial * shape.channels, kChunk);
     const auto blocks = static_cast<unsigned>(shape.batch * chunks);
-    check_launch("normalize_channels_last_kernel",
-                 launch_after_predecessor(normalize_channels_last_kernel<T>, blocks, kThreads, 0, stream, data, b, ss,
-                                          shape.spatial, channels, chunks));
+    normalize_channels_last_kernel<T><<<blocks, kThreads, 0, stream>>>(data, b, ss, shape.spatial, channels, chunks);
   }
+  check_launch("relu_group_norm_normalize_kernel");
 }
 
 // Calls f with the C++ element type of `element`.

@@ -22,7 +22,6 @@ constexpr int kTile = 64;  // kTile spatial positions x kTile channels per block
 template <class T, bool kVectorLoads>
 __global__ void __launch_bounds__(kThreads)
 ncdhw_to_ndhwc_kernel(const T* __restrict__ src, T* __restrict__ dst, int channels, int64_t spatial) {
-  start_after_preceding_grid();
   __shared__ T tile[kTile][kTile + 2];  // [s][c]; +2 elements keeps the transposed writes off one bank
   const int64_t n = blockIdx.z;
   const int64_t s_begin = blockIdx.x * int64_t{kTile};
@@ -72,7 +71,6 @@ ncdhw_to_ndhwc_kernel(const T* __restrict__ src, T* __restrict__ dst, int channe
 template <bool kChannelsLastSource>
 __global__ void __launch_bounds__(kThreads)
 split_float32_kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ dst, int channels, int64_t spatial) {
-  start_after_preceding_grid();
   __shared__ float tile[kTile][kTile + 1];  // [s][c]; +1 keeps the transposed accesses off one bank
   const int64_t n = blockIdx.z;
   const int64_t s_begin = blockIdx.x * int64_t{kTile};
@@ -120,7 +118,6 @@ split_float32_kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ 
 __global__ void __launch_bounds__(kThreads)
 repeat_row_kernel(const unsigned char* __restrict__ row, int64_t row_bytes, int64_t total_bytes,
                   unsigned char* __restrict__ dst) {
-  start_after_preceding_grid();
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < total_bytes; i += int64_t{gridDim.x} * kThreads) {
     dst[i] = row[i % row_bytes];
   }
@@ -142,9 +139,12 @@ void launch(const void* src, void* dst, int64_t batch, int64_t channels, int64_t
   const auto* in = static_cast<const T*>(src);
   auto* out = static_cast<T*>(dst);
   const bool vector_rows = spatial % kVector == 0 && reinterpret_cast<uintptr_t>(src) % sizeof(uint4) == 0;
-  const auto kernel = vector_rows ? ncdhw_to_ndhwc_kernel<T, true> : ncdhw_to_ndhwc_kernel<T, false>;
-  check_launch("ncdhw_to_ndhwc_kernel",
-               launch_after_predecessor(kernel, grid, kThreads, 0, stream, in, out, static_cast<int>(channels), spatial));
+  if (vector_rows) {
+    ncdhw_to_ndhwc_kernel<T, true><<<grid, kThreads, 0, stream>>>(in, out, static_cast<int>(channels), spatial);
+  } else {
+    ncdhw_to_ndhwc_kernel<T, false><<<grid, kThreads, 0, stream>>>(in, out, static_cast<int>(channels), spatial);
+  }
+  check_launch("ncdhw_to_ndhwc_kernel");
 }
 
 }  // namespace
@@ -162,10 +162,9 @@ void ncdhw_to_ndhwc(ElementType element, const void* src, void* dst, int64_t bat
 void repeat_row(const void* row, int64_t row_bytes, int64_t copies, void* dst, cudaStream_t stream) {
   const int64_t total = row_bytes * copies;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(total, kThreads), 1024));
-  check_launch("repeat_row_kernel",
-               launch_after_predecessor(repeat_row_kernel, blocks, kThreads, 0, stream,
-                                        static_cast<const unsigned char*>(row), row_bytes, total,
-                                        static_cast<unsigned char*>(dst)));
+  repeat_row_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const unsigned char*>(row), row_bytes, total,
+                                                     static_cast<unsigned char*>(dst));
+  check_launch("repeat_row_kernel");
 }
 
 void split_float32_ndhwc(const void* src, bool channels_last_source, void* dst, int64_t batch, int64_t channels,
@@ -174,9 +173,12 @@ void split_float32_ndhwc(const void* src, bool channels_last_source, void* dst, 
   const auto* in = static_cast<const float*>(src);
   auto* out = static_cast<__nv_bfloat16*>(dst);
   const dim3 grid = tile_grid(batch, channels, spatial);
-  const auto kernel = channels_last_source ? split_float32_kernel<true> : split_float32_kernel<false>;
-  check_launch("split_float32_kernel",
-               launch_after_predecessor(kernel, grid, kThreads, 0, stream, in, out, static_cast<int>(channels), spatial));
+  if (channels_last_source) {
+    split_float32_kernel<true><<<grid, kThreads, 0, stream>>>(in, out, static_cast<int>(channels), spatial);
+  } else {
+    split_float32_kernel<false><<<grid, kThreads, 0, stream>>>(in, out, static_cast<int>(channels), spatial);
+  }
+  check_launch("split_float32_kernel");
 }
 
 }  // namespace cutlassfuse

@@ -6,7 +6,6 @@
 #include "cutlassfuse/subpixel.h"
 #if CUTLASSFUSE_WITH_CUDA
 #include "cutlassfuse/dgrad_sm90.h"
-#include "cutlassfuse/launch.h"
 #include "cutlassfuse/nvtx.h"
 #endif
 
@@ -138,8 +137,6 @@ TORCH_LIBRARY(cutlassfuse, m) {
   m.def("set_float32_tensor_cores(bool enabled) -> ()", [](bool enabled) { set_float32_tensor_cores(enabled); });
   // Spreads the sub-pixel phases of one call over this many streams (1 to 8; benchmarks).
   m.def("set_phase_streams(int lanes) -> ()", [](int64_t lanes) { set_phase_streams(lanes); });
-  // Lets each kernel of a call be scheduled while its predecessor drains (on by default).
-  m.def("set_programmatic_launch(bool enabled) -> ()", [](bool enabled) { set_programmatic_launch(enabled); });
   // The deconvolution alone through the stock CUTLASS kernel (benchmark baseline); the
   // GroupNorm arguments are accepted and ignored.
   m.def((std::string("conv_transpose3d_cutlass") + kArguments + " -> Tensor").c_str());

@@ -33,7 +33,6 @@ template <class T>
 __global__ void __launch_bounds__(kThreads)
 fill_unreached_kernel(T* __restrict__ activation, const T* __restrict__ bias, ReachRules rules, int64_t pixels,
                       int channels) {
-  start_after_preceding_grid();
   const int vectors = channels / kVector;
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < pixels * vectors;
        i += int64_t{gridDim.x} * kThreads) {
@@ -61,9 +60,9 @@ void launch(void* activation, const void* bias, const Problem& p, cudaStream_t s
   const int64_t pixels = p.batch * p.output_spatial();
   const int64_t work = pixels * (p.out_channels / kVector);
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(work, kThreads), int64_t{1} << 16));
-  check_launch("fill_unreached_kernel",
-               launch_after_predecessor(fill_unreached_kernel<T>, blocks, kThreads, 0, stream, static_cast<T*>(activation),
-                                        static_cast<const T*>(bias), rules, pixels, static_cast<int>(p.out_channels)));
+  fill_unreached_kernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(activation), static_cast<const T*>(bias),
+                                                            rules, pixels, static_cast<int>(p.out_channels));
+  check_launch("fill_unreached_kernel");
 }
 
 }  // namespace

@@ -24,7 +24,6 @@ from .ops import (  # noqa: E402
     set_float32_tensor_cores,
     set_fused_path_enabled,
     set_phase_streams,
-    set_programmatic_launch,
 )
 from .rewrite import FuseResult, fuse  # noqa: E402
 
@@ -40,6 +39,5 @@ __all__ = [
     "set_float32_tensor_cores",
     "set_fused_path_enabled",
     "set_phase_streams",
-    "set_programmatic_launch",
     "__version__",
 ]

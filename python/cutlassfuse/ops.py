@@ -103,15 +103,6 @@ def set_phase_streams(lanes: int) -> None:
         torch.ops.cutlassfuse.set_phase_streams(int(lanes))
 
 
-def set_programmatic_launch(enabled: bool) -> None:
-    """Lets each kernel of a call be scheduled while its predecessor drains (programmatic
-    dependent launch on sm_90; True, the default), so launch latency and prologues overlap
-    the previous kernel's tail. False launches them one after another, as for per-kernel
-    timing. Results are identical either way. No effect on a CPU-only build."""
-    if hasattr(torch.ops.cutlassfuse, "set_programmatic_launch"):
-        torch.ops.cutlassfuse.set_programmatic_launch(bool(enabled))
-
-
 def explain(*args, **kwargs) -> str:
     """Which implementation ``conv_transpose3d_relu_group_norm`` takes for the same
     arguments, and why: ``"fused_sm90: ..."``, ``"fallback: ..., because ..."`` or

@@ -1,5 +1,5 @@
 // Small device helpers shared by cutlassfuse's own (non-CUTLASS) kernels: element
-// conversions, 16-byte vector access to 16-bit elements, and launching (launch.cuh).
+// conversions, 16-byte vector access to 16-bit elements, and launch checking.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,7 +9,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "cutlassfuse/launch.cuh"
 #include "cutlassfuse/problem.h"  // ceil_div
 
 namespace cutlassfuse {
@@ -83,10 +82,8 @@ __device__ __forceinline__ void store_vector(T* dst, const float (&v)[kVector]) 
   *reinterpret_cast<uint4*>(dst) = raw;
 }
 
-// `launched`: what launch_after_predecessor returned.
-inline void check_launch(const char* kernel, cudaError_t launched) {
-  const cudaError_t last = cudaGetLastError();  // also clears a failed launch's error
-  const cudaError_t error = launched != cudaSuccess ? launched : last;
+inline void check_launch(const char* kernel) {
+  const cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess) {
     throw std::runtime_error(std::string("cutlassfuse: launching ") + kernel + " failed: " + cudaGetErrorString(error));
   }

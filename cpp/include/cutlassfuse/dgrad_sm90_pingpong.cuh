@@ -27,8 +27,6 @@
 #include <cutlass/device_kernel.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
-#include "cutlassfuse/launch.cuh"
-
 namespace cutlassfuse::sm90 {
 
 // The tiles of one launch: phase p owns tiles [first_tile[p], first_tile[p + 1]),
@@ -180,8 +178,8 @@ class PingpongPhasesKernel {
     const Params params = to_underlying_arguments(phases, count);
     const auto kernel = &cutlass::device_kernel<PingpongPhasesKernel>;
     if (cudaError_t e = allow_shared_memory(kernel); e != cudaSuccess) return e;
-    return launch_after_predecessor(kernel, get_grid_shape(params, sm_count), get_block_shape(), SharedStorageSize,
-                                    stream, params);
+    kernel<<<get_grid_shape(params, sm_count), get_block_shape(), SharedStorageSize, stream>>>(params);
+    return cudaGetLastError();
   }
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) {
@@ -230,8 +228,6 @@ class PingpongPhasesKernel {
     ConsumerOrderBarrier consumer_order(storage.pipelines.consumer_order, order_params);
 
     __syncthreads();  // barrier initialization visible to every warp
-    // The prologue above touched shared memory and kernel parameters only.
-    start_after_preceding_grid();
 
     if (warp_group == 0) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();

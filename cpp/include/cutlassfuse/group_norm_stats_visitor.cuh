@@ -263,21 +263,36 @@ struct Sm90GroupNormStats {
           count, shift + shifted_mean, cute::max(q - s * shifted_mean, 0.f)};
     }
 
-    // One warp per group of the tile: its chunks' entries of the four warps, merged in a
-    // fixed order, are the tile's partial (one sample segment).
+    // The tile's partial of each group: its chunks' entries of the four warps, merged in
+    // a fixed order. A thread per group when that is a few merges (a warp's shuffle tree
+    // costs a division per level on the epilogue's critical path), a warp per group else.
     CUTLASS_DEVICE void write_register_partials() const {
+      constexpr int kSerialEntries = 16;
       const int cpg = params.channels_per_group;
       const int first_group = tile_col_begin / cpg;
       const int local_groups = (tile_col_begin + kTileN - 1) / cpg - first_group + 1;
+      auto chunks_of = [&](int g) {
+        const int group_col = (first_group + g) * cpg - tile_col_begin;
+        return cute::make_tuple(cute::max(group_col, 0) / kChunkColumns,
+                                cute::min(group_col + cpg, int{kTileN}) / kChunkColumns);
+      };
+      auto entry = [&](int chunk_begin, int e) {
+        return chunk_entries()[(e % kWarps) * kEntriesPerWarp + chunk_begin + e / kWarps];
+      };
+      if (kWarps * ((cpg + kChunkColumns - 1) / kChunkColumns + 1) <= kSerialEntries) {
+        for (int g = thread_idx; g < local_groups; g += kWarps * 32) {
+          const auto [chunk_begin, chunk_end] = chunks_of(g);
+          WelfordPartial acc = entry(chunk_begin, 0);
+          for (int e = 1; e < kWarps * (chunk_end - chunk_begin); ++e) acc = merge(acc, entry(chunk_begin, e));
+          params.partials[slot(0, g)] = acc;
+        }
+        return;
+      }
       const int lane = thread_idx % 32;
       for (int g = thread_idx / 32; g < local_groups; g += kWarps) {
-        const int group_col = (first_group + g) * cpg - tile_col_begin;
-        const int chunk_begin = cute::max(group_col, 0) / kChunkColumns;
-        const int chunk_end = cute::min(group_col + cpg, int{kTileN}) / kChunkColumns;
+        const auto [chunk_begin, chunk_end] = chunks_of(g);
         WelfordPartial acc{0.f, 0.f, 0.f};
-        for (int e = lane; e < kWarps * (chunk_end - chunk_begin); e += 32) {
-          acc = merge(acc, chunk_entries()[(e % kWarps) * kEntriesPerWarp + chunk_begin + e / kWarps]);
-        }
+        for (int e = lane; e < kWarps * (chunk_end - chunk_begin); e += 32) acc = merge(acc, entry(chunk_begin, e));
         acc = warp_merge(acc);
         if (lane == 0) params.partials[slot(0, g)] = acc;
       }
