@@ -5,7 +5,6 @@
 
 #include "cutlassfuse/device_utils.cuh"
 #include "cutlassfuse/group_norm.h"
-#include "cutlassfuse/welford.cuh"
 
 namespace cutlassfuse {
 namespace {
@@ -26,6 +25,23 @@ __device__ __forceinline__ float load_affine(const void* p, ElementType type, in
     case ElementType::kBFloat16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
     default: return static_cast<const float*>(p)[i];
   }
+}
+
+// --- Welford / Chan -------------------------------------------------------------------
+
+// Chan et al.'s pairwise merge. Callers fix the order of merges, so results are
+// bitwise reproducible.
+__device__ __forceinline__ WelfordPartial merge(WelfordPartial a, WelfordPartial b) {
+  const float count = a.count + b.count;
+  if (count == 0.f) return a;
+  const float delta = b.mean - a.mean;
+  const float weight_b = b.count / count;
+  return {count, a.mean + delta * weight_b, a.m2 + b.m2 + delta * delta * a.count * weight_b};
+}
+
+__device__ __forceinline__ WelfordPartial shuffle_down(WelfordPartial p, int offset) {
+  return {__shfl_down_sync(0xffffffffu, p.count, offset), __shfl_down_sync(0xffffffffu, p.mean, offset),
+          __shfl_down_sync(0xffffffffu, p.m2, offset)};
 }
 
 // --- where a (sample, group)'s partials are ----------------------------------------------
@@ -149,7 +165,8 @@ group_norm_finalize_kernel(const WelfordPartial* __restrict__ partials, const __
 #pragma unroll
     for (int i = 0; i < kLoadsInFlight; ++i) acc = merge(acc, loaded[i]);
   }
-  acc = warp_merge(acc);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) acc = merge(acc, shuffle_down(acc, offset));
   if (lane == 0) warp_results[warp] = acc;
   __syncthreads();
   if (threadIdx.x == 0) {

@@ -1,33 +1,25 @@
 // An sm90 epilogue visitor (EVT) node that passes its input through to the output
-// store and emits GroupNorm partial statistics of the values stored (rounded to the
-// stored type, as the normalize pass reads them back).
+// store and emits GroupNorm partial statistics of the values stored.
 //
 // Placement: the root of the EVT tree, so its input is exactly what the epilogue
-// converts and stores (here ReLU(acc + bias)). Per CTA tile, two ways:
-//   - in registers, for the common tile (full, within one sample, groups of a multiple
-//     of 8 channels): each thread accumulates shifted sums of its values per 8-column
-//     chunk (a thread's values of one chunk are one column pair, so one group); after
-//     each column of subtiles a warp moves them to one shift per chunk, reduce-scatters
-//     them over its lanes (three shuffle levels for eight chunks instead of five per
-//     chunk) and writes one (count, mean, M2) per chunk to shared memory; after the last
-//     subtile one warp per group merges the chunks of the four warps and writes the
-//     tile's partial. This keeps the statistics off the shared-memory round trip below,
-//     which was the largest part of the ping-pong kernel's epilogue (with 4 k-blocks per
-//     tile, the epilogue, not the MMAs, sets the pace of the unet shape).
-//   - through shared memory, for every other tile: visit() writes each element into a
-//     copy of the tile, and after the last subtile one warp per (sample segment, group
-//     segment) computes count, mean and M2 over that rectangle (one pass of shifted sums).
+// converts and stores (here ReLU(acc + bias)). Per CTA tile it
+//   1. visit():  writes each element, rounded to the stored type, into a shared-memory
+//                copy of the tile (the statistics are those of the stored activation,
+//                which the normalize pass reads back);
+//   2. reduce(): after the tile's last subtile, one warp per (sample segment, group
+//                segment) of the tile computes count, mean and M2 over that rectangle of
+//                shared memory (one pass of shifted sums), and writes them to a fixed
+//                slot of the partials workspace (layout: cutlassfuse::TilePartials).
 // A tile may hold rows of any number of samples (output D*H*W smaller than, or not a
 // multiple of, the tile's M extent) and columns of any number of groups, including
 // groups that continue in the next N tile; each (sample, group) piece gets its own
-// slot of the partials workspace (layout: cutlassfuse::TilePartials), so the partials
-// are exact in every case and no atomics are needed.
+// slot, so the partials are exact in every case and no atomics are needed.
 //
-// Why a shared-memory tile for the general case: a thread's fragment mixes rows of
-// several samples and columns of several groups, both run-time quantities; the tile
-// copy makes the reduction layout-independent. The register path relies on the wgmma
-// accumulator layout the epilogue keeps: a thread's first column is even and below 8,
-// and its columns are that one plus 8j and 8j + 1.
+// Why shared memory rather than registers: a thread's fragment mixes rows of several
+// samples and columns of several groups, both run-time quantities; the tile copy makes
+// the reduction layout-independent. The sm90 conv kernel is non-persistent and its
+// epilogue storage is a union with the mainloop's, so the 128 x 136 staging tile costs
+// no pipeline stages.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -36,7 +28,6 @@
 #include <cutlass/numeric_conversion.h>
 
 #include "cutlassfuse/group_norm.h"
-#include "cutlassfuse/welford.cuh"
 
 namespace cutlassfuse::sm90 {
 
@@ -96,29 +87,9 @@ struct Sm90GroupNormStats {
     return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
   }
 
-  template <class TileCoords, class RelativeCoords, class EpilogueTile>
+  template <class TileCoords>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
-    static constexpr int kSubtilesM = kTileM / cute::size<0>(EpilogueTile{});
-    static constexpr int kSubtileColumns = cute::size<1>(EpilogueTile{});
-    static constexpr int kSubtileElements = cute::size(EpilogueTile{}) / (kWarps * 32);  // per thread
-    static constexpr int kChunkColumns = 8;
-    static constexpr int kChunks = kSubtileColumns / kChunkColumns;  // per subtile column
-    static constexpr int kEntriesPerWarp = kTileN / kChunkColumns;
-    // Eight chunks map onto three lane bits of the reduce-scatter; 64-column subtiles.
-    static constexpr bool kRegisterPath = kChunks == 8 && kTileN % kSubtileColumns == 0;
-
-    // A thread's shifted sums per chunk of the current column of subtiles.
-    struct ChunkMoments {
-      float shift[kChunks];
-      float sum[kChunks];
-      float squares[kChunks];
-      float count[kChunks];
-    };
-
     TileCoords tile_coords;  // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) -> tile-local (m, n) of this thread's elements
-    RelativeCoords relative_coords;  // the same, relative to the thread's first element: static offsets
-    bool in_registers;
-    ChunkMoments moments;
     Element* smem;
     Params const& params;
     int64_t tile_row_begin;  // global output row (n * spatial + pixel) of the tile's first row
@@ -129,180 +100,17 @@ struct Sm90GroupNormStats {
     int tile_n_index;
     int thread_idx;
 
-    CUTLASS_DEVICE ConsumerStoreCallbacks(TileCoords tile_coords, RelativeCoords relative_coords, Element* smem,
-                                          Params const& params, int64_t tile_row_begin, int tile_col_begin, int rows,
-                                          int cols, int tile_m_index, int tile_n_index, int thread_idx)
-        : tile_coords(tile_coords), relative_coords(relative_coords), smem(smem), params(params),
-          tile_row_begin(tile_row_begin), tile_col_begin(tile_col_begin), rows(rows), cols(cols),
-          tile_m_index(tile_m_index), tile_n_index(tile_n_index), thread_idx(thread_idx) {
-      // Uniform over the warpgroup: the tile's shape and the problem's, nothing per thread.
-      in_registers = kRegisterPath && rows == kTileM && cols == kTileN &&
-                     params.channels_per_group % kChunkColumns == 0 &&
-                     tile_row_begin % params.spatial + kTileM <= params.spatial;
-    }
+    CUTLASS_DEVICE ConsumerStoreCallbacks(TileCoords tile_coords, Element* smem, Params const& params,
+                                          int64_t tile_row_begin, int tile_col_begin, int rows, int cols,
+                                          int tile_m_index, int tile_n_index, int thread_idx)
+        : tile_coords(tile_coords), smem(smem), params(params), tile_row_begin(tile_row_begin),
+          tile_col_begin(tile_col_begin), rows(rows), cols(cols), tile_m_index(tile_m_index),
+          tile_n_index(tile_n_index), thread_idx(thread_idx) {}
 
     template <class ElementAccumulator, class ElementInput, int FragmentSize>
     CUTLASS_DEVICE cutlass::Array<ElementInput, FragmentSize> visit(
         cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int epi_m, int epi_n,
         cutlass::Array<ElementInput, FragmentSize> const& frg_input) {
-      if constexpr (kRegisterPath) {
-        if (in_registers) {
-          accumulate(frg_input, epi_m, epi_n);
-          return frg_input;
-        }
-      }
-      stage(frg_input, epi_v, epi_m, epi_n);
-      return frg_input;
-    }
-
-    template <class STensor, class SyncFn, class VTensor>
-    CUTLASS_DEVICE void reduce(STensor&&, SyncFn const& sync_fn, int epi_m, int epi_n, bool is_last_iteration,
-                               VTensor) {
-      if constexpr (kRegisterPath) {
-        if (in_registers) {
-          // The collective walks the subtiles column by column (epi_m inner).
-          if (epi_m == kSubtilesM - 1) write_chunk_moments(epi_n);
-          if (!is_last_iteration) return;
-          sync_fn();  // every warp's chunk moments are in shared memory
-          return write_register_partials();
-        }
-      }
-      if (!is_last_iteration) return;
-      sync_fn();  // every thread's subtiles are in shared memory
-      write_partials();
-    }
-
-   private:
-    // --- statistics in registers ----------------------------------------------------------
-
-    // One visit per subtile (its FragmentSize is the subtile's share of a thread).
-    template <class ElementInput, int FragmentSize>
-    CUTLASS_DEVICE void accumulate(cutlass::Array<ElementInput, FragmentSize> const& frg_input, int epi_m, int epi_n) {
-      static_assert(FragmentSize == kSubtileElements, "one visit per subtile");
-      // Pairs, as the collective converts before its store, so the rounding is the stored one.
-      cutlass::NumericArrayConverter<Element, ElementInput, 2, cutlass::FloatRoundStyle::round_to_nearest> to_stored;
-      cutlass::NumericArrayConverter<float, Element, 2> to_float;
-      auto offsets = relative_coords(cute::_, cute::_, cute::_, epi_m, epi_n);
-      if (epi_m == 0) moments = {};
-      bool shift_set[kChunks] = {};  // folds away: every index below is a compile-time constant
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < FragmentSize; i += 2) {
-        const cutlass::Array<float, 2> stored = to_float(to_stored(cutlass::Array<ElementInput, 2>{
-            frg_input[i], frg_input[i + 1]}));
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < 2; ++j) {
-          const int chunk = (static_cast<int>(cute::get<1>(offsets(i + j))) - epi_n * kSubtileColumns) / kChunkColumns;
-          if (epi_m == 0 && !shift_set[chunk]) {
-            moments.shift[chunk] = stored[j];  // a value of the chunk keeps the sums' cancellation bounded
-            shift_set[chunk] = true;
-          }
-          const float x = stored[j] - moments.shift[chunk];
-          moments.sum[chunk] += x;
-          moments.squares[chunk] = fmaf(x, x, moments.squares[chunk]);
-          moments.count[chunk] += 1.f;
-        }
-      }
-    }
-
-    CUTLASS_DEVICE WelfordPartial* chunk_entries() const { return reinterpret_cast<WelfordPartial*>(smem); }
-
-    // After the last subtile of column epi_n: the warp's moments of each chunk (its 32
-    // rows of the tile) as one entry per (warp, chunk) in shared memory. All lanes hold
-    // the same chunks, and a chunk lies in one group (channels_per_group % 8 == 0).
-    CUTLASS_DEVICE void write_chunk_moments(int epi_n) {
-      constexpr unsigned kAll = 0xffffffffu;
-      const int lane = thread_idx % 32;
-      float sum[kChunks];
-      float squares[kChunks];
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < kChunks; ++c) {
-        // One shift per chunk for the whole warp: lane 0's, the others' sums moved onto it.
-        const float common = __shfl_sync(kAll, moments.shift[c], 0);
-        const float d = moments.shift[c] - common;
-        squares[c] = moments.squares[c] + d * (2.f * moments.sum[c] + moments.count[c] * d);
-        sum[c] = moments.sum[c] + moments.count[c] * d;
-        moments.shift[c] = common;
-      }
-      // Reduce-scatter over lane bits 4, 3, 2 (the lanes holding the same columns):
-      // each level keeps half the chunks and adds the partner's other half, so lane L
-      // ends with chunk (L >> 2) & 7 summed over its 8 rows.
-      CUTLASS_PRAGMA_UNROLL
-      for (int bit = 4; bit >= 2; --bit) {
-        const int half = 1 << (bit - 2);
-        const bool upper = (lane >> bit) & 1;
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < half; ++j) {
-          const float send_sum = upper ? sum[j] : sum[j + half];
-          const float send_squares = upper ? squares[j] : squares[j + half];
-          sum[j] = (upper ? sum[j + half] : sum[j]) + __shfl_xor_sync(kAll, send_sum, 1 << bit);
-          squares[j] = (upper ? squares[j + half] : squares[j]) + __shfl_xor_sync(kAll, send_squares, 1 << bit);
-        }
-      }
-      // The four lanes of a row hold the chunk's four column pairs.
-      float s = sum[0];
-      float q = squares[0];
-      CUTLASS_PRAGMA_UNROLL
-      for (int offset = 1; offset < 4; offset *= 2) {
-        s += __shfl_xor_sync(kAll, s, offset);
-        q += __shfl_xor_sync(kAll, q, offset);
-      }
-      if (lane % 4 != 0) return;
-      const int chunk = (lane >> 2) % kChunks;
-      float shift = moments.shift[0];
-      float count = moments.count[0];
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 1; c < kChunks; ++c) {
-        if (chunk == c) {
-          shift = moments.shift[c];
-          count = moments.count[c];
-        }
-      }
-      count *= 32.f;
-      const float shifted_mean = s / count;
-      chunk_entries()[(thread_idx / 32) * kEntriesPerWarp + epi_n * kChunks + chunk] = {
-          count, shift + shifted_mean, cute::max(q - s * shifted_mean, 0.f)};
-    }
-
-    // The tile's partial of each group: its chunks' entries of the four warps, merged in
-    // a fixed order. A thread per group when that is a few merges (a warp's shuffle tree
-    // costs a division per level on the epilogue's critical path), a warp per group else.
-    CUTLASS_DEVICE void write_register_partials() const {
-      constexpr int kSerialEntries = 16;
-      const int cpg = params.channels_per_group;
-      const int first_group = tile_col_begin / cpg;
-      const int local_groups = (tile_col_begin + kTileN - 1) / cpg - first_group + 1;
-      auto chunks_of = [&](int g) {
-        const int group_col = (first_group + g) * cpg - tile_col_begin;
-        return cute::make_tuple(cute::max(group_col, 0) / kChunkColumns,
-                                cute::min(group_col + cpg, int{kTileN}) / kChunkColumns);
-      };
-      auto entry = [&](int chunk_begin, int e) {
-        return chunk_entries()[(e % kWarps) * kEntriesPerWarp + chunk_begin + e / kWarps];
-      };
-      if (kWarps * ((cpg + kChunkColumns - 1) / kChunkColumns + 1) <= kSerialEntries) {
-        for (int g = thread_idx; g < local_groups; g += kWarps * 32) {
-          const auto [chunk_begin, chunk_end] = chunks_of(g);
-          WelfordPartial acc = entry(chunk_begin, 0);
-          for (int e = 1; e < kWarps * (chunk_end - chunk_begin); ++e) acc = merge(acc, entry(chunk_begin, e));
-          params.partials[slot(0, g)] = acc;
-        }
-        return;
-      }
-      const int lane = thread_idx % 32;
-      for (int g = thread_idx / 32; g < local_groups; g += kWarps) {
-        const auto [chunk_begin, chunk_end] = chunks_of(g);
-        WelfordPartial acc{0.f, 0.f, 0.f};
-        for (int e = lane; e < kWarps * (chunk_end - chunk_begin); e += 32) acc = merge(acc, entry(chunk_begin, e));
-        acc = warp_merge(acc);
-        if (lane == 0) params.partials[slot(0, g)] = acc;
-      }
-    }
-
-    // --- statistics through shared memory ------------------------------------------------
-
-    template <class ElementInput, int FragmentSize>
-    CUTLASS_DEVICE void stage(cutlass::Array<ElementInput, FragmentSize> const& frg_input, int epi_v, int epi_m,
-                              int epi_n) {
       // The same rounding the collective applies before its store.
       cutlass::NumericConverter<Element, ElementInput, cutlass::FloatRoundStyle::round_to_nearest> convert;
       auto coords = tile_coords(cute::_, cute::_, cute::_, epi_m, epi_n);
@@ -311,8 +119,17 @@ struct Sm90GroupNormStats {
         auto [m, n] = coords(epi_v * FragmentSize + i);
         smem[m * kPitch + n] = convert(frg_input[i]);
       }
+      return frg_input;
     }
 
+    template <class STensor, class SyncFn, class VTensor>
+    CUTLASS_DEVICE void reduce(STensor&&, SyncFn const& sync_fn, int, int, bool is_last_iteration, VTensor) {
+      if (!is_last_iteration) return;
+      sync_fn();  // every thread's subtiles are in shared memory
+      write_partials();
+    }
+
+   private:
     struct Rectangle {
       int row_begin, row_end, col_begin, col_end;
     };
@@ -494,9 +311,8 @@ struct Sm90GroupNormStats {
     const int col_begin = tile_n_index * kTileN;
     const int rows = static_cast<int>(cute::min(int64_t(M) - row_begin, int64_t{kTileM}));
     const int cols = cute::min(int(N) - col_begin, int{kTileN});
-    return ConsumerStoreCallbacks<decltype(tile_coords), decltype(args.tCcD), decltype(args.epi_tile)>(
-        tile_coords, args.tCcD, smem_, params_, row_begin, col_begin, rows, cols, tile_m_index, tile_n_index,
-        args.thread_idx);
+    return ConsumerStoreCallbacks<decltype(tile_coords)>(tile_coords, smem_, params_, row_begin, col_begin, rows,
+                                                          cols, tile_m_index, tile_n_index, args.thread_idx);
   }
 
  private:
