@@ -28,6 +28,10 @@ struct DgradPlainKernel {
 template <class Element, class Config>
 void run_plain(const Problem& problem, std::span<const PhaseLaunch> phases, int sm_count, cudaStream_t stream) {
   using Plain = DgradPlainKernel<Element, Config>;
+  auto reject = [](const std::string& why) {
+    throw std::invalid_argument("cutlassfuse: the plain CUTLASS dgrad cannot run this problem: " + why);
+  };
+  if (std::string why = shape_rules_violation(problem); !why.empty()) reject(why);
   std::vector<PhaseArguments<typename Plain::Mainloop, typename Plain::Epilogue>> args;
   for (const PhaseLaunch& launch : phases) {
     const ProblemShape shape = make_problem_shape(problem, *launch.phase);
@@ -35,11 +39,7 @@ void run_plain(const Problem& problem, std::span<const PhaseLaunch> phases, int 
     const PhasePointers<Element, Element> ptr(*launch.phase, launch.operands.input, launch.operands.filter,
                                               launch.operands.activation);
     args.push_back({shape, {ptr.input, ptr.filter}, {{}, nullptr, stride_d, ptr.output, stride_d}});
-    std::string why = shape_rules_violation(problem);
-    if (why.empty()) why = phase_rejection(*launch.phase, args.back());
-    if (!why.empty()) {
-      throw std::invalid_argument("cutlassfuse: the plain CUTLASS dgrad cannot run this problem: " + why);
-    }
+    if (std::string why = phase_rejection(*launch.phase, args.back()); !why.empty()) reject(why);
   }
   launch_phases<typename Plain::Kernel, Config::kPingpong>(args, sm_count, stream);
 }

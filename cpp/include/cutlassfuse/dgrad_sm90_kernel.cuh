@@ -60,7 +60,7 @@ struct FusedEpilogueTree {
 
 // ElementIn: input and filter (the tensor-core operands); ElementOut: bias, the stored
 // activation and the statistics' staging tile. Equal for float16/bfloat16 calls;
-// float32 calls run bfloat16 operands (three products; split_input and split_filter
+// float32 calls run bfloat16 operands (three products; LeftOperand and split_filter
 // in dispatch_cuda.cpp) with a float32 activation.
 template <class ElementIn, class ElementOut, class Config_>
 struct DgradFusedKernel {

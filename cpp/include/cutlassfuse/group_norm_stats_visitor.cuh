@@ -17,9 +17,11 @@
 //
 // Why shared memory rather than registers: a thread's fragment mixes rows of several
 // samples and columns of several groups, both run-time quantities; the tile copy makes
-// the reduction layout-independent. The sm90 conv kernel is non-persistent and its
-// epilogue storage is a union with the mainloop's, so the 128 x 136 staging tile costs
-// no pipeline stages.
+// the reduction layout-independent. In CUTLASS's non-persistent kernel the epilogue's
+// storage is a union with the mainloop's, so the 128 x 136 staging tile costs no
+// pipeline stages; the ping-pong kernel runs epilogues during loads and carves it out
+// (one stage of five for 128x128 tiles). Keeping the statistics in registers instead
+// was measured slower (docs/performance.md, sixth session).
 #pragma once
 
 #include <cute/tensor.hpp>
