@@ -21,8 +21,9 @@ struct DgradPlainKernel {
       kAlignment, Element, Layout, kAlignment, float, typename Config::TileShape, typename Config::ClusterShape,
       cutlass::conv::collective::StageCountAutoCarveout<kCarveout>,
       cutlass::conv::collective::KernelScheduleAuto>::CollectiveOp;
-  using Kernel = std::conditional_t<Config::kPingpong, PingpongPhasesKernel<Mainloop, Epilogue, kMaxPhasesPerLaunch>,
-                                    cutlass::conv::kernel::ConvUniversal<ProblemShape, Mainloop, Epilogue>>;
+  using Kernel =
+      std::conditional_t<Config::kPingpong, PingpongPhasesKernel<DgradShape, Mainloop, Epilogue, kMaxPhasesPerLaunch>,
+                         cutlass::conv::kernel::ConvUniversal<DgradShape, Mainloop, Epilogue>>;
 };
 
 template <class Element, class Config>
@@ -32,9 +33,9 @@ void run_plain(const Problem& problem, std::span<const PhaseLaunch> phases, int 
     throw std::invalid_argument("cutlassfuse: the plain CUTLASS dgrad cannot run this problem: " + why);
   };
   if (std::string why = shape_rules_violation(problem); !why.empty()) reject(why);
-  std::vector<PhaseArguments<typename Plain::Mainloop, typename Plain::Epilogue>> args;
+  std::vector<PhaseArguments<DgradShape, typename Plain::Mainloop, typename Plain::Epilogue>> args;
   for (const PhaseLaunch& launch : phases) {
-    const ProblemShape shape = make_problem_shape(problem, *launch.phase);
+    const DgradShape shape = make_problem_shape(problem, *launch.phase);
     const auto stride_d = output_stride<typename Plain::Epilogue::StrideD>(shape);
     const PhasePointers<Element, Element> ptr(*launch.phase, launch.operands.input, launch.operands.filter,
                                               launch.operands.activation);

@@ -106,19 +106,21 @@ class CallWorkspace {
   int64_t bytes_ = 0;
 };
 
-// The deconvolution's left operand, NDHWC: the input itself when it is channels-last;
-// else one pass of our transpose kernel (ATen's permuted copy is 5x slower on this
-// pattern); float32 as bfloat16 piece products in one GEMM over kProducts * Cin
-// channels (float32_split.h), split by one kernel (the filter's split, small next to
-// the input, runs through ATen in split_filter).
+// The deconvolution's left operand: the input itself when the kernel reads its layout
+// (channels-last, or NCDHW for the pixel-major GEMM); else NDHWC from one pass of our
+// transpose kernel (ATen's permuted copy is 5x slower on this pattern); float32 as
+// bfloat16 piece products in one GEMM over kProducts * Cin channels (float32_split.h),
+// split by one kernel (the filter's split, small next to the input, runs through ATen
+// in split_filter).
 class LeftOperand {
  public:
-  LeftOperand(const at::Tensor& input, ElementType element, const Problem& p, CallWorkspace& workspace)
+  LeftOperand(const at::Tensor& input, ElementType element, const Problem& p, bool pixel_major,
+              CallWorkspace& workspace)
       : input_(input), element_(element), problem_(p),
         channels_last_(input.is_contiguous(at::MemoryFormat::ChannelsLast3d)) {
     if (element == ElementType::kFloat32) {
       converted_ = workspace.reserve(p.input_numel() * float32_split::kProducts * c10::elementSize(at::kBFloat16));
-    } else if (!channels_last_) {
+    } else if (!channels_last_ && !pixel_major) {
       converted_ = workspace.reserve(input.nbytes());
     }
   }
@@ -166,10 +168,12 @@ at::Tensor split_filter(const at::Tensor& packed) {
 
 // The launches of one call. `conv` is what the CUTLASS launches compute: the call's
 // own problem as sub-pixel phases, or, when kernel == stride, its pixel-shuffle GEMM
-// (one launch writing the activation in space-to-depth order). Each launch's partials
-// get a region, one per block of channels for the GEMM, in a fixed order.
+// (one launch writing the activation in space-to-depth order), which reads an NCDHW
+// 16-bit input as it is when it can (pixel_major). Each launch's partials get a
+// region, one per block of channels for the GEMM, in a fixed order.
 struct FusedPlan {
   Problem conv;
+  bool pixel_major = false;
   SubpixelPlan subpixel;
   PixelShuffle order;
   sm90::DgradConfig config;
@@ -179,12 +183,30 @@ struct FusedPlan {
   int64_t blocks() const { return int64_t{order.block[0]} * order.block[1] * order.block[2]; }
 };
 
-FusedPlan describe_launches(const Problem& p, ElementType element) {
+// The pixel-major GEMM takes NCDHW (contiguous) 16-bit inputs of a pixel-shuffle GEMM
+// whose rows TMA can address (pixels per sample a multiple of 8).
+bool reads_pixel_major(const at::Tensor& input, ElementType element, const Problem& gemm) {
+  if (element == ElementType::kFloat32 || !input.is_contiguous()) return false;
+  if (input.is_contiguous(at::MemoryFormat::ChannelsLast3d)) return false;  // also NCDHW-contiguous when C or DHW is 1
+  return with_element(element, [&](auto e) {
+    if constexpr (decltype(e)::value == ElementType::kFloat32) {
+      return false;
+    } else {
+      return sm90::pixel_major_gemm_unsupported_reason<decltype(e)::value>(gemm).empty();
+    }
+  });
+}
+
+FusedPlan describe_launches(const Problem& p, const at::Tensor& input, ElementType element) {
   FusedPlan plan;
   plan.conv = is_pixel_shuffle_gemm(p) ? pixel_shuffle_gemm_problem(p) : p;
   if (element == ElementType::kFloat32) plan.conv.in_channels *= float32_split::kProducts;
   plan.subpixel = plan_subpixel(plan.conv);
   plan.config = sm90::choose_config(plan.conv);
+  // The pixel-major GEMM is the 128x128 ping-pong configuration for NCDHW input: a
+  // pinned configuration (set_dgrad_config) other than that runs as pinned.
+  plan.pixel_major = is_pixel_shuffle_gemm(p) && plan.config == sm90::DgradConfig::k128x128_pingpong &&
+                     reads_pixel_major(input, element, plan.conv);
   if (plan.conv.out_channels != p.out_channels) {
     for (int i = 0; i < 3; ++i) {
       plan.order.block[i] = static_cast<int>(p.stride[i]);
@@ -198,12 +220,13 @@ int64_t regions_needed(const FusedPlan& plan) {
   return static_cast<int64_t>(plan.subpixel.phases.size()) * plan.blocks();
 }
 
-FusedPlan make_fused_plan(const Problem& p, ElementType element) {
-  FusedPlan plan = describe_launches(p, element);
+FusedPlan make_fused_plan(const Problem& p, const at::Tensor& input, ElementType element) {
+  FusedPlan plan = describe_launches(p, input, element);
   TORCH_INTERNAL_ASSERT(regions_needed(plan) <= kMaxPartialsRegions);
-  const sm90::TileExtent tile = sm90::tile_extent(plan.config);
+  const sm90::TileExtent tile = plan.pixel_major ? sm90::kPixelMajorGemmTile : sm90::tile_extent(plan.config);
   for (const PhaseProblem& phase : plan.subpixel.phases) {
-    const GroupNormShape shape = sm90::phase_group_norm_shape(plan.conv, phase);
+    GroupNormShape shape = sm90::phase_group_norm_shape(plan.conv, phase);
+    if (plan.pixel_major) shape.spatial = sm90::pixel_major_statistics_rows(shape.spatial);
     const TilePartials tiles = TilePartials::for_tiles(shape, tile.m, tile.n);
     for (int64_t block = 0; block < plan.blocks(); ++block) {
       plan.sources.regions[plan.sources.region_count++] = {tiles, shape.spatial, plan.slots,
@@ -220,6 +243,29 @@ FusedPlan make_fused_plan(const Problem& p, ElementType element) {
 at::Tensor filter_of(const OpArgs& a) {
   if (present(a.packed_weight)) return a.packed_weight->contiguous();
   return a.weight.permute({0, 2, 3, 4, 1}).contiguous();
+}
+
+// The CUTLASS dgrad launches of every sub-pixel phase (one phase for stride 1 and for
+// the pixel-shuffle GEMM), each phase reading and writing its views of `operands`.
+void launch_phases(const FusedPlan& plan, const sm90::DgradOperands& operands, ElementType element, int sm_count) {
+  std::vector<sm90::PhaseLaunch> launches;
+  for (size_t i = 0; i < plan.subpixel.phases.size(); ++i) {
+    sm90::DgradOperands phase_operands = operands;
+    phase_operands.partials += plan.sources.regions[i * plan.blocks()].first_slot;
+    launches.push_back({&plan.subpixel.phases[i], phase_operands});
+  }
+  const PhaseLanes lanes(launches.size(), at::cuda::getCurrentCUDAStream());
+  with_element(element, [&](auto e) {
+    if (lanes.count() <= 1) {
+      sm90::dgrad_fused<decltype(e)::value>(plan.config, plan.conv, launches, sm_count, lanes.stream_for(0));
+      return;
+    }
+    for (size_t i = 0; i < launches.size(); ++i) {
+      sm90::dgrad_fused<decltype(e)::value>(plan.config, plan.conv, std::span(&launches[i], 1), sm_count,
+                                            lanes.stream_for(i));
+    }
+  });
+  lanes.join();
 }
 
 }  // namespace
@@ -244,9 +290,10 @@ std::string fused_path_unsupported_reason(const OpArgs& a, const Problem& p) {
     return "norm_weight/norm_bias are not both float32, float16 or bfloat16 of one dtype";
   if (p.batch == 0) return "empty batch";
   if (const char* why = group_norm_unsupported_reason(group_norm_shape(p)); *why != '\0') return why;
-  const FusedPlan plan = describe_launches(p, *element);
+  const FusedPlan plan = describe_launches(p, a.input, *element);
   if (plan.subpixel.phases.empty()) return "no input reaches the output (every pixel is ReLU(bias))";
   if (regions_needed(plan) > kMaxPartialsRegions) return "more than 64 sub-pixel phases (stride product above 64)";
+  if (plan.pixel_major) return {};
   for (const PhaseProblem& phase : plan.subpixel.phases) {
     std::string why = with_element(*element, [&](auto e) {
       return sm90::dgrad_unsupported_reason<decltype(e)::value>(plan.config, plan.conv, phase);
@@ -258,8 +305,14 @@ std::string fused_path_unsupported_reason(const OpArgs& a, const Problem& p) {
 
 std::string fused_path_description(const OpArgs& a, const Problem& p) {
   const ElementType element = *element_type(a.input.scalar_type());
-  const FusedPlan plan = describe_launches(p, element);
+  const FusedPlan plan = describe_launches(p, a.input, element);
   std::string launches = "CUTLASS sm90 dgrad ";
+  if (plan.pixel_major) {
+    launches = "pixel-shuffle GEMM (kernel == stride; one launch for " + std::to_string(plan.blocks()) +
+               " output blocks) reading the NCDHW input as it is: CUTLASS sm90 GEMM, M-major input, batched over "
+               "samples, 128x128_pingpong (epilogue: bias, ReLU, GroupNorm partial statistics) + normalize";
+    return launches;
+  }
   if (plan.blocks() > 1) {
     launches = "pixel-shuffle GEMM (kernel == stride; one launch for " + std::to_string(plan.blocks()) +
                " output blocks) of CUTLASS sm90 dgrad ";
@@ -283,7 +336,7 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   const auto options = a.input.options();
   FusedPlan plan = [&] {
     const NvtxRange range("cutlassfuse.plan");
-    return make_fused_plan(p, element);
+    return make_fused_plan(p, a.input, element);
   }();
   const Problem& c = plan.conv;
   const GroupNormShape shape = group_norm_shape(p);
@@ -298,7 +351,7 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
                              options.memory_format(format));
 
   CallWorkspace workspace;
-  const LeftOperand left(a.input, element, p, workspace);
+  const LeftOperand left(a.input, element, p, plan.pixel_major, workspace);
   const auto activation_region =
       in_place ? std::nullopt : std::optional(workspace.reserve(c.output_numel() * element_bytes));
   static_assert(sizeof(WelfordPartial) == 3 * sizeof(float));
@@ -326,26 +379,17 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
     const NvtxRange range("cutlassfuse.fill_unreached_pixels");
     fill_unreached_pixels(element, activation, plan.sources.bias, p, stream);
   }
-  {
-    const NvtxRange range("cutlassfuse.dgrad_bias_relu_stats");
-    std::vector<sm90::PhaseLaunch> launches;
-    for (size_t i = 0; i < plan.subpixel.phases.size(); ++i) {
-      launches.push_back({&plan.subpixel.phases[i],
-                          {input, filter.data_ptr(), epilogue_bias, activation,
-                           partials + plan.sources.regions[i * plan.blocks()].first_slot}});
-    }
-    const PhaseLanes lanes(launches.size(), at::cuda::getCurrentCUDAStream());
+  const sm90::DgradOperands operands{input, filter.data_ptr(), epilogue_bias, activation, partials};
+  if (plan.pixel_major) {
+    const NvtxRange range("cutlassfuse.gemm_bias_relu_stats");
     with_element(element, [&](auto e) {
-      if (lanes.count() <= 1) {
-        sm90::dgrad_fused<decltype(e)::value>(plan.config, c, launches, sm_count, lanes.stream_for(0));
-        return;
-      }
-      for (size_t i = 0; i < launches.size(); ++i) {
-        sm90::dgrad_fused<decltype(e)::value>(plan.config, c, std::span(&launches[i], 1), sm_count,
-                                              lanes.stream_for(i));
+      if constexpr (decltype(e)::value != ElementType::kFloat32) {
+        sm90::pixel_major_gemm_fused<decltype(e)::value>(c, operands, sm_count, stream);
       }
     });
-    lanes.join();
+  } else {
+    const NvtxRange range("cutlassfuse.dgrad_bias_relu_stats");
+    launch_phases(plan, operands, element, sm_count);
   }
 
   const GroupNormAffine affine{data_or_null(a.norm_weight, gamma), data_or_null(a.norm_bias, beta),
@@ -366,7 +410,7 @@ at::Tensor cutlass_dgrad_plain(const OpArgs& a, const Problem& p) {
   const c10::cuda::CUDAGuard device_guard(a.input.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   CallWorkspace workspace;
-  const LeftOperand left(a.input, *element, p, workspace);
+  const LeftOperand left(a.input, *element, p, /*pixel_major=*/false, workspace);
   workspace.allocate(a.input.options());
   const void* input = left.prepare(workspace, stream);
   const at::Tensor filter = filter_of(a);

@@ -102,8 +102,18 @@ def named_cases() -> list[dict]:
         # groups of 4 and 2 channels, narrower than a 16-byte vector, with stride 2 (the video shape's case)
         random_case(rng, out_channels=64, num_groups=16, kernel=3, stride=(2, 2, 2), padding=1, dilation=1),
         random_case(rng, out_channels=96, num_groups=48, kernel=3, stride=(1, 1, 1), output_padding=(0, 0, 0)),
+        # kernel == stride on NCDHW input: the GEMM reads the input as it is, batched over the samples, whose
+        # rows the statistics pad to whole tiles (96 and 320 pixels per sample; groups across N tiles)
+        random_case(rng, batch=3, out_channels=48, num_groups=12, size=(4, 4, 6), **PIXEL_MAJOR),
+        random_case(rng, batch=5, out_channels=64, num_groups=4, size=(8, 8, 5), **PIXEL_MAJOR),
+        # 27 pixels per sample, not a multiple of 8 (TMA's row alignment): the transposed input instead
+        random_case(rng, batch=2, size=(3, 3, 3), **PIXEL_MAJOR),
     ]
     return cases
+
+
+PIXEL_MAJOR = dict(kernel=2, stride=(2, 2, 2), padding=0, dilation=1, output_padding=(0, 0, 0), bias=True,
+                   channels_last=False)
 
 
 def random_cases(count: int) -> list[dict]:
@@ -160,6 +170,20 @@ def test_fused_path_matches_float64(case: dict, dtype: torch.dtype, float32_on_t
     assert err.relative <= RELATIVE[dtype] and err.max_abs <= MAX_ABS[dtype], err
     poison_cuda_allocator(poison_bytes)
     assert torch.equal(out, cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)), "two runs differ"
+
+
+@pytest.mark.parametrize("size, reads_as_is", [((4, 4, 6), True), ((3, 3, 3), False)], ids=["96px", "27px"])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["ncdhw", "cl"])
+def test_pixel_shuffle_gemm_reads_ncdhw_input_as_it_is(size, reads_as_is: bool, channels_last: bool):
+    """explain() names the pixel-major GEMM exactly for NCDHW 16-bit inputs whose pixels per sample TMA can
+    address (a multiple of 8); the others keep the transposed (or channels-last) input."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the fused sm90 path runs on sm_90 only")
+    case = random_case(random.Random(7), batch=2, out_channels=64, num_groups=8, size=size,
+                       **{**PIXEL_MAJOR, "channels_last": channels_last})
+    for dtype, expected in [(torch.float16, reads_as_is and not channels_last), (torch.float32, False)]:
+        path = cutlassfuse.explain(**make_inputs(case, dtype))
+        assert ("reading the NCDHW input as it is" in path) == expected, path
 
 
 # Every kernel configuration, whichever the heuristic picks: both kernel layers (the

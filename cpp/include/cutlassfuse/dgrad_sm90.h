@@ -66,6 +66,21 @@ inline GroupNormShape phase_group_norm_shape(const Problem& problem, const Phase
 template <ElementType E>
 std::string dgrad_unsupported_reason(DgradConfig config, const Problem& problem, const PhaseProblem& phase);
 
+// The pixel-shuffle GEMM (subpixel.h) of `gemm` (its 1x1x1 problem) on an NCDHW input
+// read as it is: batched over the samples, each sample's channels planes of its pixels
+// (dgrad_sm90_kernel.cuh, PixelMajorGemmKernel); 128x128 tiles on the ping-pong kernel
+// with the same epilogue. `operands.input` is the NCDHW input. The statistics number
+// each sample's rows padded to whole tiles (no tile holds two samples): the partials
+// layout is TilePartials of a GroupNormShape with spatial = pixel_major_statistics_rows().
+inline constexpr TileExtent kPixelMajorGemmTile{128, 128};
+inline int64_t pixel_major_statistics_rows(int64_t pixels) {
+  return ceil_div(pixels, kPixelMajorGemmTile.m) * kPixelMajorGemmTile.m;
+}
+template <ElementType E>
+std::string pixel_major_gemm_unsupported_reason(const Problem& gemm);
+template <ElementType E>
+void pixel_major_gemm_fused(const Problem& gemm, const DgradOperands& operands, int sm_count, cudaStream_t stream);
+
 struct PhaseLaunch {
   const PhaseProblem* phase;
   DgradOperands operands;

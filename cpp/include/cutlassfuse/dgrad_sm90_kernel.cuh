@@ -96,8 +96,9 @@ struct DgradFusedKernel {
       cutlass::conv::collective::KernelScheduleAuto>::CollectiveOp;
 
   using ProblemShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kDgrad, 3>;
-  using Kernel = std::conditional_t<Config::kPingpong, PingpongPhasesKernel<Mainloop, Epilogue, kMaxPhasesPerLaunch>,
-                                    cutlass::conv::kernel::ConvUniversal<ProblemShape, Mainloop, Epilogue>>;
+  using Kernel =
+      std::conditional_t<Config::kPingpong, PingpongPhasesKernel<DgradShape, Mainloop, Epilogue, kMaxPhasesPerLaunch>,
+                         cutlass::conv::kernel::ConvUniversal<ProblemShape, Mainloop, Epilogue>>;
   static_assert(sizeof(typename Kernel::SharedStorage) <= 227 * 1024, "shared memory over the sm90 limit");
 };
 

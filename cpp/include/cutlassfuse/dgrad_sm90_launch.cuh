@@ -17,40 +17,38 @@
 
 namespace cutlassfuse::sm90 {
 
-using ProblemShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kDgrad, 3>;
-
 // ConvTranspose3d is the dgrad of the Conv3d that maps our output y (Cout channels)
 // back to our input x (Cin channels). One phase is a unit-stride dgrad over views:
 // CUTLASS's "activation" is the phase's output view, its "transformed activation" the
 // input view, its filter the phase's taps; all strides are passed explicitly, so the
 // views need no copies. (CUTLASS derives the input extent from the others; the plan
 // guarantees it equals the view's.)
-inline ProblemShape make_problem_shape(const Problem& p, const PhaseProblem& phase) {
+inline DgradShape make_problem_shape(const Problem& p, const PhaseProblem& phase) {
   auto i32 = [](int64_t v) { return static_cast<int>(v); };
   auto strides = [](const StridedView& v) {
-    return ProblemShape::TensorStride{v.stride[0], v.stride[1], v.stride[2], v.stride[3], 1};
+    return DgradShape::TensorStride{v.stride[0], v.stride[1], v.stride[2], v.stride[3], 1};
   };
-  auto triple = [&](const Extent3& e) { return ProblemShape::SpatialExtent{i32(e[0]), i32(e[1]), i32(e[2])}; };
+  auto triple = [&](const Extent3& e) { return DgradShape::SpatialExtent{i32(e[0]), i32(e[1]), i32(e[2])}; };
   const Extent3& out = phase.output.extent;
   const Extent3& taps = phase.filter.extent;
-  return ProblemShape(cutlass::conv::Mode::kCrossCorrelation,
-                      ProblemShape::TensorExtent{i32(p.batch), i32(out[0]), i32(out[1]), i32(out[2]),
+  return DgradShape(cutlass::conv::Mode::kCrossCorrelation,
+                      DgradShape::TensorExtent{i32(p.batch), i32(out[0]), i32(out[1]), i32(out[2]),
                                                  i32(p.out_channels)},
                       strides(phase.output),
-                      ProblemShape::TensorExtent{i32(p.in_channels), i32(taps[0]), i32(taps[1]), i32(taps[2]),
+                      DgradShape::TensorExtent{i32(p.in_channels), i32(taps[0]), i32(taps[1]), i32(taps[2]),
                                                  i32(p.out_channels)},
                       strides(phase.filter), strides(phase.input), triple(phase.lower_padding),
-                      triple(phase.upper_padding), ProblemShape::SpatialExtent{1, 1, 1}, triple(phase.dilation),
+                      triple(phase.upper_padding), DgradShape::SpatialExtent{1, 1, 1}, triple(phase.dilation),
                       /*groups=*/1);
 }
 
 // The output's M mode is hierarchical ((W, H, D, N), C): make_cute_packed_stride has no
 // overload for it, so copy the problem's strides (those of the phase's view) mode by mode.
 template <class StrideD>
-StrideD output_stride(const ProblemShape& shape) {
+StrideD output_stride(const DgradShape& shape) {
   StrideD stride_d{};
   cute::for_each(cute::make_seq<cute::rank<0>(StrideD{})>{}, [&](auto i) {
-    cute::get<0, i>(stride_d) = shape.stride_C[ProblemShape::RankT - 2 - i];
+    cute::get<0, i>(stride_d) = shape.stride_C[DgradShape::RankT - 2 - i];
   });
   return stride_d;
 }
@@ -68,27 +66,32 @@ struct PhasePointers {
         output(static_cast<ElementOut*>(output) + (output ? phase.output.offset : 0)) {}
 };
 
+// The epilogue tree's arguments (they nest as the tree: {child arguments..., node
+// arguments}): the bias, and the statistics of `gn` into ops.partials, laid out as
+// TilePartials of the kernel's tile.
 template <class Fused>
-PhaseArguments<typename Fused::Mainloop, typename Fused::Epilogue> make_arguments(const Problem& problem,
-                                                                                 const PhaseProblem& phase,
-                                                                                 const DgradOperands& ops) {
-  using ElementIn = typename Fused::Mainloop::ElementA;
+typename Fused::Epilogue::FusionCallbacks::Arguments tree_arguments(const GroupNormShape& gn,
+                                                                    const DgradOperands& ops) {
   using ElementOut = typename Fused::Epilogue::ElementD;
-  using StrideD = typename Fused::Epilogue::StrideD;
   constexpr int kTileM = cute::size<0>(typename Fused::TileShape{});
   constexpr int kTileN = cute::size<1>(typename Fused::TileShape{});
-
-  const ProblemShape shape = make_problem_shape(problem, phase);
-  const StrideD stride_d = output_stride<StrideD>(shape);
-  const PhasePointers<ElementIn, ElementOut> ptr(phase, ops.input, ops.filter, ops.activation);
-
-  const GroupNormShape gn = phase_group_norm_shape(problem, phase);
   const TilePartials tiles = TilePartials::for_tiles(gn, kTileM, kTileN);
   const GroupNormStatsArguments stats{ops.partials, gn.spatial, static_cast<int>(gn.channels / gn.num_groups),
                                       tiles.max_segments, tiles.max_local_groups, tiles.tiles_n};
-  // Tree arguments nest as the tree: {child arguments..., node arguments}.
   const typename Fused::Trees::Bias::Arguments bias{static_cast<const ElementOut*>(ops.bias), ElementOut(0), {}};
-  const typename Fused::Epilogue::FusionCallbacks::Arguments tree{{{{}, bias, {}}, {}}, stats};
+  return {{{{}, bias, {}}, {}}, stats};
+}
+
+template <class Fused>
+PhaseArguments<DgradShape, typename Fused::Mainloop, typename Fused::Epilogue> make_arguments(
+    const Problem& problem, const PhaseProblem& phase, const DgradOperands& ops) {
+  using ElementIn = typename Fused::Mainloop::ElementA;
+  using ElementOut = typename Fused::Epilogue::ElementD;
+  using StrideD = typename Fused::Epilogue::StrideD;
+  const DgradShape shape = make_problem_shape(problem, phase);
+  const StrideD stride_d = output_stride<StrideD>(shape);
+  const PhasePointers<ElementIn, ElementOut> ptr(phase, ops.input, ops.filter, ops.activation);
+  const auto tree = tree_arguments<Fused>(phase_group_norm_shape(problem, phase), ops);
   return {shape, {ptr.input, ptr.filter}, {tree, nullptr, stride_d, ptr.output, stride_d}};
 }
 
@@ -107,7 +110,8 @@ inline std::string shape_rules_violation(const Problem& p) {
 // the view's, and their can_implement (TMA im2col limits on padding, dilation, filter
 // extent) agrees.
 template <class Mainloop, class Epilogue>
-std::string phase_rejection(const PhaseProblem& phase, const PhaseArguments<Mainloop, Epilogue>& args) {
+std::string phase_rejection(const PhaseProblem& phase,
+                            const PhaseArguments<DgradShape, Mainloop, Epilogue>& args) {
   for (int i = 0; i < 3; ++i) {
     if (args.shape.shape_A[i + 1] != phase.input.extent[i]) return "input extent does not match the dgrad problem";
   }
@@ -165,7 +169,7 @@ void launch_phases(const std::vector<Arguments>& phases, int sm_count, cudaStrea
 
 template <class Fused>
 void run(const Problem& problem, std::span<const PhaseLaunch> phases, int sm_count, cudaStream_t stream) {
-  std::vector<PhaseArguments<typename Fused::Mainloop, typename Fused::Epilogue>> args;
+  std::vector<PhaseArguments<DgradShape, typename Fused::Mainloop, typename Fused::Epilogue>> args;
   for (const PhaseLaunch& launch : phases) {
     args.push_back(make_arguments<Fused>(problem, *launch.phase, launch.operands));
   }

@@ -1,5 +1,6 @@
-// A persistent ping-pong kernel for CUTLASS's sm90 implicit-GEMM dgrad collectives,
-// running the output tiles of several sub-pixel phases in one launch.
+// A persistent ping-pong kernel for CUTLASS's sm90 collectives (the implicit-GEMM
+// dgrad's, or the batched GEMM's of the pixel-shuffle path), running the output tiles
+// of several sub-pixel phases in one launch.
 //
 // Why it exists: CUTLASS's sm90 conv kernel is non-persistent with one consumer
 // warpgroup (its dispatch policy rejects the persistent schedules), so every tile's
@@ -14,7 +15,8 @@
 //     one run its MMAs while the other runs its epilogue, so the epilogue is hidden
 //     behind tensor-core work instead of serialized after it.
 // Each phase has its own TMA descriptors and epilogue parameters (output view, bias,
-// partials region) in the kernel's parameters.
+// partials region) in the kernel's parameters. A batched GEMM is one phase whose tiles
+// run over the batch too.
 #pragma once
 
 #include <atomic>
@@ -30,11 +32,13 @@
 namespace cutlassfuse::sm90 {
 
 // The tiles of one launch: phase p owns tiles [first_tile[p], first_tile[p + 1]),
-// numbered with the N tiles of an M tile adjacent (they share their input rows in L2).
+// numbered with the N tiles of an M tile adjacent (they share their input rows in L2),
+// then M tiles, then batch entries (L; 1 for a convolution).
 template <int MaxPhases>
 struct PhaseTiles {
   int phases = 0;
   int tiles_n[MaxPhases] = {};
+  int tiles_mn[MaxPhases] = {};
   int k_tiles[MaxPhases] = {};  // K blocks per tile (the mainloop's trip count)
   int first_tile[MaxPhases + 1] = {};
 
@@ -44,36 +48,63 @@ struct PhaseTiles {
     int phase;
     int m;
     int n;
+    int l;
     int k_tiles;
   };
   CUTLASS_DEVICE Work locate(int tile) const {
     int phase = 0;
     while (tile >= first_tile[phase + 1]) ++phase;
     const int local = tile - first_tile[phase];
-    return {phase, local / tiles_n[phase], local % tiles_n[phase], k_tiles[phase]};
+    const int l = local / tiles_mn[phase];
+    const int mn = local - l * tiles_mn[phase];
+    return {phase, mn / tiles_n[phase], mn % tiles_n[phase], l, k_tiles[phase]};
   }
   CUTLASS_DEVICE int k_tiles_of(int tile) const { return tile < total() ? locate(tile).k_tiles : 0; }
 };
 
 using DgradShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kDgrad, 3>;
+using BatchedGemmShape = cute::Shape<int, int, int, int>;  // (M, N, K, L)
+
+// A problem's GEMM extents (M, N, K, L) as the collectives see them. A dgrad's come
+// from CUTLASS's conv helpers (the mainloop's M linear over the output pixels, the
+// epilogue's hierarchical); a batched GEMM's are the shape itself.
+template <class ProblemShape>
+struct GemmExtents {
+  template <class CollectiveMainloop>
+  static BatchedGemmShape mainloop(ProblemShape const& shape) {
+    return shape;
+  }
+  static BatchedGemmShape epilogue(ProblemShape const& shape) { return shape; }
+};
+
+template <>
+struct GemmExtents<DgradShape> {
+  template <class CollectiveMainloop>
+  static auto mainloop(DgradShape const& shape) {
+    return cute::append<4>(CollectiveMainloop::get_problem_shape_MNKL(shape), cute::Int<1>{});
+  }
+  static auto epilogue(DgradShape const& shape) {
+    return cutlass::conv::detail::get_transformed_problem_shape_MNKL(shape);
+  }
+};
 
 // One phase as the two collectives take it: the kernel layers (CUTLASS's and this
 // one) differ in how they schedule tiles, not in what a phase is.
-template <class CollectiveMainloop, class CollectiveEpilogue>
+template <class ProblemShape, class CollectiveMainloop, class CollectiveEpilogue>
 struct PhaseArguments {
-  DgradShape shape;
+  ProblemShape shape;
   typename CollectiveMainloop::Arguments mainloop;
   typename CollectiveEpilogue::Arguments epilogue;
 };
 
-// The collectives' own rules (TMA im2col limits, alignment), which both kernel layers
-// check, and that the epilogue needs no workspace (neither layer allocates one).
-template <class CollectiveMainloop, class CollectiveEpilogue>
-bool collectives_can_implement(PhaseArguments<CollectiveMainloop, CollectiveEpilogue> const& args) {
-  const auto transformed = cutlass::conv::detail::get_transformed_problem_shape_MNKL(args.shape);
+// The collectives' own rules (TMA limits, alignment), which both kernel layers check,
+// and that the epilogue needs no workspace (neither layer allocates one).
+template <class ProblemShape, class CollectiveMainloop, class CollectiveEpilogue>
+bool collectives_can_implement(PhaseArguments<ProblemShape, CollectiveMainloop, CollectiveEpilogue> const& args) {
+  const auto extents = GemmExtents<ProblemShape>::epilogue(args.shape);
   return CollectiveMainloop::can_implement(args.shape, args.mainloop) &&
-         CollectiveEpilogue::can_implement(transformed, args.epilogue) &&
-         CollectiveEpilogue::get_workspace_size(transformed, args.epilogue) == 0;
+         CollectiveEpilogue::can_implement(extents, args.epilogue) &&
+         CollectiveEpilogue::get_workspace_size(extents, args.epilogue) == 0;
 }
 
 // Two stages (mainloop, epilogue) alternating between the two consumer warpgroups.
@@ -89,15 +120,16 @@ constexpr int pingpong_carveout_bytes() {
                           sizeof(typename ConsumerOrderBarrier::SharedStorage) + kAlignmentSlack);
 }
 
-template <class CollectiveMainloop_, class CollectiveEpilogue_, int MaxPhases>
+template <class ProblemShape, class CollectiveMainloop_, class CollectiveEpilogue_, int MaxPhases>
 class PingpongPhasesKernel {
  public:
   using CollectiveMainloop = CollectiveMainloop_;
   using CollectiveEpilogue = CollectiveEpilogue_;
   using TileShape = typename CollectiveMainloop::TileShape;
   using TiledMma = typename CollectiveMainloop::TiledMma;
-  using ProblemShapeMNKL = decltype(CollectiveMainloop::get_problem_shape_MNKL(DgradShape{}));
-  using PhaseArguments = sm90::PhaseArguments<CollectiveMainloop, CollectiveEpilogue>;
+  using Extents = GemmExtents<ProblemShape>;
+  using ProblemShapeMNKL = decltype(Extents::template mainloop<CollectiveMainloop>(ProblemShape{}));
+  using PhaseArguments = sm90::PhaseArguments<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
 
   // Read by cutlass::device_kernel's launch bounds.
   static constexpr uint32_t MaxThreadsPerBlock = 3 * cutlass::NumThreadsPerWarpGroup;
@@ -138,15 +170,16 @@ class PingpongPhasesKernel {
     PhaseTiles<MaxPhases> tiles;
   };
 
-  // Tile counts (m, n, k) of a phase, tiled as the mainloop's load_init tiles its operands.
-  static auto tile_counts(DgradShape const& shape) {
+  // Tile counts (m, n, k) and batch entries (l) of a phase, tiled as the mainloop's
+  // load_init tiles its operands.
+  static auto tile_counts(ProblemShape const& shape) {
     using namespace cute;
-    const auto [M, N, K, L] = append<4>(CollectiveMainloop::get_problem_shape_MNKL(shape), Int<1>{});
+    const auto [M, N, K, L] = Extents::template mainloop<CollectiveMainloop>(shape);
     const auto a_tiles = local_tile(make_identity_tensor(make_shape(M, K)), TileShape{}, make_coord(_, _, _),
                                     Step<_1, Underscore, _1>{});  // (BLK_M, BLK_K, m, k)
     const auto b_tiles = local_tile(make_identity_tensor(make_shape(N, K)), TileShape{}, make_coord(_, _, _),
                                     Step<Underscore, _1, _1>{});  // (BLK_N, BLK_K, n, k)
-    return cute::make_tuple(int(size<2>(a_tiles)), int(size<2>(b_tiles)), int(size<3>(a_tiles)));
+    return cute::make_tuple(int(size<2>(a_tiles)), int(size<2>(b_tiles)), int(size<3>(a_tiles)), int(L));
   }
 
   // `count` <= MaxPhases phases of one launch.
@@ -154,16 +187,16 @@ class PingpongPhasesKernel {
     Params params{};
     params.tiles.phases = count;
     for (int p = 0; p < count; ++p) {
-      const DgradShape& shape = phases[p].shape;
-      params.phase[p] = {CollectiveMainloop::get_problem_shape_MNKL(shape),
+      const ProblemShape& shape = phases[p].shape;
+      params.phase[p] = {Extents::template mainloop<CollectiveMainloop>(shape),
                          CollectiveMainloop::to_underlying_arguments(shape, phases[p].mainloop, nullptr),
-                         CollectiveEpilogue::to_underlying_arguments(
-                             cutlass::conv::detail::get_transformed_problem_shape_MNKL(shape), phases[p].epilogue,
-                             nullptr)};
-      const auto [tiles_m, tiles_n, k_tiles] = tile_counts(shape);
+                         CollectiveEpilogue::to_underlying_arguments(Extents::epilogue(shape), phases[p].epilogue,
+                                                                     nullptr)};
+      const auto [tiles_m, tiles_n, k_tiles, batch] = tile_counts(shape);
       params.tiles.tiles_n[p] = tiles_n;
+      params.tiles.tiles_mn[p] = tiles_m * tiles_n;
       params.tiles.k_tiles[p] = k_tiles;
-      params.tiles.first_tile[p + 1] = params.tiles.first_tile[p] + tiles_m * tiles_n;
+      params.tiles.first_tile[p + 1] = params.tiles.first_tile[p] + tiles_m * tiles_n * batch;
     }
     return params;
   }
@@ -253,8 +286,8 @@ class PingpongPhasesKernel {
     for (int tile = int(blockIdx.x); tile < params.tiles.total(); tile += int(gridDim.x)) {
       const auto work = params.tiles.locate(tile);
       const PhaseParams& phase = params.phase[work.phase];
-      auto inputs = mainloop.load_init(append<4>(phase.mnkl, Int<1>{}), phase.mainloop);
-      mainloop.load(phase.mainloop, pipeline, state, inputs, make_coord(work.m, work.n, _, Int<0>{}),
+      auto inputs = mainloop.load_init(phase.mnkl, phase.mainloop);
+      mainloop.load(phase.mainloop, pipeline, state, inputs, make_coord(work.m, work.n, _, work.l),
                     cute::make_coord_iterator(shape<3>(get<0>(inputs))), work.k_tiles, cutlass::canonical_lane_idx(),
                     0u, storage.tensors.mainloop);
       state.advance(work.k_tiles);
@@ -301,8 +334,8 @@ class PingpongPhasesKernel {
       consumer_order.wait();
       CollectiveEpilogue epilogue(phase.epilogue, storage.tensors.epilogue);
       auto [load_next, store_next] = epilogue.store(
-          epi_load_pipeline, epi_load_state, epi_store_pipeline, epi_store_state, append<4>(phase.mnkl, Int<1>{}),
-          TileShape{}, make_coord(work.m, work.n, _, Int<0>{}), accumulators, tiled_mma, group_thread,
+          epi_load_pipeline, epi_load_state, epi_store_pipeline, epi_store_state, phase.mnkl, TileShape{},
+          make_coord(work.m, work.n, _, work.l), accumulators, tiled_mma, group_thread,
           storage.tensors.epilogue);
       // The TMA stores must have read the staging buffers before the other consumer's
       // epilogue reuses them.

@@ -35,7 +35,7 @@ namespace cutlassfuse::sm90 {
 
 struct GroupNormStatsArguments {
   WelfordPartial* partials = nullptr;  // TilePartials::slots() entries
-  int64_t spatial = 1;                 // output rows per sample (Do * Ho * Wo)
+  int64_t spatial = 1;                 // rows per sample (Do * Ho * Wo; a batched GEMM: M in whole tiles)
   int channels_per_group = 1;
   int max_segments = 1;
   int max_local_groups = 1;
@@ -304,14 +304,19 @@ struct Sm90GroupNormStats {
     // receives them.
     Tensor tile_coords = cutlass::epilogue::fusion::sm90_partition_for_epilogue<ReferenceSrc>(
         make_identity_tensor(take<0, 2>(args.tile_shape_mnk)), args.epi_tile, args.tiled_copy, args.thread_idx);
-    // Inside the kernel the conv problem's M is linear over (n, d, h, w): the output
-    // row of pixel (d, h, w) of sample n is n * spatial + (d * Ho + h) * Wo + w.
+    // The statistics number the rows of all samples in one sequence, sample n's pixel
+    // (d, h, w) at n * spatial + (d * Ho + h) * Wo + w. A convolution's M is that
+    // sequence already (L = 1); a batched GEMM runs one sample per L entry, with
+    // `spatial` its M rounded up to whole tiles, so its tile (m, l) is tile
+    // l * tiles_m + m of the sequence and never holds two samples.
     auto [M, N, K, L] = args.problem_shape_mnkl;
-    const int tile_m_index = static_cast<int>(get<0>(args.tile_coord_mnkl));
+    const int m_index = static_cast<int>(get<0>(args.tile_coord_mnkl));
     const int tile_n_index = static_cast<int>(get<1>(args.tile_coord_mnkl));
+    const int tiles_m = static_cast<int>((int64_t(M) + kTileM - 1) / kTileM);
+    const int tile_m_index = static_cast<int>(get<3>(args.tile_coord_mnkl)) * tiles_m + m_index;
     const int64_t row_begin = int64_t{tile_m_index} * kTileM;
     const int col_begin = tile_n_index * kTileN;
-    const int rows = static_cast<int>(cute::min(int64_t(M) - row_begin, int64_t{kTileM}));
+    const int rows = static_cast<int>(cute::min(int64_t(M) - int64_t{m_index} * kTileM, int64_t{kTileM}));
     const int cols = cute::min(int(N) - col_begin, int{kTileN});
     return ConsumerStoreCallbacks<decltype(tile_coords)>(tile_coords, smem_, params_, row_begin, col_begin, rows,
                                                           cols, tile_m_index, tile_n_index, args.thread_idx);
