@@ -23,7 +23,7 @@ struct PixelMajorGemmKernel {
   using Trees = FusedEpilogueTree<Element, TileShape>;
   static constexpr int kAlignment = Trees::kAlignment;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape, cute::Shape<cute::_64, cute::_64>,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape, cute::Shape<cute::_64, cute::_128>,
       float, float, void, cutlass::layout::RowMajor, kAlignment, Element, cutlass::layout::RowMajor, kAlignment,
       cutlass::epilogue::TmaWarpSpecialized, typename Trees::Tree>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
