@@ -9,7 +9,7 @@ EXPECTED_ARGUMENTS = [
     ("input", "Tensor"), ("weight", "Tensor"), ("bias", "Optional[Tensor]"), ("norm_weight", "Optional[Tensor]"),
     ("norm_bias", "Optional[Tensor]"), ("num_groups", "int"), ("eps", "float"), ("stride", "List[int]"),
     ("padding", "List[int]"), ("output_padding", "List[int]"), ("groups", "int"), ("dilation", "List[int]"),
-    ("packed_weight", "Optional[Tensor]"),
+    ("packed_weight", "Optional[Tensor]"), ("packed_bias", "Optional[Tensor]"),
 ]
 
 
@@ -69,8 +69,18 @@ def test_packed_weight_gives_the_same_result():
     assert torch.equal(plain, packed)
 
 
-def test_module_packs_no_weight_on_cpu():
-    assert cutlassfuse.ConvTranspose3dReLUGroupNorm(8, 8, 3, 2).packed_weight() is None
+def test_packed_bias_gives_the_same_result():
+    x, w, b = torch.rand(2, 8, 3, 3, 3), torch.randn(8, 8, 2, 2, 2), torch.randn(8)
+    plain = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, b, 2, num_groups=2)
+    packed = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, b, 2, num_groups=2,
+                                                          packed_bias=cutlassfuse.pack_bias(b, 2))
+    assert torch.equal(plain, packed)
+    assert torch.equal(cutlassfuse.pack_bias(b, (2, 1, 3)), torch.cat([b] * 6))
+
+
+def test_module_packs_nothing_on_cpu():
+    layer = cutlassfuse.ConvTranspose3dReLUGroupNorm(8, 8, 2, 2, bias=True, stride=2)
+    assert layer.packed_weight() is None and layer.packed_bias() is None
 
 
 @pytest.mark.skipif(not cutlassfuse.info()["cuda_kernels"], reason="CPU-only build has no sm90 configurations")

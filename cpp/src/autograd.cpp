@@ -29,25 +29,25 @@ at::Tensor call_below_autograd(const at::Tensor& input, const at::Tensor& weight
                                const OptionalTensor& norm_weight, const OptionalTensor& norm_bias,
                                int64_t num_groups, double eps, at::IntArrayRef stride, at::IntArrayRef padding,
                                at::IntArrayRef output_padding, int64_t groups, at::IntArrayRef dilation,
-                               const OptionalTensor& packed_weight) {
+                               const OptionalTensor& packed_weight, const OptionalTensor& packed_bias) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("cutlassfuse::conv_transpose3d_relu_group_norm", "")
                              .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const OptionalTensor&,
                                                const OptionalTensor&, const OptionalTensor&, int64_t, double,
                                                at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, int64_t,
-                                               at::IntArrayRef, const OptionalTensor&)>();
+                                               at::IntArrayRef, const OptionalTensor&, const OptionalTensor&)>();
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
   return op.call(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding, output_padding,
-                 groups, dilation, packed_weight);
+                 groups, dilation, packed_weight, packed_bias);
 }
 
 bool present(const OptionalTensor& t) { return t.has_value() && t->defined(); }
 
-// The differentiable inputs, in the op's order; packed_weight is a detached copy of
-// the weight's layout, never differentiated.
+// The differentiable inputs, in the op's order; packed_weight and packed_bias are
+// detached copies of the weight's and the bias's layouts, never differentiated.
 enum Differentiable { kInput, kWeight, kBias, kNormWeight, kNormBias, kDifferentiable };
 // Backward returns one gradient per argument of the schema (registration.cpp).
-constexpr int kOpArguments = 13;
+constexpr int kOpArguments = 14;
 
 class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTransposeReluGroupNorm> {
  public:
@@ -55,9 +55,10 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
                             const OptionalTensor& bias, const OptionalTensor& norm_weight,
                             const OptionalTensor& norm_bias, int64_t num_groups, double eps, at::IntArrayRef stride,
                             at::IntArrayRef padding, at::IntArrayRef output_padding, int64_t groups,
-                            at::IntArrayRef dilation, const OptionalTensor& packed_weight) {
+                            at::IntArrayRef dilation, const OptionalTensor& packed_weight,
+                            const OptionalTensor& packed_bias) {
     at::Tensor out = call_below_autograd(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride,
-                                         padding, output_padding, groups, dilation, packed_weight);
+                                         padding, output_padding, groups, dilation, packed_weight, packed_bias);
     auto or_undefined = [](const OptionalTensor& t) { return present(t) ? *t : at::Tensor(); };
     ctx->save_for_backward({input, weight, or_undefined(bias), or_undefined(norm_weight), or_undefined(norm_bias)});
     ctx->saved_data["num_groups"] = num_groups;
@@ -102,7 +103,7 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
         /*transposed=*/true, c10::fromIntArrayRefSlow(output_padding), groups,
         {need[kInput], need[kWeight], need[kBias]});
 
-    variable_list grads(kOpArguments);  // the non-tensor arguments and packed_weight get none
+    variable_list grads(kOpArguments);  // the non-tensor arguments and the packed copies get none
     grads[kInput] = grad_input;
     grads[kWeight] = grad_weight;
     grads[kBias] = grad_bias;
@@ -128,7 +129,7 @@ at::Tensor forward_autograd(const at::Tensor& input, const at::Tensor& weight, c
                             const OptionalTensor& norm_weight, const OptionalTensor& norm_bias, int64_t num_groups,
                             double eps, at::IntArrayRef stride, at::IntArrayRef padding,
                             at::IntArrayRef output_padding, int64_t groups, at::IntArrayRef dilation,
-                            const OptionalTensor& packed_weight) {
+                            const OptionalTensor& packed_weight, const OptionalTensor& packed_bias) {
   const bool tracked = at::GradMode::is_enabled() &&
                        (input.requires_grad() || weight.requires_grad() ||
                         (present(bias) && bias->requires_grad()) ||
@@ -136,10 +137,10 @@ at::Tensor forward_autograd(const at::Tensor& input, const at::Tensor& weight, c
                         (present(norm_bias) && norm_bias->requires_grad()));
   if (!tracked) {
     return call_below_autograd(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding,
-                               output_padding, groups, dilation, packed_weight);
+                               output_padding, groups, dilation, packed_weight, packed_bias);
   }
   return ConvTransposeReluGroupNorm::apply(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride,
-                                           padding, output_padding, groups, dilation, packed_weight);
+                                           padding, output_padding, groups, dilation, packed_weight, packed_bias);
 }
 
 }  // namespace

@@ -357,8 +357,9 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   static_assert(sizeof(WelfordPartial) == 3 * sizeof(float));
   const auto partials_region = workspace.reserve(plan.slots * static_cast<int64_t>(sizeof(WelfordPartial)));
   const auto scale_shift_region = workspace.reserve(group_norm_scale_shift_bytes(shape));
-  // The GEMM's columns are blocks of Cout channels: each needs the bias.
-  const bool block_bias = present(a.bias) && plan.blocks() > 1;
+  // The GEMM's columns are blocks of Cout channels: each needs the bias (repeated here
+  // unless the caller passed it repeated).
+  const bool block_bias = present(a.bias) && plan.blocks() > 1 && !present(a.packed_bias);
   const auto block_bias_region =
       block_bias ? std::optional(workspace.reserve(c.out_channels * element_bytes)) : std::nullopt;
   workspace.allocate(options);
@@ -367,7 +368,8 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   const at::Tensor filter = element == ElementType::kFloat32 ? split_filter(filter_of(a)) : filter_of(a);
   std::optional<at::Tensor> bias, gamma, beta;
   plan.sources.bias = data_or_null(a.bias, bias);
-  const void* epilogue_bias = plan.sources.bias;
+  const void* epilogue_bias = plan.blocks() > 1 && present(a.packed_bias) ? a.packed_bias->data_ptr()
+                                                                          : plan.sources.bias;
   if (block_bias) {
     epilogue_bias = workspace.at(*block_bias_region);
     repeat_row(plan.sources.bias, p.out_channels * element_bytes, plan.blocks(), workspace.at(*block_bias_region),

@@ -17,7 +17,7 @@ namespace {
 constexpr const char* kArguments =
     "(Tensor input, Tensor weight, Tensor? bias, Tensor? norm_weight, Tensor? norm_bias, int num_groups, "
     "float eps, int[3] stride, int[3] padding, int[3] output_padding, int groups, int[3] dilation, "
-    "Tensor? packed_weight=None)";
+    "Tensor? packed_weight=None, Tensor? packed_bias=None)";
 
 constexpr const char* kReference = "reference: ATen conv_transpose3d + relu + group_norm";
 
@@ -27,9 +27,9 @@ Result kernel(const at::Tensor& input, const at::Tensor& weight, const std::opti
               const std::optional<at::Tensor>& norm_weight, const std::optional<at::Tensor>& norm_bias,
               int64_t num_groups, double eps, at::IntArrayRef stride, at::IntArrayRef padding,
               at::IntArrayRef output_padding, int64_t groups, at::IntArrayRef dilation,
-              const std::optional<at::Tensor>& packed_weight) {
+              const std::optional<at::Tensor>& packed_weight, const std::optional<at::Tensor>& packed_bias) {
   return Impl({input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding, output_padding, groups,
-               dilation, packed_weight});
+               dilation, packed_weight, packed_bias});
 }
 
 at::Tensor forward_reference(const OpArgs& args) {

@@ -98,6 +98,16 @@ Problem validate_and_describe(const OpArgs& a) {
     TORCH_CHECK_VALUE(packed.device() == input.device() && packed.scalar_type() == weight.scalar_type(),
                       "cutlassfuse: packed_weight must have the weight's device and dtype");
   }
+  if (a.packed_bias.has_value() && a.packed_bias->defined()) {
+    TORCH_CHECK_VALUE(a.bias.has_value() && a.bias->defined(), "cutlassfuse: packed_bias given without a bias");
+    const at::Tensor& packed = *a.packed_bias;
+    const int64_t blocks = p.stride[0] * p.stride[1] * p.stride[2];
+    TORCH_CHECK_VALUE(packed.dim() == 1 && packed.size(0) == blocks * p.out_channels && packed.is_contiguous(),
+                      "cutlassfuse: packed_bias must be bias.repeat(prod(stride)), ", blocks * p.out_channels,
+                      " contiguous values, got shape ", packed.sizes());
+    TORCH_CHECK_VALUE(packed.device() == input.device() && packed.scalar_type() == a.bias->scalar_type(),
+                      "cutlassfuse: packed_bias must have the bias's device and dtype");
+  }
   return p;
 }
 

@@ -19,6 +19,7 @@ from .modules import ConvTranspose3dReLUGroupNorm  # noqa: E402
 from .ops import (  # noqa: E402
     conv_transpose3d_relu_group_norm,
     explain,
+    pack_bias,
     pack_weight,
     set_dgrad_config,
     set_float32_tensor_cores,
@@ -34,6 +35,7 @@ __all__ = [
     "explain",
     "fuse",
     "info",
+    "pack_bias",
     "pack_weight",
     "set_dgrad_config",
     "set_float32_tensor_cores",

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
 from torch import Tensor, nn
 from torch.nn.common_types import _size_3_t
 
-from .ops import pack_weight
+from .ops import pack_bias, pack_weight
 
 _OP = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm.default
 
@@ -48,8 +49,7 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
             in_channels, out_channels, kernel_size, stride=stride, padding=padding,
             output_padding=output_padding, groups=conv_groups, bias=bias, dilation=dilation, **factory)
         self.group_norm = nn.GroupNorm(groups, out_channels, eps=eps, affine=affine, **factory)
-        self._packed: Optional[Tensor] = None
-        self._packed_key: Optional[tuple] = None
+        self._packed: dict[str, tuple] = {}
 
     @classmethod
     def from_modules(cls, conv: nn.ConvTranspose3d, norm: nn.GroupNorm) -> "ConvTranspose3dReLUGroupNorm":
@@ -64,25 +64,41 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
         nn.Module.__init__(block)
         block.conv_transpose = conv
         block.group_norm = norm
-        block._packed = None
-        block._packed_key = None
+        block._packed = {}
         return block
 
     def packed_weight(self) -> Optional[Tensor]:
         """The weight in the tensor-core kernel's layout, re-packed only when the weight
         changed (in place, replaced, moved or cast) since the last call. None on the CPU
         and while compiling (there the permutation is part of the traced graph)."""
-        weight = self.conv_transpose.weight
-        if not weight.is_cuda or torch.compiler.is_compiling():
+        return self._packed_copy("weight", self.conv_transpose.weight, pack_weight)
+
+    def packed_bias(self) -> Optional[Tensor]:
+        """The bias repeated per block of output pixels (``pack_bias``) for layers with
+        kernel == stride and no padding, output padding or dilation, whose deconvolution
+        is one GEMM over those blocks; re-packed only when the bias changed. None for
+        other layers, without a bias, on the CPU and while compiling."""
+        conv = self.conv_transpose
+        pixel_shuffle = (conv.kernel_size == conv.stride and not any(conv.padding) and not any(conv.output_padding)
+                         and all(d == 1 for d in conv.dilation) and conv.groups == 1 and math.prod(conv.stride) > 1)
+        if conv.bias is None or not pixel_shuffle:
             return None
-        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, weight.shape)
-        if key != self._packed_key:
-            self._packed, self._packed_key = pack_weight(weight), key
-        return self._packed
+        return self._packed_copy("bias", conv.bias, lambda bias: pack_bias(bias, conv.stride))
+
+    def _packed_copy(self, name: str, tensor: Tensor, pack) -> Optional[Tensor]:
+        """`pack(tensor)`, cached until the tensor changes (in place, replaced, moved or cast)."""
+        if not tensor.is_cuda or torch.compiler.is_compiling():
+            return None
+        key = (tensor.data_ptr(), tensor._version, tensor.dtype, tensor.device, tensor.shape)
+        cached = self._packed.get(name)
+        if cached is None or cached[0] != key:
+            cached = self._packed[name] = (key, pack(tensor))
+        return cached[1]
 
     def forward(self, x: Tensor) -> Tensor:
         conv, norm = self.conv_transpose, self.group_norm
         # The op itself, not the functional wrapper: nn.ConvTranspose3d already holds its
         # options as 3-tuples, and small calls are bound by the host's time per call.
         return _OP(x, conv.weight, conv.bias, norm.weight, norm.bias, norm.num_groups, norm.eps, conv.stride,
-                   conv.padding, conv.output_padding, conv.groups, conv.dilation, self.packed_weight())
+                   conv.padding, conv.output_padding, conv.groups, conv.dilation, self.packed_weight(),
+                   self.packed_bias())

@@ -25,10 +25,11 @@ def _triple(value: IntOrTriple, name: str) -> list[int]:
 
 
 def _op_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation,
-                  num_groups, norm_weight, norm_bias, eps, packed_weight) -> tuple:
+                  num_groups, norm_weight, norm_bias, eps, packed_weight, packed_bias=None) -> tuple:
     return (input, weight, bias, norm_weight, norm_bias, int(num_groups), float(eps),
             _triple(stride, "stride"), _triple(padding, "padding"),
-            _triple(output_padding, "output_padding"), int(groups), _triple(dilation, "dilation"), packed_weight)
+            _triple(output_padding, "output_padding"), int(groups), _triple(dilation, "dilation"), packed_weight,
+            packed_bias)
 
 
 def conv_transpose3d_relu_group_norm(
@@ -46,6 +47,7 @@ def conv_transpose3d_relu_group_norm(
     norm_bias: Optional[Tensor] = None,
     eps: float = 1e-5,
     packed_weight: Optional[Tensor] = None,
+    packed_bias: Optional[Tensor] = None,
 ) -> Tensor:
     """``F.group_norm(F.relu(F.conv_transpose3d(input, weight, bias, stride, padding,
     output_padding, groups, dilation)), num_groups, norm_weight, norm_bias, eps)`` in one op.
@@ -56,18 +58,27 @@ def conv_transpose3d_relu_group_norm(
     kH, kW). The output has the input's dtype, and is channels_last_3d when the input
     or the weight is, contiguous otherwise (as PyTorch's composite).
 
-    ``packed_weight``, if given, must be ``pack_weight(weight)``: callers that reuse a
-    weight (the module does) pass it to skip re-permuting the weight on every call.
+    ``packed_weight``, if given, must be ``pack_weight(weight)``, and ``packed_bias``
+    ``pack_bias(bias, stride)``: callers that reuse a layer's parameters (the module does)
+    pass them to skip re-permuting the weight and re-repeating the bias on every call.
     """
     return torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm(
         *_op_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation,
-                       num_groups, norm_weight, norm_bias, eps, packed_weight))
+                       num_groups, norm_weight, norm_bias, eps, packed_weight, packed_bias))
 
 
 def pack_weight(weight: Tensor) -> Tensor:
     """The weight (C_in, C_out, kD, kH, kW) laid out as the tensor-core kernel reads it:
     (C_in, kD, kH, kW, C_out), contiguous."""
     return weight.detach().permute(0, 2, 3, 4, 1).contiguous()
+
+
+def pack_bias(bias: Tensor, stride: IntOrTriple) -> Tensor:
+    """The bias repeated once per block of stride_d * stride_h * stride_w output pixels,
+    as the epilogue of a kernel == stride layer's GEMM reads it (its columns are those
+    blocks of C_out channels; other layers ignore it)."""
+    strides = _triple(stride, "stride")
+    return bias.detach().repeat(strides[0] * strides[1] * strides[2])
 
 
 def set_dgrad_config(name: Optional[str]) -> None:
@@ -125,7 +136,8 @@ def transposed_conv_output_size(input_size: Sequence[int], kernel_size: Sequence
 
 @torch.library.register_fake(_OP)
 def _conv_transpose3d_relu_group_norm_fake(input, weight, bias, norm_weight, norm_bias, num_groups, eps,
-                                           stride, padding, output_padding, groups, dilation, packed_weight=None):
+                                           stride, padding, output_padding, groups, dilation, packed_weight=None,
+                                           packed_bias=None):
     torch._check(input.dim() == 5, lambda: f"cutlassfuse: input must be 5-D, got {input.dim()}-D")
     torch._check(weight.dim() == 5, lambda: f"cutlassfuse: weight must be 5-D, got {weight.dim()}-D")
     torch._check(weight.shape[0] == input.shape[1],

@@ -138,6 +138,28 @@ def test_module_repacks_weight_when_it_changes():
     check()
 
 
+def test_module_passes_the_repeated_bias_of_kernel_equal_stride_layers():
+    """A kernel == stride layer's GEMM reads the bias once per output block: the module caches the repeated
+    copy (re-made when the bias changes) and the result is bitwise that of the op repeating it itself."""
+    torch.manual_seed(0)
+    module = cutlassfuse.ConvTranspose3dReLUGroupNorm(32, 64, 2, 8, bias=True, stride=2).cuda().half()
+    x = torch.rand(2, 32, 4, 6, 8, device="cuda", dtype=torch.half)
+    first = module.packed_bias()
+    assert first is not None and module.packed_bias() is first
+    assert torch.equal(first, module.conv_transpose.bias.detach().repeat(8))
+
+    def functional():
+        conv, norm = module.conv_transpose, module.group_norm
+        return cutlassfuse.conv_transpose3d_relu_group_norm(x, conv.weight, conv.bias, 2, num_groups=8,
+                                                            norm_weight=norm.weight, norm_bias=norm.bias)
+
+    with torch.no_grad():
+        assert torch.equal(module(x), functional())
+        module.conv_transpose.bias.add_(0.5)  # in place: same storage, new version
+        assert module.packed_bias() is not first
+        assert torch.equal(module(x), functional())
+
+
 @pytest.mark.parametrize("stride", [1, 2], ids=["unit_stride", "sub_pixel_phases"])
 @pytest.mark.parametrize("special", [float("nan"), float("inf")], ids=["nan", "inf"])
 def test_nan_and_inf_propagate_like_eager(stride, special):

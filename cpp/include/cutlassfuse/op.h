@@ -30,6 +30,10 @@ struct OpArgs {
   // Optional: weight already permuted to [Cin, kD, kH, kW, Cout] (a cache of the
   // module's); used by the fused path only.
   const std::optional<at::Tensor>& packed_weight;
+  // Optional: the bias repeated once per output block, prod(stride) * Cout values (a
+  // cache of the module's), for the pixel-shuffle GEMM of kernel == stride layers,
+  // whose columns are blocks of Cout channels; ignored by every other path.
+  const std::optional<at::Tensor>& packed_bias;
 };
 
 // Checks every argument (raising ValueError/TypeError naming the argument) and
