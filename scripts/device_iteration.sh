@@ -9,6 +9,7 @@
 #        breakdown  per-kernel times and launch counts, every baselines.md shape
 #        baselines  benchmarks/fused_vs_baselines.py (kb61, tile configurations)
 #        host       benchmarks/host_overhead.py (host vs device time per call)
+#        spread     benchmarks/call_spread.py (per-call percentiles, eager vs CUDA graph replay)
 #        float32    benchmarks/float32_choice.py (accuracy and time of the fp32 choices)
 #        streams    benchmarks/phase_streams.py (sub-pixel phases on 1-8 streams)
 #        training   benchmarks/training_step.py
@@ -87,6 +88,13 @@ fi
 if wanted host; then
   step "host cost per call"
   "$PYTHON" benchmarks/host_overhead.py --table kb61_v0 2>&1 | tee "$LOGS/host.log"
+fi
+
+if wanted spread; then
+  step "per-call spread, eager calls vs CUDA graph replay"
+  for shape in vid_k3s2p1op1 unet_k2s2; do
+    "$PYTHON" benchmarks/call_spread.py --shape "$shape"
+  done 2>&1 | tee "$LOGS/spread.log"
 fi
 
 if wanted float32; then
