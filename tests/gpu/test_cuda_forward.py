@@ -116,6 +116,21 @@ def test_matches_float64(case: Case, dtype: torch.dtype):
     assert torch.equal(out, again), "two runs on the same inputs differ"
 
 
+def test_calls_of_one_shape_follow_their_own_tensors():
+    """The ping-pong kernel's parameters are kept per (problem, tensor addresses): calls of one strided shape
+    alternating two inputs and weights each get their own result, and a repeated call its bitwise twin."""
+    torch.manual_seed(0)
+    xs = [torch.rand(2, 32, 4, 5, 6, device="cuda", dtype=torch.half) for _ in range(2)]
+    ws = [(torch.randn(32, 48, 3, 3, 3, device="cuda") * 0.05).half() for _ in range(2)]
+    args = dict(stride=2, padding=1, output_padding=1, num_groups=6)
+    outs = [cutlassfuse.conv_transpose3d_relu_group_norm(xs[i % 2], ws[i % 2], **args) for i in range(4)]
+    for i, out in enumerate(outs):
+        expected = reference_float64(xs[i % 2], ws[i % 2], **args)
+        assert errors(out, expected).relative <= RELATIVE_TOLERANCE[torch.float16]
+    assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[3])
+    assert not torch.equal(outs[0], outs[1])
+
+
 def test_module_repacks_weight_when_it_changes():
     torch.manual_seed(0)
     module = cutlassfuse.ConvTranspose3dReLUGroupNorm(16, 32, 3, 4, bias=True).cuda().half()

@@ -54,6 +54,8 @@ struct DgradOperands {
   const void* bias;          // [Cout], or nullptr for no bias
   void* activation;          // [N, Do, Ho, Wo, Cout] (NDHWC, packed)
   WelfordPartial* partials;  // the phase's region: phase_partials(...).slots(...) entries
+
+  bool operator==(const DgradOperands&) const = default;
 };
 
 // The GroupNorm view of one phase: its pixels per sample are the rows of its tiles.

@@ -7,6 +7,7 @@
 #include <cutlass/kernel_hardware_info.h>
 
 #include <algorithm>
+#include <array>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -167,13 +168,79 @@ void launch_phases(const std::vector<Arguments>& phases, int sm_count, cudaStrea
   }
 }
 
+// The ping-pong kernel's parameters of a call's launches, kept for the calls that repeat
+// them. Encoding a phase's TMA descriptors and epilogue parameters costs the host a few
+// microseconds, eight times over for 3-D stride 2, which left multi-phase calls with
+// half as much host time as GPU time; a layer's calls repeat its problem and, through
+// the caching allocator, its tensors' addresses. The parameters are a function of the
+// device, the problem (its phases follow from it) and the operands: the key. A few
+// entries per thread and kernel type, replaced round-robin.
+template <class Params>
+class LaunchParamsCache {
+ public:
+  template <class Build>
+  const std::vector<Params>& get(const Problem& problem, std::span<const PhaseLaunch> phases, Build&& build) {
+    int device = -1;
+    cudaGetDevice(&device);
+    for (const Entry& entry : entries_) {
+      if (entry.matches(device, problem, phases)) return entry.params;
+    }
+    Entry& entry = entries_[next_++ % entries_.size()];
+    entry.device = device;
+    entry.problem = problem;
+    entry.operands.clear();
+    for (const PhaseLaunch& launch : phases) entry.operands.push_back(launch.operands);
+    entry.params = build();
+    return entry.params;
+  }
+
+ private:
+  struct Entry {
+    int device = -1;
+    Problem problem;
+    std::vector<DgradOperands> operands;
+    std::vector<Params> params;
+
+    bool matches(int on_device, const Problem& p, std::span<const PhaseLaunch> phases) const {
+      if (device != on_device || !(problem == p) || operands.size() != phases.size()) return false;
+      for (size_t i = 0; i < phases.size(); ++i) {
+        if (!(operands[i] == phases[i].operands)) return false;
+      }
+      return true;
+    }
+  };
+  std::array<Entry, 8> entries_;
+  size_t next_ = 0;
+};
+
 template <class Fused>
 void run(const Problem& problem, std::span<const PhaseLaunch> phases, int sm_count, cudaStream_t stream) {
-  std::vector<PhaseArguments<DgradShape, typename Fused::Mainloop, typename Fused::Epilogue>> args;
-  for (const PhaseLaunch& launch : phases) {
-    args.push_back(make_arguments<Fused>(problem, *launch.phase, launch.operands));
+  using Kernel = typename Fused::Kernel;
+  auto arguments = [&] {
+    std::vector<PhaseArguments<DgradShape, typename Fused::Mainloop, typename Fused::Epilogue>> args;
+    for (const PhaseLaunch& launch : phases) {
+      args.push_back(make_arguments<Fused>(problem, *launch.phase, launch.operands));
+    }
+    return args;
+  };
+  if constexpr (Fused::Config::kPingpong) {
+    thread_local LaunchParamsCache<typename Kernel::Params> cache;
+    const auto& launches = cache.get(problem, phases, [&] {
+      const auto args = arguments();
+      std::vector<typename Kernel::Params> params;
+      for (size_t first = 0; first < args.size(); first += kMaxPhasesPerLaunch) {
+        const size_t count = std::min(args.size() - first, static_cast<size_t>(kMaxPhasesPerLaunch));
+        params.push_back(Kernel::to_underlying_arguments(args.data() + first, static_cast<int>(count)));
+      }
+      return params;
+    });
+    for (const auto& params : launches) {
+      const cudaError_t e = Kernel::launch(params, sm_count, stream);
+      throw_on_failure(e != cudaSuccess, "ping-pong launch", cudaGetErrorString(e));
+    }
+  } else {
+    launch_phases<Kernel, false>(arguments(), sm_count, stream);
   }
-  launch_phases<typename Fused::Kernel, Fused::Config::kPingpong>(args, sm_count, stream);
 }
 
 // One configuration enum value -> one kernel type.

@@ -208,7 +208,10 @@ class PingpongPhasesKernel {
   static dim3 get_block_shape() { return dim3(MaxThreadsPerBlock, 1, 1); }
 
   static cudaError_t launch(PhaseArguments const* phases, int count, int sm_count, cudaStream_t stream) {
-    const Params params = to_underlying_arguments(phases, count);
+    return launch(to_underlying_arguments(phases, count), sm_count, stream);
+  }
+
+  static cudaError_t launch(Params const& params, int sm_count, cudaStream_t stream) {
     const auto kernel = &cutlass::device_kernel<PingpongPhasesKernel>;
     if (cudaError_t e = allow_shared_memory(kernel); e != cudaSuccess) return e;
     kernel<<<get_grid_shape(params, sm_count), get_block_shape(), SharedStorageSize, stream>>>(params);

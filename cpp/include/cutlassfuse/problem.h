@@ -29,6 +29,8 @@ struct Problem {
   int64_t num_groups = 1;  // GroupNorm groups over out_channels
   double eps = 1e-5;
 
+  bool operator==(const Problem&) const = default;
+
   int64_t output_spatial() const { return output_size[0] * output_size[1] * output_size[2]; }
   int64_t input_spatial() const { return input_size[0] * input_size[1] * input_size[2]; }
   int64_t output_numel() const { return batch * out_channels * output_spatial(); }
