@@ -173,8 +173,8 @@ void launch_phases(const std::vector<Arguments>& phases, int sm_count, cudaStrea
 // microseconds, eight times over for 3-D stride 2, which left multi-phase calls with
 // half as much host time as GPU time; a layer's calls repeat its problem and, through
 // the caching allocator, its tensors' addresses. The parameters are a function of the
-// device, the problem (its phases follow from it) and the operands: the key. A few
-// entries per thread and kernel type, replaced round-robin.
+// device, the problem and each launched phase with its operands: the key. A few entries
+// per thread and kernel type, replaced round-robin.
 template <class Params>
 class LaunchParamsCache {
  public:
@@ -188,23 +188,27 @@ class LaunchParamsCache {
     Entry& entry = entries_[next_++ % entries_.size()];
     entry.device = device;
     entry.problem = problem;
-    entry.operands.clear();
-    for (const PhaseLaunch& launch : phases) entry.operands.push_back(launch.operands);
+    entry.phases.clear();
+    for (const PhaseLaunch& launch : phases) entry.phases.push_back({*launch.phase, launch.operands});
     entry.params = build();
     return entry.params;
   }
 
  private:
+  struct LaunchedPhase {
+    PhaseProblem phase;
+    DgradOperands operands;
+  };
   struct Entry {
     int device = -1;
     Problem problem;
-    std::vector<DgradOperands> operands;
+    std::vector<LaunchedPhase> phases;
     std::vector<Params> params;
 
-    bool matches(int on_device, const Problem& p, std::span<const PhaseLaunch> phases) const {
-      if (device != on_device || !(problem == p) || operands.size() != phases.size()) return false;
-      for (size_t i = 0; i < phases.size(); ++i) {
-        if (!(operands[i] == phases[i].operands)) return false;
+    bool matches(int on_device, const Problem& p, std::span<const PhaseLaunch> launches) const {
+      if (device != on_device || !(problem == p) || phases.size() != launches.size()) return false;
+      for (size_t i = 0; i < launches.size(); ++i) {
+        if (!(phases[i].phase == *launches[i].phase) || !(phases[i].operands == launches[i].operands)) return false;
       }
       return true;
     }

@@ -48,6 +48,8 @@ struct StridedView {
   int64_t offset = 0;
   Extent3 extent{};
   std::array<int64_t, 4> stride{};
+
+  bool operator==(const StridedView&) const = default;
 };
 
 // One unit-stride dgrad: ConvTranspose3d(input view, filter view) with asymmetric
@@ -61,6 +63,8 @@ struct PhaseProblem {
   Extent3 dilation{};
 
   int64_t output_spatial() const { return output.extent[0] * output.extent[1] * output.extent[2]; }
+
+  bool operator==(const PhaseProblem&) const = default;
 };
 
 struct SubpixelPlan {
