@@ -186,7 +186,7 @@ struct FusedPlan {
 // The pixel-major GEMM takes NCDHW (contiguous) 16-bit inputs of a pixel-shuffle GEMM
 // whose rows TMA can address (pixels per sample a multiple of 8).
 bool reads_pixel_major(const at::Tensor& input, ElementType element, const Problem& gemm) {
-  if (element == ElementType::kFloat32 || !input.is_contiguous()) return false;
+  if (!input.is_contiguous()) return false;
   if (input.is_contiguous(at::MemoryFormat::ChannelsLast3d)) return false;  // also NCDHW-contiguous when C or DHW is 1
   return with_element(element, [&](auto e) {
     if constexpr (decltype(e)::value == ElementType::kFloat32) {

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -74,14 +73,12 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
         return self._packed_copy("weight", self.conv_transpose.weight, pack_weight)
 
     def packed_bias(self) -> Optional[Tensor]:
-        """The bias repeated per block of output pixels (``pack_bias``) for layers with
-        kernel == stride and no padding, output padding or dilation, whose deconvolution
-        is one GEMM over those blocks; re-packed only when the bias changed. None for
-        other layers, without a bias, on the CPU and while compiling."""
+        """The bias repeated per block of stride_d * stride_h * stride_w output pixels
+        (``pack_bias``), re-packed only when the bias changed: the epilogue of a kernel ==
+        stride layer's GEMM reads it, the op decides which layers those are and ignores it
+        for the others. None without a bias, on the CPU and while compiling."""
         conv = self.conv_transpose
-        pixel_shuffle = (conv.kernel_size == conv.stride and not any(conv.padding) and not any(conv.output_padding)
-                         and all(d == 1 for d in conv.dilation) and conv.groups == 1 and math.prod(conv.stride) > 1)
-        if conv.bias is None or not pixel_shuffle:
+        if conv.bias is None:
             return None
         return self._packed_copy("bias", conv.bias, lambda bias: pack_bias(bias, conv.stride))
 

@@ -33,14 +33,14 @@ inline DgradShape make_problem_shape(const Problem& p, const PhaseProblem& phase
   const Extent3& out = phase.output.extent;
   const Extent3& taps = phase.filter.extent;
   return DgradShape(cutlass::conv::Mode::kCrossCorrelation,
-                      DgradShape::TensorExtent{i32(p.batch), i32(out[0]), i32(out[1]), i32(out[2]),
-                                                 i32(p.out_channels)},
-                      strides(phase.output),
-                      DgradShape::TensorExtent{i32(p.in_channels), i32(taps[0]), i32(taps[1]), i32(taps[2]),
-                                                 i32(p.out_channels)},
-                      strides(phase.filter), strides(phase.input), triple(phase.lower_padding),
-                      triple(phase.upper_padding), DgradShape::SpatialExtent{1, 1, 1}, triple(phase.dilation),
-                      /*groups=*/1);
+                    DgradShape::TensorExtent{i32(p.batch), i32(out[0]), i32(out[1]), i32(out[2]),
+                                             i32(p.out_channels)},
+                    strides(phase.output),
+                    DgradShape::TensorExtent{i32(p.in_channels), i32(taps[0]), i32(taps[1]), i32(taps[2]),
+                                             i32(p.out_channels)},
+                    strides(phase.filter), strides(phase.input), triple(phase.lower_padding),
+                    triple(phase.upper_padding), DgradShape::SpatialExtent{1, 1, 1}, triple(phase.dilation),
+                    /*groups=*/1);
 }
 
 // The output's M mode is hierarchical ((W, H, D, N), C): make_cute_packed_stride has no
