@@ -44,7 +44,8 @@ def main() -> None:
         finally:
             cutlassfuse.set_float32_tensor_cores(False)
 
-    print(f"{shape.name} float32 on {torch.cuda.get_device_name()}: {cutlassfuse.explain(x, w, num_groups=shape.groups, **args)}")
+    path = cutlassfuse.explain(x, w, num_groups=shape.groups, **args)
+    print(f"{shape.name} float32 on {torch.cuda.get_device_name()}: {path}")
     print(f"{'implementation':<42}{'median ms':>10}{'max abs err':>13}{'rel err':>10}")
     saved = torch.backends.cudnn.allow_tf32
     try:

@@ -20,6 +20,7 @@ from cutlassfuse.benchmarking import median_ms
 from cutlassfuse.testing import KernelBenchModel
 
 SHAPES = {"kb61": (16, 64, 128, (32, 32, 32)), "kb61_v0": (16, 64, 128, (8, 16, 16))}
+COMPILE = "torch.compile (default)"
 CONFIGS = ["128x128_cluster1x1", "128x64_cluster1x1", "128x128_pingpong", "128x64_pingpong"]
 
 
@@ -49,7 +50,7 @@ def bench_shape(name: str, dtype: torch.dtype, with_compile: bool) -> dict[str, 
         if with_compile:
             compiled = torch.compile(model)
             compiled(x)
-            t["torch.compile (default)"] = time_ms(lambda: compiled(x))
+            t[COMPILE] = time_ms(lambda: compiled(x))
         for config in CONFIGS:
             cutlassfuse.set_dgrad_config(config)
             t[f"fused {config} (NCDHW in)"] = time_ms(lambda: fused(x))
@@ -72,7 +73,7 @@ def main() -> None:
             plain = t["CUTLASS dgrad plain store (channels_last in)"]
             print(f"  fused(CL in) / plain CUTLASS = {t['fused (module, channels_last in)'] / plain:.3f}; "
                   f"fused(NCDHW in) / plain = {fused / plain:.3f}; eager / fused = {t['PyTorch eager'] / fused:.2f}"
-                  + (f"; compile / fused = {t['torch.compile (default)'] / fused:.2f}" if "torch.compile (default)" in t else ""))
+                  + (f"; compile / fused = {t[COMPILE] / fused:.2f}" if COMPILE in t else ""))
 
 
 if __name__ == "__main__":

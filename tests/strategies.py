@@ -26,10 +26,10 @@ def configurations(draw, max_channels: int = 16, max_size: int = 5, allow_empty_
     stride = draw(triple(st.integers(1, 3)))
     dilation = draw(triple(st.integers(1, 2)))
     padding = draw(triple(st.integers(0, 2)))
-    output_padding = tuple(draw(st.integers(0, max(s, d) - 1)) for s, d in zip(stride, dilation))
+    output_padding = tuple(draw(st.integers(0, max(s, d) - 1)) for s, d in zip(stride, dilation, strict=True))
     size = draw(triple(st.integers(1, max_size)))
     out = [(i - 1) * s - 2 * p + d * (k - 1) + op + 1
-           for i, s, p, d, k, op in zip(size, stride, padding, dilation, kernel, output_padding)]
+           for i, s, p, d, k, op in zip(size, stride, padding, dilation, kernel, output_padding, strict=True)]
     assume(min(out) >= 1)
     return dict(
         batch=draw(st.integers(0 if allow_empty_batch else 1, 3)),

@@ -47,7 +47,7 @@ def test_gradcheck_float64(config):
     names = [k for k in ("input", "weight", "bias", "norm_weight", "norm_bias") if a[k] is not None]
 
     def f(*ts):
-        return cutlassfuse.conv_transpose3d_relu_group_norm(**{**a, **dict(zip(names, ts))})
+        return cutlassfuse.conv_transpose3d_relu_group_norm(**{**a, **dict(zip(names, ts, strict=True))})
 
     assert torch.autograd.gradcheck(f, tuple(a[n] for n in names))
 
@@ -58,7 +58,7 @@ def test_gradients_match_eager_float32(config):
     grad = torch.randn_like(eager(theirs))
     cutlassfuse.conv_transpose3d_relu_group_norm(**ours).backward(grad)
     eager(theirs).backward(grad)
-    for mine, reference in zip(tensors(ours), tensors(theirs)):
+    for mine, reference in zip(tensors(ours), tensors(theirs), strict=True):
         torch.testing.assert_close(mine.grad, reference.grad, rtol=1e-4, atol=1e-5)
 
 

@@ -29,7 +29,7 @@ def test_compile_fullgraph_forward_and_backward():
     out = compiled(x)
     out.sum().backward()
     torch.testing.assert_close(out, expected)
-    for p, g in zip(model.parameters(), expected_grads):
+    for p, g in zip(model.parameters(), expected_grads, strict=True):
         torch.testing.assert_close(p.grad, g)
 
 

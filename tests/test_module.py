@@ -24,7 +24,7 @@ def test_state_dict_keys_equal_original(bias):
 @pytest.mark.parametrize("bias", [False, True])
 def test_same_seed_gives_identical_parameters(bias):
     fused, original = build_pair(8, 16, 3, 4, bias=bias)
-    for (name, a), (_, b) in zip(fused.state_dict().items(), original.state_dict().items()):
+    for (name, a), (_, b) in zip(fused.state_dict().items(), original.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
     # ... and the generator ends where the original leaves it.
     torch.manual_seed(7)

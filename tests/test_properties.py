@@ -51,4 +51,4 @@ def test_fake_kernel_predicts_shape_and_strides(config):
 def significant_strides(t: torch.Tensor) -> tuple:
     if t.numel() == 0:
         return ()
-    return tuple(stride for size, stride in zip(t.shape, t.stride()) if size > 1)
+    return tuple(stride for size, stride in zip(t.shape, t.stride(), strict=True) if size > 1)

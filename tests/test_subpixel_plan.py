@@ -75,8 +75,8 @@ def reached_by_rule(o: int, size: int, kernel: int, stride: int, padding: int, d
 def deconvolve_by_phases(x, w, bias, stride, padding, output_padding, dilation):
     batch, cin = x.shape[:2]
     cout = w.shape[1]
-    out_size = [(n - 1) * s - 2 * p + d * (k - 1) + op + 1
-                for n, k, s, p, op, d in zip(x.shape[2:], w.shape[2:], stride, padding, output_padding, dilation)]
+    dims = zip(x.shape[2:], w.shape[2:], stride, padding, output_padding, dilation, strict=True)
+    out_size = [(n - 1) * s - 2 * p + d * (k - 1) + op + 1 for n, k, s, p, op, d in dims]
     unreached, phases = plan(x.shape, w.shape, stride, padding, output_padding, dilation)
     x_flat = x.permute(0, 2, 3, 4, 1).contiguous().flatten()
     filter_flat = w.permute(0, 2, 3, 4, 1).contiguous().flatten()
@@ -92,8 +92,9 @@ def deconvolve_by_phases(x, w, bias, stride, padding, output_padding, dilation):
     # The rule fill_unreached_kernel applies (cpp/src/unreached_fill.cu) marks every pixel
     # no phase writes (it may mark more: a phase also computes the holes between the
     # outputs its taps reach, where it writes the same ReLU(bias) after the fill).
+    dims = zip(out_size, x.shape[2:], w.shape[2:], stride, padding, dilation, strict=True)
     reached = [torch.tensor([reached_by_rule(o, n, k, s, p, d) for o in range(extent)])
-               for extent, n, k, s, p, d in zip(out_size, x.shape[2:], w.shape[2:], stride, padding, dilation)]
+               for extent, n, k, s, p, d in dims]
     by_rule = reached[0].view(-1, 1, 1) & reached[1].view(1, -1, 1) & reached[2].view(1, 1, -1)
     assert not (by_rule & (counts[0] == 0)).any(), "a pixel no phase writes escapes the fill"
     y = torch.where((counts == 0).unsqueeze(1), torch.zeros((), dtype=x.dtype), y)
@@ -145,11 +146,11 @@ def test_kernel_equal_to_stride_is_one_gemm_in_space_to_depth_order(stride):
     packed = w.permute(0, 2, 3, 4, 1).reshape(cin, -1)                  # [Cin, (t, r, s, Cout)]
     gemm = x.permute(0, 2, 3, 4, 1).reshape(-1, cin) @ packed           # [(n, z, p, q), (t, r, s, Cout)]
     blocks = gemm.view(batch, depth, height, width, *stride, cout)      # space-to-depth order
-    y = blocks.permute(0, 7, 1, 4, 2, 5, 3, 6).reshape(batch, cout, *(e * s for e, s in zip(x.shape[2:], stride)))
+    out_size = [e * s for e, s in zip(x.shape[2:], stride, strict=True)]
+    y = blocks.permute(0, 7, 1, 4, 2, 5, 3, 6).reshape(batch, cout, *out_size)
     torch.testing.assert_close(y, F.conv_transpose3d(x, w, stride=stride), rtol=1e-12, atol=1e-12)
     # The normalize pass's reading order (source_row in cpp/src/group_norm.cu): output
     # pixel p of a sample is row source_row(p) of the sample's GEMM output.
-    out_size = [e * s for e, s in zip(x.shape[2:], stride)]
     rows = torch.tensor([source_row(p, stride, out_size) for p in range(out_size[0] * out_size[1] * out_size[2])])
     per_sample = gemm.view(batch, -1, cout)                             # [n, rows, Cout]
     torch.testing.assert_close(per_sample[:, rows].permute(0, 2, 1).reshape(y.shape), y, rtol=0, atol=0)

@@ -14,7 +14,7 @@ import csv
 import json
 import statistics
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -114,7 +114,7 @@ class Row:
     tflops: float
     pct_tensor_ceiling: float
     gbs: float
-    speedup_of_fused: Optional[float] = None  # this implementation's time / fused time
+    speedup_of_fused: float | None = None  # this implementation's time / fused time
 
 
 def _models(shape: BenchShape, dtype: torch.dtype) -> tuple[nn.Module, ConvTranspose3dReLUGroupNorm]:
@@ -183,7 +183,7 @@ def print_rows(rows: list[Row]) -> None:
               f"   fused is {r.speedup_of_fused:.2f}x faster")
 
 
-def write_outputs(rows: list[Row], csv_path: Optional[str], json_path: Optional[str], plot_path: Optional[str]) -> None:
+def write_outputs(rows: list[Row], csv_path: str | None, json_path: str | None, plot_path: str | None) -> None:
     records = [asdict(r) for r in rows]
     if csv_path:
         with open(csv_path, "w", newline="") as f:
@@ -223,8 +223,8 @@ def plot_speedups(rows: list[Row], path: str) -> None:
 
 
 def run_bench(shapes: list[BenchShape], dtypes: list[torch.dtype], channels_last_options: list[bool], *,
-              with_compile: bool = True, warmup: int = 10, repeats: int = 50, csv_path: Optional[str] = None,
-              json_path: Optional[str] = None, plot_path: Optional[str] = None) -> list[Row]:
+              with_compile: bool = True, warmup: int = 10, repeats: int = 50, csv_path: str | None = None,
+              json_path: str | None = None, plot_path: str | None = None) -> list[Row]:
     if not torch.cuda.is_available():
         raise SystemExit("cutlassfuse bench needs a CUDA device")
     print(f"cutlassfuse bench on {torch.cuda.get_device_name()}, torch {torch.__version__}; "

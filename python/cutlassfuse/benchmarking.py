@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -27,9 +27,9 @@ def median_ms(fn: Callable[[], object], *, cuda: bool, warmup: int = 10, repeats
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     torch.cuda.synchronize()
-    for start, end in zip(starts, ends):
+    for start, end in zip(starts, ends, strict=True):
         start.record()
         fn()
         end.record()
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))

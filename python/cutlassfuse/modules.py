@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 from torch import Tensor, nn
@@ -51,7 +50,7 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
         self._packed: dict[str, tuple] = {}
 
     @classmethod
-    def from_modules(cls, conv: nn.ConvTranspose3d, norm: nn.GroupNorm) -> "ConvTranspose3dReLUGroupNorm":
+    def from_modules(cls, conv: nn.ConvTranspose3d, norm: nn.GroupNorm) -> ConvTranspose3dReLUGroupNorm:
         """The fused block around existing modules: their very parameters (and hooks,
         and optimizer state keyed on them) are kept, not copied."""
         if conv.padding_mode != "zeros":
@@ -66,13 +65,13 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
         block._packed = {}
         return block
 
-    def packed_weight(self) -> Optional[Tensor]:
+    def packed_weight(self) -> Tensor | None:
         """The weight in the tensor-core kernel's layout, re-packed only when the weight
         changed (in place, replaced, moved or cast) since the last call. None on the CPU
         and while compiling (there the permutation is part of the traced graph)."""
         return self._packed_copy("weight", self.conv_transpose.weight, pack_weight)
 
-    def packed_bias(self) -> Optional[Tensor]:
+    def packed_bias(self) -> Tensor | None:
         """The bias repeated per block of stride_d * stride_h * stride_w output pixels
         (``pack_bias``), re-packed only when the bias changed: the epilogue of a kernel ==
         stride layer's GEMM reads it, the op decides which layers those are and ignores it
@@ -82,7 +81,7 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
             return None
         return self._packed_copy("bias", conv.bias, lambda bias: pack_bias(bias, conv.stride))
 
-    def _packed_copy(self, name: str, tensor: Tensor, pack) -> Optional[Tensor]:
+    def _packed_copy(self, name: str, tensor: Tensor, pack) -> Tensor | None:
         """`pack(tensor)`, cached until the tensor changes (in place, replaced, moved or cast)."""
         if not tensor.is_cuda or torch.compiler.is_compiling():
             return None

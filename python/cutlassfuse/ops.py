@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from typing import Optional, Union
 
 import torch
 from torch import Tensor
 from torch._prims_common import suggest_memory_format
 
-IntOrTriple = Union[int, Sequence[int]]
+IntOrTriple = int | Sequence[int]
 
 _OP = "cutlassfuse::conv_transpose3d_relu_group_norm"
 
@@ -35,7 +34,7 @@ def _op_arguments(input, weight, bias, stride, padding, output_padding, groups, 
 def conv_transpose3d_relu_group_norm(
     input: Tensor,
     weight: Tensor,
-    bias: Optional[Tensor] = None,
+    bias: Tensor | None = None,
     stride: IntOrTriple = 1,
     padding: IntOrTriple = 0,
     output_padding: IntOrTriple = 0,
@@ -43,11 +42,11 @@ def conv_transpose3d_relu_group_norm(
     dilation: IntOrTriple = 1,
     *,
     num_groups: int,
-    norm_weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
+    norm_weight: Tensor | None = None,
+    norm_bias: Tensor | None = None,
     eps: float = 1e-5,
-    packed_weight: Optional[Tensor] = None,
-    packed_bias: Optional[Tensor] = None,
+    packed_weight: Tensor | None = None,
+    packed_bias: Tensor | None = None,
 ) -> Tensor:
     """``F.group_norm(F.relu(F.conv_transpose3d(input, weight, bias, stride, padding,
     output_padding, groups, dilation)), num_groups, norm_weight, norm_bias, eps)`` in one op.
@@ -81,7 +80,7 @@ def pack_bias(bias: Tensor, stride: IntOrTriple) -> Tensor:
     return bias.detach().repeat(strides[0] * strides[1] * strides[2])
 
 
-def set_dgrad_config(name: Optional[str]) -> None:
+def set_dgrad_config(name: str | None) -> None:
     """Pins the sm90 kernel's configuration (for benchmarking); None restores the
     heuristic. Names (CTA tile and kernel layer): "128x128_pingpong", "128x64_pingpong"
     (this project's persistent ping-pong kernel, the heuristic's choices),
@@ -130,8 +129,8 @@ def transposed_conv_output_size(input_size: Sequence[int], kernel_size: Sequence
                                 padding: Sequence[int], output_padding: Sequence[int],
                                 dilation: Sequence[int]) -> list[int]:
     """ConvTranspose3d's output (D, H, W), PyTorch's formula."""
-    return [(i - 1) * s - 2 * p + d * (k - 1) + op + 1
-            for i, k, s, p, op, d in zip(input_size, kernel_size, stride, padding, output_padding, dilation)]
+    dims = zip(input_size, kernel_size, stride, padding, output_padding, dilation, strict=True)
+    return [(i - 1) * s - 2 * p + d * (k - 1) + op + 1 for i, k, s, p, op, d in dims]
 
 
 @torch.library.register_fake(_OP)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -15,13 +14,13 @@ from torch import Tensor
 RELATIVE_TOLERANCE = {torch.float16: 5e-3, torch.bfloat16: 2e-2, torch.float32: 1e-5, torch.float64: 1e-12}
 
 
-def _float64(t: Optional[Tensor]) -> Optional[Tensor]:
+def _float64(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.detach().to(torch.float64)
 
 
-def reference_float64(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0,
+def reference_float64(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0,
                       output_padding=0, groups: int = 1, dilation=1, *, num_groups: int,
-                      norm_weight: Optional[Tensor] = None, norm_bias: Optional[Tensor] = None,
+                      norm_weight: Tensor | None = None, norm_bias: Tensor | None = None,
                       eps: float = 1e-5) -> Tensor:
     """GroupNorm(ReLU(ConvTranspose3d)) with PyTorch's ops in float64 on the inputs' device."""
     y = F.conv_transpose3d(_float64(input), _float64(weight), _float64(bias), stride, padding, output_padding,

@@ -60,7 +60,7 @@ def random_case(rng: random.Random, **fixed) -> dict:
         if "num_groups" not in fixed:
             c["num_groups"] = rng.choice([1, cout // 8, cout] + [g for g in (3, 5, 6, 12) if cout % g == 0])
         out = [output_extent(s, c["kernel"], st, c["padding"], op, c["dilation"])
-               for s, st, op in zip(c["size"], c["stride"], c["output_padding"])]
+               for s, st, op in zip(c["size"], c["stride"], c["output_padding"], strict=True)]
         if min(out) >= 1 and c["batch"] * cout * out[0] * out[1] * out[2] <= 40_000_000:
             c["output_size"] = tuple(out)
             return c

@@ -87,7 +87,7 @@ def test_tensors_around_two_to_the_31(batch, edge, conv_groups, path):
 
 def slab_errors(actual, expected, slabs: int = 32) -> Errors:
     squared_diff = squared_reference = max_abs = 0.0
-    for a, e in zip(actual.chunk(slabs, dim=2), expected.chunk(slabs, dim=2)):
+    for a, e in zip(actual.chunk(slabs, dim=2), expected.chunk(slabs, dim=2), strict=True):
         diff = a.double() - e.double()
         squared_diff += diff.square().sum().item()
         squared_reference += e.double().square().sum().item()

@@ -21,7 +21,8 @@ def inputs(dtype, requires_grad=True):
     g = torch.Generator(device="cuda").manual_seed(5)
 
     def t(*shape, scale=1.0, offset=0.0):
-        return (torch.randn(*shape, generator=g, device="cuda") * scale + offset).to(dtype).requires_grad_(requires_grad)
+        values = torch.randn(*shape, generator=g, device="cuda") * scale + offset
+        return values.to(dtype).requires_grad_(requires_grad)
 
     return [t(4, 32, 6, 7, 8), t(32, 64, 3, 3, 3, scale=0.05), t(64, scale=0.1), t(64, scale=0.1, offset=1.0),
             t(64, scale=0.1)]
@@ -41,7 +42,7 @@ def test_gradients_against_float64(dtype):
     grad = torch.randn(4, 64, 6, 7, 8, device="cuda")
     run(ours, dtype).backward(grad.to(dtype))
     run(reference, torch.float64).backward(grad.double())
-    for name, mine, ref in zip(("input", "weight", "bias", "gamma", "beta"), ours, reference):
+    for name, mine, ref in zip(("input", "weight", "bias", "gamma", "beta"), ours, reference, strict=True):
         err = errors(mine.grad, ref.grad)
         assert err.relative <= GRAD_TOLERANCE[dtype], f"{name}: {err}"
 
