@@ -26,19 +26,19 @@ using torch::autograd::variable_list;
 using OptionalTensor = std::optional<at::Tensor>;
 
 at::Tensor call_below_autograd(const at::Tensor& input, const at::Tensor& weight, const OptionalTensor& bias,
-                               const OptionalTensor& norm_weight, const OptionalTensor& norm_bias,
-                               int64_t num_groups, double eps, at::IntArrayRef stride, at::IntArrayRef padding,
+                               const OptionalTensor& norm_weight, const OptionalTensor& norm_bias, int64_t num_groups,
+                               double eps, at::IntArrayRef stride, at::IntArrayRef padding,
                                at::IntArrayRef output_padding, int64_t groups, at::IntArrayRef dilation,
                                const OptionalTensor& packed_weight, const OptionalTensor& packed_bias) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("cutlassfuse::conv_transpose3d_relu_group_norm", "")
-                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const OptionalTensor&,
-                                               const OptionalTensor&, const OptionalTensor&, int64_t, double,
-                                               at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, int64_t,
-                                               at::IntArrayRef, const OptionalTensor&, const OptionalTensor&)>();
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("cutlassfuse::conv_transpose3d_relu_group_norm", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const OptionalTensor&, const OptionalTensor&,
+                            const OptionalTensor&, int64_t, double, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef,
+                            int64_t, at::IntArrayRef, const OptionalTensor&, const OptionalTensor&)>();
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return op.call(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding, output_padding,
-                 groups, dilation, packed_weight, packed_bias);
+  return op.call(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding, output_padding, groups,
+                 dilation, packed_weight, packed_bias);
 }
 
 bool present(const OptionalTensor& t) { return t.has_value() && t->defined(); }
@@ -57,8 +57,8 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
                             at::IntArrayRef padding, at::IntArrayRef output_padding, int64_t groups,
                             at::IntArrayRef dilation, const OptionalTensor& packed_weight,
                             const OptionalTensor& packed_bias) {
-    at::Tensor out = call_below_autograd(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride,
-                                         padding, output_padding, groups, dilation, packed_weight, packed_bias);
+    at::Tensor out = call_below_autograd(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding,
+                                         output_padding, groups, dilation, packed_weight, packed_bias);
     auto or_undefined = [](const OptionalTensor& t) { return present(t) ? *t : at::Tensor(); };
     ctx->save_for_backward({input, weight, or_undefined(bias), or_undefined(norm_weight), or_undefined(norm_bias)});
     ctx->saved_data["num_groups"] = num_groups;
@@ -127,14 +127,13 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
 
 at::Tensor forward_autograd(const at::Tensor& input, const at::Tensor& weight, const OptionalTensor& bias,
                             const OptionalTensor& norm_weight, const OptionalTensor& norm_bias, int64_t num_groups,
-                            double eps, at::IntArrayRef stride, at::IntArrayRef padding,
-                            at::IntArrayRef output_padding, int64_t groups, at::IntArrayRef dilation,
-                            const OptionalTensor& packed_weight, const OptionalTensor& packed_bias) {
-  const bool tracked = at::GradMode::is_enabled() &&
-                       (input.requires_grad() || weight.requires_grad() ||
-                        (present(bias) && bias->requires_grad()) ||
-                        (present(norm_weight) && norm_weight->requires_grad()) ||
-                        (present(norm_bias) && norm_bias->requires_grad()));
+                            double eps, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef output_padding,
+                            int64_t groups, at::IntArrayRef dilation, const OptionalTensor& packed_weight,
+                            const OptionalTensor& packed_bias) {
+  const bool tracked =
+      at::GradMode::is_enabled() &&
+      (input.requires_grad() || weight.requires_grad() || (present(bias) && bias->requires_grad()) ||
+       (present(norm_weight) && norm_weight->requires_grad()) || (present(norm_bias) && norm_bias->requires_grad()));
   if (!tracked) {
     return call_below_autograd(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding,
                                output_padding, groups, dilation, packed_weight, packed_bias);
@@ -145,8 +144,6 @@ at::Tensor forward_autograd(const at::Tensor& input, const at::Tensor& weight, c
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(cutlassfuse, Autograd, m) {
-  m.impl("conv_transpose3d_relu_group_norm", &forward_autograd);
-}
+TORCH_LIBRARY_IMPL(cutlassfuse, Autograd, m) { m.impl("conv_transpose3d_relu_group_norm", &forward_autograd); }
 
 }  // namespace cutlassfuse

@@ -286,8 +286,7 @@ std::string fused_path_unsupported_reason(const OpArgs& a, const Problem& p) {
   if (*element == ElementType::kFloat32 && !g_float32_tensor_cores.load())
     return "float32 on tensor cores is off (cutlassfuse.set_float32_tensor_cores; it lands up to ~7e-4 from "
            "float64 after GroupNorm, strict fp32 within 1e-4)";
-  if (!affine_element_type(a))
-    return "norm_weight/norm_bias are not both float32, float16 or bfloat16 of one dtype";
+  if (!affine_element_type(a)) return "norm_weight/norm_bias are not both float32, float16 or bfloat16 of one dtype";
   if (p.batch == 0) return "empty batch";
   if (const char* why = group_norm_unsupported_reason(group_norm_shape(p)); *why != '\0') return why;
   const FusedPlan plan = describe_launches(p, a.input, *element);
@@ -368,8 +367,8 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   const at::Tensor filter = element == ElementType::kFloat32 ? split_filter(filter_of(a)) : filter_of(a);
   std::optional<at::Tensor> bias, gamma, beta;
   plan.sources.bias = data_or_null(a.bias, bias);
-  const void* epilogue_bias = plan.blocks() > 1 && present(a.packed_bias) ? a.packed_bias->data_ptr()
-                                                                          : plan.sources.bias;
+  const void* epilogue_bias =
+      plan.blocks() > 1 && present(a.packed_bias) ? a.packed_bias->data_ptr() : plan.sources.bias;
   if (block_bias) {
     epilogue_bias = workspace.at(*block_bias_region);
     repeat_row(plan.sources.bias, p.out_channels * element_bytes, plan.blocks(), workspace.at(*block_bias_region),

@@ -23,7 +23,8 @@ const char* const kFallbackDescription =
 std::string fallback_unsupported_reason(const OpArgs& a, const Problem& p) {
   const cudaDeviceProp* props = at::cuda::getDeviceProperties(a.input.device().index());
   if (props->major < 8)
-    return "GPU is sm_" + std::to_string(props->major * 10 + props->minor) + ", cutlassfuse's kernels need sm_80 or newer";
+    return "GPU is sm_" + std::to_string(props->major * 10 + props->minor) +
+           ", cutlassfuse's kernels need sm_80 or newer";
   if (!at::detail::getCUDAHooks().compiledWithCuDNN() || !at::globalContext().userEnabledCuDNN())
     return "cuDNN is unavailable or disabled";
   if (!element_type(a.input.scalar_type())) return "dtype is not float16, bfloat16 or float32";

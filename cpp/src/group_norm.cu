@@ -118,9 +118,9 @@ struct GroupSlots {
 // mean, rstd, gamma and beta into the normalize pass's one multiply-add per element,
 // out = x * scale[n, c] + shift[n, c], for the group's channels.
 __global__ void __launch_bounds__(kThreads)
-group_norm_finalize_kernel(const WelfordPartial* __restrict__ partials, const __grid_constant__ StatisticsSources
-                           sources, ElementType element, int channels, int num_groups, GroupNormAffine affine,
-                           float eps, float2* __restrict__ scale_shift) {
+group_norm_finalize_kernel(const WelfordPartial* __restrict__ partials,
+                           const __grid_constant__ StatisticsSources sources, ElementType element, int channels,
+                           int num_groups, GroupNormAffine affine, float eps, float2* __restrict__ scale_shift) {
   constexpr int kLoadsInFlight = 4;
   static_assert(kMaxPartialsRegions <= kThreads);
   __shared__ WelfordPartial warp_results[kWarps];
@@ -206,8 +206,8 @@ struct ShuffleIndex {
     const uint32_t dh = out_w.quotient(p), ow = out_w.remainder(p, dh);
     const uint32_t od = out_h.quotient(dh), oh = out_h.remainder(dh, od);
     const uint32_t id = block_d.quotient(od), ih = block_h.quotient(oh), iw = block_w.quotient(ow);
-    const uint32_t position =
-        (block_d.remainder(od, id) * block_h_size + block_h.remainder(oh, ih)) * block_w_size + block_w.remainder(ow, iw);
+    const uint32_t position = (block_d.remainder(od, id) * block_h_size + block_h.remainder(oh, ih)) * block_w_size +
+                              block_w.remainder(ow, iw);
     return (int64_t{(id * in_h + ih)} * in_w + iw) * block_volume + position;
   }
 };
@@ -306,8 +306,7 @@ group_norm_apply_kernel(const T* activation, const __grid_constant__ ShuffleInde
   for (int64_t row_begin = first_row; row_begin < min(spatial, first_row + kTile * kTiles); row_begin += kTile) {
     const int rows = static_cast<int>(min(spatial - row_begin, int64_t{kTile}));
     if constexpr (kChannelsLast) {
-      normalize_rows_channels_last<T, kShuffled>(sample_in, sample_out, row_begin, rows, channels, order, scale,
-                                                 shift);
+      normalize_rows_channels_last<T, kShuffled>(sample_in, sample_out, row_begin, rows, channels, order, scale, shift);
     } else {
       normalize_rows_ncdhw<T, kShuffled>(sample_in, sample_out, row_begin, rows, channels, spatial, order, scale,
                                          shift);
@@ -320,9 +319,9 @@ void launch_apply(const T* in, const PixelShuffle& order, const float2* scale_sh
                   T* out, cudaStream_t stream) {
   const int64_t rows_per_block = int64_t{kTile} * (kChannelsLast ? kTilesPerBlock : 1);
   const dim3 grid(static_cast<unsigned>(ceil_div(shape.spatial, rows_per_block)), static_cast<unsigned>(shape.batch));
-  group_norm_apply_kernel<T, kChannelsLast, kShuffled><<<grid, kThreads, 0, stream>>>(
-      in, kShuffled ? ShuffleIndex(order) : ShuffleIndex(), scale_shift, shape.spatial,
-      static_cast<int>(shape.channels), out);
+  group_norm_apply_kernel<T, kChannelsLast, kShuffled>
+      <<<grid, kThreads, 0, stream>>>(in, kShuffled ? ShuffleIndex(order) : ShuffleIndex(), scale_shift, shape.spatial,
+                                      static_cast<int>(shape.channels), out);
   check_launch("group_norm_apply_kernel");
 }
 
@@ -379,15 +378,13 @@ void group_norm_finalize(ElementType element, const WelfordPartial* partials, co
   check_launch("group_norm_finalize_kernel");
 }
 
-void group_norm_apply(ElementType element, const void* activation, const PixelShuffle& order,
-                      const void* scale_shift, const GroupNormShape& shape, bool channels_last_output, void* output,
-                      cudaStream_t stream) {
+void group_norm_apply(ElementType element, const void* activation, const PixelShuffle& order, const void* scale_shift,
+                      const GroupNormShape& shape, bool channels_last_output, void* output, cudaStream_t stream) {
   switch (element) {
     case ElementType::kFloat16:
       return launch_apply<__half>(activation, order, scale_shift, shape, channels_last_output, output, stream);
     case ElementType::kBFloat16:
-      return launch_apply<__nv_bfloat16>(activation, order, scale_shift, shape, channels_last_output, output,
-                                         stream);
+      return launch_apply<__nv_bfloat16>(activation, order, scale_shift, shape, channels_last_output, output, stream);
     case ElementType::kFloat32:
       return launch_apply<float>(activation, order, scale_shift, shape, channels_last_output, output, stream);
   }

@@ -102,8 +102,7 @@ relu_group_norm_stats_kernel(Activation<T> a, int64_t total_rows, int channels_p
     const int64_t r1 = std::min(sample_row + a.spatial, row_begin + rows);
     const int c0 = std::max((first_group + local_group) * channels_per_group, col_begin);
     const int c1 = std::min((first_group + local_group + 1) * channels_per_group, col_begin + cols);
-    const WelfordPartial moments =
-        warp_moments(a, Rectangle{sample, r0, static_cast<int>(r1 - r0), c0, c1 - c0}, lane);
+    const WelfordPartial moments = warp_moments(a, Rectangle{sample, r0, static_cast<int>(r1 - r0), c0, c1 - c0}, lane);
     if (lane == 0) {
       partials[((tile_m * tiles.max_segments + segment) * tiles.tiles_n + tile_n) * tiles.max_local_groups +
                local_group] = moments;

@@ -129,7 +129,8 @@ dim3 tile_grid(int64_t batch, int64_t channels, int64_t spatial) {
 }
 
 void check_shape(const char* what, int64_t batch, int64_t channels) {
-  if (channels % kVector != 0) throw std::invalid_argument(std::string("cutlassfuse: ") + what + " needs channels % 8 == 0");
+  if (channels % kVector != 0)
+    throw std::invalid_argument(std::string("cutlassfuse: ") + what + " needs channels % 8 == 0");
   if (batch > 65535) throw std::invalid_argument(std::string("cutlassfuse: ") + what + " takes at most 65535 samples");
 }
 
@@ -149,8 +150,8 @@ void launch(const void* src, void* dst, int64_t batch, int64_t channels, int64_t
 
 }  // namespace
 
-void ncdhw_to_ndhwc(ElementType element, const void* src, void* dst, int64_t batch, int64_t channels,
-                    int64_t spatial, cudaStream_t stream) {
+void ncdhw_to_ndhwc(ElementType element, const void* src, void* dst, int64_t batch, int64_t channels, int64_t spatial,
+                    cudaStream_t stream) {
   check_shape("ncdhw_to_ndhwc", batch, channels);
   switch (element) {
     case ElementType::kFloat16: return launch<__half>(src, dst, batch, channels, spatial, stream);
@@ -168,7 +169,7 @@ void repeat_row(const void* row, int64_t row_bytes, int64_t copies, void* dst, c
 }
 
 void split_float32_ndhwc(const void* src, bool channels_last_source, void* dst, int64_t batch, int64_t channels,
-                           int64_t spatial, cudaStream_t stream) {
+                         int64_t spatial, cudaStream_t stream) {
   check_shape("split_float32_ndhwc", batch, channels);
   const auto* in = static_cast<const float*>(src);
   auto* out = static_cast<__nv_bfloat16*>(dst);

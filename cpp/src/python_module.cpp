@@ -4,7 +4,6 @@
 
 extern "C" PyMODINIT_FUNC PyInit__C(void) {
   static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C",
-                               "cutlassfuse's compiled operators, registered as torch.ops.cutlassfuse.*", -1,
-                               nullptr};
+                               "cutlassfuse's compiled operators, registered as torch.ops.cutlassfuse.*", -1, nullptr};
   return PyModule_Create(&module);
 }

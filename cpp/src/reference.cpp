@@ -8,8 +8,8 @@
 namespace cutlassfuse {
 
 at::Tensor reference_forward(const OpArgs& a) {
-  at::Tensor y = at::conv_transpose3d(a.input, a.weight, a.bias, a.stride, a.padding, a.output_padding, a.groups,
-                                      a.dilation);
+  at::Tensor y =
+      at::conv_transpose3d(a.input, a.weight, a.bias, a.stride, a.padding, a.output_padding, a.groups, a.dilation);
   y.relu_();
   y = at::group_norm(y, a.num_groups, a.norm_weight, a.norm_bias, a.eps);
   // ATen's kernels already follow this rule; stating it keeps the op's contract

@@ -126,9 +126,10 @@ TORCH_LIBRARY(cutlassfuse, m) {
   m.def((std::string("conv_transpose3d_relu_group_norm") + kArguments + " -> Tensor").c_str());
   // Which implementation a call with these arguments takes, and why.
   m.def((std::string("explain") + kArguments + " -> str").c_str());
-  m.def("subpixel_plan(int[3] input_size, int[3] kernel_size, int[3] stride, int[3] padding, int[3] output_padding, "
-        "int[3] dilation, int in_channels, int out_channels) -> int[]",
-        &subpixel_plan);
+  m.def(
+      "subpixel_plan(int[3] input_size, int[3] kernel_size, int[3] stride, int[3] padding, int[3] output_padding, "
+      "int[3] dilation, int in_channels, int out_channels) -> int[]",
+      &subpixel_plan);
 #if CUTLASSFUSE_WITH_CUDA
   m.def("set_dgrad_config(str name) -> ()", [](c10::string_view name) { set_dgrad_config(name); });
   // Turns the fused sm90 path off or on, so CUDA calls take the fallback (benchmarks).

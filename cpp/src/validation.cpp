@@ -14,13 +14,13 @@ Extent3 to_extent3(at::IntArrayRef values, const char* name) {
   return {values[0], values[1], values[2]};
 }
 
-void check_optional_vector(const std::optional<at::Tensor>& t, const char* name, int64_t size,
-                           const at::Tensor& input, bool same_dtype) {
+void check_optional_vector(const std::optional<at::Tensor>& t, const char* name, int64_t size, const at::Tensor& input,
+                           bool same_dtype) {
   if (!t.has_value() || !t->defined()) return;
-  TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == size, "cutlassfuse: ", name, " must have shape (", size,
-                    ",), got ", t->sizes());
-  TORCH_CHECK_VALUE(t->device() == input.device(), "cutlassfuse: ", name, " is on ", t->device(),
-                    " but input is on ", input.device());
+  TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == size, "cutlassfuse: ", name, " must have shape (", size, ",), got ",
+                    t->sizes());
+  TORCH_CHECK_VALUE(t->device() == input.device(), "cutlassfuse: ", name, " is on ", t->device(), " but input is on ",
+                    input.device());
   TORCH_CHECK_TYPE(at::isFloatingType(t->scalar_type()), "cutlassfuse: ", name,
                    " must be a floating-point tensor, got ", t->scalar_type());
   TORCH_CHECK_TYPE(!same_dtype || t->scalar_type() == input.scalar_type(), "cutlassfuse: ", name,
@@ -56,10 +56,11 @@ Problem validate_and_describe(const OpArgs& a) {
     TORCH_CHECK_VALUE(p.stride[i] > 0, "cutlassfuse: stride must be positive, got ", a.stride);
     TORCH_CHECK_VALUE(p.dilation[i] > 0, "cutlassfuse: dilation must be positive, got ", a.dilation);
     TORCH_CHECK_VALUE(p.padding[i] >= 0, "cutlassfuse: padding must be non-negative, got ", a.padding);
-    TORCH_CHECK_VALUE(p.output_padding[i] >= 0 &&
-                          (p.output_padding[i] < p.stride[i] || p.output_padding[i] < p.dilation[i]),
-                      "cutlassfuse: output_padding must be smaller than either stride or dilation, got "
-                      "output_padding=", a.output_padding, ", stride=", a.stride, ", dilation=", a.dilation);
+    TORCH_CHECK_VALUE(
+        p.output_padding[i] >= 0 && (p.output_padding[i] < p.stride[i] || p.output_padding[i] < p.dilation[i]),
+        "cutlassfuse: output_padding must be smaller than either stride or dilation, got "
+        "output_padding=",
+        a.output_padding, ", stride=", a.stride, ", dilation=", a.dilation);
   }
 
   p.batch = input.size(0);
@@ -80,8 +81,8 @@ Problem validate_and_describe(const OpArgs& a) {
                       " (input ", input.sizes(), ", kernel ", weight.sizes(), ", padding ", a.padding, ")");
   }
   TORCH_CHECK_VALUE(p.out_channels > 0, "cutlassfuse: weight gives zero output channels");
-  TORCH_CHECK_VALUE(a.num_groups > 0 && p.out_channels % a.num_groups == 0, "cutlassfuse: num_groups (",
-                    a.num_groups, ") must be positive and divide the output channels (", p.out_channels, ")");
+  TORCH_CHECK_VALUE(a.num_groups > 0 && p.out_channels % a.num_groups == 0, "cutlassfuse: num_groups (", a.num_groups,
+                    ") must be positive and divide the output channels (", p.out_channels, ")");
   TORCH_CHECK_VALUE(a.eps >= 0, "cutlassfuse: eps must be non-negative, got ", a.eps);
 
   check_optional_vector(a.bias, "bias", p.out_channels, input, /*same_dtype=*/true);

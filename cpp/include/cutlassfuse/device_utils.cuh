@@ -19,10 +19,18 @@ constexpr int kVector = 8;
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <class T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+template <class T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
@@ -39,9 +47,7 @@ class FastDivisor {
   __device__ __forceinline__ uint32_t quotient(uint32_t n) const {
     return static_cast<uint32_t>((uint64_t{__umulhi(n, multiplier_)} + n) >> shift_);
   }
-  __device__ __forceinline__ uint32_t remainder(uint32_t n, uint32_t quotient) const {
-    return n - quotient * divisor_;
-  }
+  __device__ __forceinline__ uint32_t remainder(uint32_t n, uint32_t quotient) const { return n - quotient * divisor_; }
 
  private:
   uint32_t divisor_ = 1;

@@ -34,8 +34,8 @@ struct TileConfig {
   static constexpr bool kPingpong = KernelSchedule == Schedule::kPingpong;
   // Epilogue subtile: CUTLASS's choice (64x32) for its own kernel; 64x64 for the
   // ping-pong kernel, half the subtiles (each a barrier and a TMA store) per tile.
-  using EpilogueTile = std::conditional_t<kPingpong, cute::Shape<cute::_64, cute::_64>,
-                                          cutlass::epilogue::collective::EpilogueTileAuto>;
+  using EpilogueTile =
+      std::conditional_t<kPingpong, cute::Shape<cute::_64, cute::_64>, cutlass::epilogue::collective::EpilogueTileAuto>;
 };
 
 template <class Element, class TileShape>
@@ -75,9 +75,8 @@ struct DgradFusedKernel {
 
   template <class Callbacks>
   using EpilogueWith = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      typename Config::EpilogueTile, Accumulator, Accumulator,
-      void, Layout, kAlignmentOut, ElementOut, Layout, kAlignmentOut,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape, typename Config::EpilogueTile,
+      Accumulator, Accumulator, void, Layout, kAlignmentOut, ElementOut, Layout, kAlignmentOut,
       cutlass::epilogue::TmaWarpSpecialized, Callbacks>::CollectiveOp;
   using Epilogue = EpilogueWith<typename Trees::Tree>;
 
@@ -90,8 +89,8 @@ struct DgradFusedKernel {
                         : static_cast<int>(sizeof(typename EpilogueWith<typename Trees::BiasRelu>::SharedStorage));
 
   using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kDgrad,
-      ElementIn, Layout, kAlignmentIn, ElementIn, Layout, kAlignmentIn, Accumulator, TileShape, ClusterShape,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kDgrad, ElementIn, Layout,
+      kAlignmentIn, ElementIn, Layout, kAlignmentIn, Accumulator, TileShape, ClusterShape,
       cutlass::conv::collective::StageCountAutoCarveout<kCarveout>,
       cutlass::conv::collective::KernelScheduleAuto>::CollectiveOp;
 

@@ -32,15 +32,14 @@ inline DgradShape make_problem_shape(const Problem& p, const PhaseProblem& phase
   auto triple = [&](const Extent3& e) { return DgradShape::SpatialExtent{i32(e[0]), i32(e[1]), i32(e[2])}; };
   const Extent3& out = phase.output.extent;
   const Extent3& taps = phase.filter.extent;
-  return DgradShape(cutlass::conv::Mode::kCrossCorrelation,
-                    DgradShape::TensorExtent{i32(p.batch), i32(out[0]), i32(out[1]), i32(out[2]),
-                                             i32(p.out_channels)},
-                    strides(phase.output),
-                    DgradShape::TensorExtent{i32(p.in_channels), i32(taps[0]), i32(taps[1]), i32(taps[2]),
-                                             i32(p.out_channels)},
-                    strides(phase.filter), strides(phase.input), triple(phase.lower_padding),
-                    triple(phase.upper_padding), DgradShape::SpatialExtent{1, 1, 1}, triple(phase.dilation),
-                    /*groups=*/1);
+  return DgradShape(
+      cutlass::conv::Mode::kCrossCorrelation,
+      DgradShape::TensorExtent{i32(p.batch), i32(out[0]), i32(out[1]), i32(out[2]), i32(p.out_channels)},
+      strides(phase.output),
+      DgradShape::TensorExtent{i32(p.in_channels), i32(taps[0]), i32(taps[1]), i32(taps[2]), i32(p.out_channels)},
+      strides(phase.filter), strides(phase.input), triple(phase.lower_padding), triple(phase.upper_padding),
+      DgradShape::SpatialExtent{1, 1, 1}, triple(phase.dilation),
+      /*groups=*/1);
 }
 
 // The output's M mode is hierarchical ((W, H, D, N), C): make_cute_packed_stride has no
@@ -48,9 +47,8 @@ inline DgradShape make_problem_shape(const Problem& p, const PhaseProblem& phase
 template <class StrideD>
 StrideD output_stride(const DgradShape& shape) {
   StrideD stride_d{};
-  cute::for_each(cute::make_seq<cute::rank<0>(StrideD{})>{}, [&](auto i) {
-    cute::get<0, i>(stride_d) = shape.stride_C[DgradShape::RankT - 2 - i];
-  });
+  cute::for_each(cute::make_seq<cute::rank<0>(StrideD{})>{},
+                 [&](auto i) { cute::get<0, i>(stride_d) = shape.stride_C[DgradShape::RankT - 2 - i]; });
   return stride_d;
 }
 
@@ -77,8 +75,9 @@ typename Fused::Epilogue::FusionCallbacks::Arguments tree_arguments(const GroupN
   constexpr int kTileM = cute::size<0>(typename Fused::TileShape{});
   constexpr int kTileN = cute::size<1>(typename Fused::TileShape{});
   const TilePartials tiles = TilePartials::for_tiles(gn, kTileM, kTileN);
-  const GroupNormStatsArguments stats{ops.partials, gn.spatial, static_cast<int>(gn.channels / gn.num_groups),
-                                      tiles.max_segments, tiles.max_local_groups, tiles.tiles_n};
+  const GroupNormStatsArguments stats{
+      ops.partials,           gn.spatial,   static_cast<int>(gn.channels / gn.num_groups), tiles.max_segments,
+      tiles.max_local_groups, tiles.tiles_n};
   const typename Fused::Trees::Bias::Arguments bias{static_cast<const ElementOut*>(ops.bias), ElementOut(0), {}};
   return {{{{}, bias, {}}, {}}, stats};
 }
@@ -111,8 +110,7 @@ inline std::string shape_rules_violation(const Problem& p) {
 // the view's, and their can_implement (TMA im2col limits on padding, dilation, filter
 // extent) agrees.
 template <class Mainloop, class Epilogue>
-std::string phase_rejection(const PhaseProblem& phase,
-                            const PhaseArguments<DgradShape, Mainloop, Epilogue>& args) {
+std::string phase_rejection(const PhaseProblem& phase, const PhaseArguments<DgradShape, Mainloop, Epilogue>& args) {
   for (int i = 0; i < 3; ++i) {
     if (args.shape.shape_A[i + 1] != phase.input.extent[i]) return "input extent does not match the dgrad problem";
   }
@@ -264,18 +262,18 @@ decltype(auto) with_kernel(DgradConfig config, F&& f) {
 
 // Defines the family's two entry points for one element type of the op (ELEMENT_TYPE),
 // run with CUTLASS_IN operands and a CUTLASS_OUT activation.
-#define CUTLASSFUSE_DEFINE_DGRAD_FAMILY(ELEMENT_TYPE, CUTLASS_IN, CUTLASS_OUT)                                 \
-  namespace cutlassfuse::sm90 {                                                                                 \
-  template <>                                                                                                   \
-  std::string dgrad_unsupported_reason<ELEMENT_TYPE>(DgradConfig config, const Problem& problem,                \
-                                                     const PhaseProblem& phase) {                               \
-    return with_kernel<CUTLASS_IN, CUTLASS_OUT>(                                                                \
-        config, [&](auto fused) { return unsupported_reason<decltype(fused)>(problem, phase); });               \
-  }                                                                                                             \
-  template <>                                                                                                   \
-  void dgrad_fused<ELEMENT_TYPE>(DgradConfig config, const Problem& problem,                                   \
-                                 std::span<const PhaseLaunch> phases, int sm_count, cudaStream_t stream) {     \
-    with_kernel<CUTLASS_IN, CUTLASS_OUT>(                                                                       \
-        config, [&](auto fused) { run<decltype(fused)>(problem, phases, sm_count, stream); });                  \
-  }                                                                                                             \
+#define CUTLASSFUSE_DEFINE_DGRAD_FAMILY(ELEMENT_TYPE, CUTLASS_IN, CUTLASS_OUT)                                    \
+  namespace cutlassfuse::sm90 {                                                                                   \
+  template <>                                                                                                     \
+  std::string dgrad_unsupported_reason<ELEMENT_TYPE>(DgradConfig config, const Problem& problem,                  \
+                                                     const PhaseProblem& phase) {                                 \
+    return with_kernel<CUTLASS_IN, CUTLASS_OUT>(                                                                  \
+        config, [&](auto fused) { return unsupported_reason<decltype(fused)>(problem, phase); });                 \
+  }                                                                                                               \
+  template <>                                                                                                     \
+  void dgrad_fused<ELEMENT_TYPE>(DgradConfig config, const Problem& problem, std::span<const PhaseLaunch> phases, \
+                                 int sm_count, cudaStream_t stream) {                                             \
+    with_kernel<CUTLASS_IN, CUTLASS_OUT>(                                                                         \
+        config, [&](auto fused) { run<decltype(fused)>(problem, phases, sm_count, stream); });                    \
+  }                                                                                                               \
   }

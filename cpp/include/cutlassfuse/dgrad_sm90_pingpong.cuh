@@ -188,10 +188,10 @@ class PingpongPhasesKernel {
     params.tiles.phases = count;
     for (int p = 0; p < count; ++p) {
       const ProblemShape& shape = phases[p].shape;
-      params.phase[p] = {Extents::template mainloop<CollectiveMainloop>(shape),
-                         CollectiveMainloop::to_underlying_arguments(shape, phases[p].mainloop, nullptr),
-                         CollectiveEpilogue::to_underlying_arguments(Extents::epilogue(shape), phases[p].epilogue,
-                                                                     nullptr)};
+      params.phase[p] = {
+          Extents::template mainloop<CollectiveMainloop>(shape),
+          CollectiveMainloop::to_underlying_arguments(shape, phases[p].mainloop, nullptr),
+          CollectiveEpilogue::to_underlying_arguments(Extents::epilogue(shape), phases[p].epilogue, nullptr)};
       const auto [tiles_m, tiles_n, k_tiles, batch] = tile_counts(shape);
       params.tiles.tiles_n[p] = tiles_n;
       params.tiles.tiles_mn[p] = tiles_m * tiles_n;
@@ -239,7 +239,7 @@ class PingpongPhasesKernel {
     if (warp_group > 0) mainloop_params.role = MainloopPipeline::ThreadCategory::Consumer;
     mainloop_params.is_leader = group_thread == 0;
     mainloop_params.num_consumers = cutlass::NumThreadsPerWarpGroup;  // one consumer warpgroup per stage
-    mainloop_params.num_producers = 1;  // one elected thread issues a stage's TMA loads
+    mainloop_params.num_producers = 1;                                // one elected thread issues a stage's TMA loads
     mainloop_params.transaction_bytes = params.phase[0].mainloop.tma_transaction_bytes;  // the same for every phase
     MainloopPipeline mainloop_pipeline(storage.pipelines.mainloop, mainloop_params, Shape<_1, _1, _1>{});
 
@@ -338,8 +338,7 @@ class PingpongPhasesKernel {
       CollectiveEpilogue epilogue(phase.epilogue, storage.tensors.epilogue);
       auto [load_next, store_next] = epilogue.store(
           epi_load_pipeline, epi_load_state, epi_store_pipeline, epi_store_state, phase.mnkl, TileShape{},
-          make_coord(work.m, work.n, _, work.l), accumulators, tiled_mma, group_thread,
-          storage.tensors.epilogue);
+          make_coord(work.m, work.n, _, work.l), accumulators, tiled_mma, group_thread, storage.tensors.epilogue);
       // The TMA stores must have read the staging buffers before the other consumer's
       // epilogue reuses them.
       auto [load_after, store_after] =
@@ -366,7 +365,6 @@ class PingpongPhasesKernel {
     if (e == cudaSuccess) allowed_devices.fetch_or(bit, std::memory_order_relaxed);
     return e;
   }
-
 };
 
 }  // namespace cutlassfuse::sm90

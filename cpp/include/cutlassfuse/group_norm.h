@@ -106,8 +106,7 @@ void group_norm_finalize(ElementType element, const WelfordPartial* partials, co
 
 // The fused path's normalize: activation in `order` (NDHWC or space-to-depth),
 // group_norm_unsupported_reason() empty. In place only for NDHWC to channels-last.
-void group_norm_apply(ElementType element, const void* activation, const PixelShuffle& order,
-                      const void* scale_shift, const GroupNormShape& shape, bool channels_last_output, void* output,
-                      cudaStream_t stream);
+void group_norm_apply(ElementType element, const void* activation, const PixelShuffle& order, const void* scale_shift,
+                      const GroupNormShape& shape, bool channels_last_output, void* output, cudaStream_t stream);
 
 }  // namespace cutlassfuse

@@ -172,8 +172,8 @@ struct Sm90GroupNormStats {
           for (int u = 0; u < kUnroll; ++u) {
             valid[u] = row < r.row_end;
             if (valid[u]) {
-              v[u] = *reinterpret_cast<cutlass::Array<Element, kVector> const*>(
-                  smem + row * kPitch + r.col_begin + unit * kVector);
+              v[u] = *reinterpret_cast<cutlass::Array<Element, kVector> const*>(smem + row * kPitch + r.col_begin +
+                                                                                unit * kVector);
             }
             advance();
           }
@@ -264,7 +264,8 @@ struct Sm90GroupNormStats {
 
     CUTLASS_DEVICE int64_t slot(int segment, int local_group) const {
       return ((int64_t{tile_m_index} * params.max_segments + segment) * params.tiles_n + tile_n_index) *
-                 params.max_local_groups + local_group;
+                 params.max_local_groups +
+             local_group;
     }
 
     CUTLASS_DEVICE void write_partials() const {
@@ -297,8 +298,7 @@ struct Sm90GroupNormStats {
   };
 
   template <bool ReferenceSrc, class... Args>
-  CUTLASS_DEVICE auto get_consumer_store_callbacks(
-      cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
     using namespace cute;
     // Tile-local coordinates of this thread's fragment elements, in the order visit()
     // receives them.
@@ -318,8 +318,8 @@ struct Sm90GroupNormStats {
     const int col_begin = tile_n_index * kTileN;
     const int rows = static_cast<int>(cute::min(int64_t(M) - int64_t{m_index} * kTileM, int64_t{kTileM}));
     const int cols = cute::min(int(N) - col_begin, int{kTileN});
-    return ConsumerStoreCallbacks<decltype(tile_coords)>(tile_coords, smem_, params_, row_begin, col_begin, rows,
-                                                          cols, tile_m_index, tile_n_index, args.thread_idx);
+    return ConsumerStoreCallbacks<decltype(tile_coords)>(tile_coords, smem_, params_, row_begin, col_begin, rows, cols,
+                                                         tile_m_index, tile_n_index, args.thread_idx);
   }
 
  private:

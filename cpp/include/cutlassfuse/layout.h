@@ -14,8 +14,8 @@ namespace cutlassfuse {
 
 // src: [batch, channels, spatial] packed; dst: [batch, spatial, channels] packed.
 // channels must be a multiple of 8 (16-byte stores).
-void ncdhw_to_ndhwc(ElementType element, const void* src, void* dst, int64_t batch, int64_t channels,
-                    int64_t spatial, cudaStream_t stream);
+void ncdhw_to_ndhwc(ElementType element, const void* src, void* dst, int64_t batch, int64_t channels, int64_t spatial,
+                    cudaStream_t stream);
 
 // The float32 path's left operand in one pass: src float32, [batch, channels, spatial]
 // (NCDHW) or [batch, spatial, channels] (channels_last_source); dst bfloat16

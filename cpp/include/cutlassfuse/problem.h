@@ -38,9 +38,8 @@ struct Problem {
 };
 
 // ConvTranspose3d's output extent along one dimension (PyTorch's formula).
-constexpr int64_t transposed_conv_output_extent(int64_t input, int64_t kernel, int64_t stride,
-                                                int64_t padding, int64_t output_padding,
-                                                int64_t dilation) {
+constexpr int64_t transposed_conv_output_extent(int64_t input, int64_t kernel, int64_t stride, int64_t padding,
+                                                int64_t output_padding, int64_t dilation) {
   return (input - 1) * stride - 2 * padding + dilation * (kernel - 1) + output_padding + 1;
 }
 

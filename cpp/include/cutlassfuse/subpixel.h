@@ -25,13 +25,13 @@ namespace cutlassfuse {
 
 // One phase along one dimension, already trimmed to the outputs some input reaches.
 struct PhaseExtent {
-  int64_t first_output;   // o0: the phase's first output index; its outputs are o0 + stride * k
-  int64_t count;          // outputs k = 0 .. count - 1
-  int64_t tap_begin;      // kernel taps tap_begin + tap_step * j, j = 0 .. tap_count - 1
+  int64_t first_output;  // o0: the phase's first output index; its outputs are o0 + stride * k
+  int64_t count;         // outputs k = 0 .. count - 1
+  int64_t tap_begin;     // kernel taps tap_begin + tap_step * j, j = 0 .. tap_count - 1
   int64_t tap_step;
   int64_t tap_count;
-  int64_t dilation;       // of the sub-kernel, in input positions
-  int64_t input_begin;    // the phase reads input positions input_begin .. + input_count - 1
+  int64_t dilation;     // of the sub-kernel, in input positions
+  int64_t input_begin;  // the phase reads input positions input_begin .. + input_count - 1
   int64_t input_count;
   int64_t lower_padding;  // output k reads cropped input k + lower_padding - dilation * j
   int64_t upper_padding;  // input_count = count + lower + upper - dilation * (tap_count - 1)
