@@ -1,9 +1,13 @@
 """ConvTranspose3dReLUGroupNorm as a drop-in for KernelBench level2/61's Model."""
 
+import gc
+
 import pytest
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from cutlassfuse import ConvTranspose3dReLUGroupNorm
+from cutlassfuse.modules import PackedCopy
 from cutlassfuse.testing import KernelBenchModel
 
 
@@ -66,3 +70,57 @@ def test_dtype_and_device_arguments():
     fused = ConvTranspose3dReLUGroupNorm(8, 16, 3, 4, dtype=torch.float64)
     assert all(p.dtype == torch.float64 for p in fused.parameters())
     assert fused(torch.rand(1, 8, 3, 3, 3, dtype=torch.float64)).dtype == torch.float64
+
+
+# The packed weight/bias cache (PackedCopy), exercised on CPU tensors: the module uses it
+# for CUDA parameters only, with the same logic.
+def counting_pack():
+    calls = []
+
+    def pack(source):
+        calls.append(source.clone())
+        return source.detach().clone()
+
+    return pack, calls
+
+
+def test_packed_copy_repacks_exactly_when_the_source_changes():
+    weight = torch.nn.Parameter(torch.randn(4, 6))
+    cache, (pack, calls) = PackedCopy(), counting_pack()
+    first = cache.get(weight, pack)
+    assert cache.get(weight, pack) is first and len(calls) == 1
+    with torch.no_grad():
+        weight.mul_(2)  # in place: same storage, new version
+    assert torch.equal(cache.get(weight, pack), weight) and len(calls) == 2
+    weight.data = torch.randn(4, 6)  # replaced storage
+    assert torch.equal(cache.get(weight, pack), weight) and len(calls) == 3
+    weight.data = weight.data.as_strided((4, 6), (1, 4))  # same storage and address, other strides
+    cache.get(weight, pack)
+    assert len(calls) == 4
+    cache.get(weight.detach().double(), pack)  # cast
+    assert len(calls) == 5
+
+
+def test_packed_copy_keeps_its_source_storage_alive():
+    """No other tensor can take a cached source's address (and so its key) while the copy is kept."""
+    cache, (pack, _) = PackedCopy(), counting_pack()
+    source = torch.randn(64, 64)
+    alive = StorageWeakRef(source.untyped_storage())
+    cache.get(source, pack)
+    del source
+    gc.collect()
+    assert not alive.expired()
+    cache.get(torch.randn(3), pack)  # the next source replaces the entry
+    gc.collect()
+    assert alive.expired()
+
+
+def test_module_drops_packed_copies_when_moved_or_cast():
+    fused = ConvTranspose3dReLUGroupNorm(8, 16, 3, 4, bias=True)
+    pack, calls = counting_pack()
+    fused._packed.setdefault("weight", PackedCopy()).get(fused.conv_transpose.weight, pack)
+    fused.double()
+    assert fused._packed == {}
+    fused._packed.setdefault("weight", PackedCopy()).get(fused.conv_transpose.weight, pack)
+    fused.clear_packed_cache()
+    assert fused._packed == {}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor, nn
 from torch.nn.common_types import _size_3_t
@@ -10,6 +9,28 @@ from torch.nn.common_types import _size_3_t
 from .ops import pack_bias, pack_weight
 
 _OP = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm.default
+
+
+class PackedCopy:
+    """``pack(source)``, kept until the source changes: written in place (its version
+    counter), replaced, moved or cast (its address, dtype and strides).
+
+    The entry holds the source's storage, so that no other tensor can take its address
+    while the copy is kept: the CUDA caching allocator hands a freed block straight back
+    to the next request of its size, so after ``.half().float()`` the new weight would
+    otherwise sit where the old one was, with the same version. Writes through ``.data``
+    (``p.data.copy_(...)``) bypass the version counter, as they bypass autograd: call
+    ``clear_packed_cache()`` on the module after them.
+    """
+
+    def __init__(self) -> None:
+        self._entry: tuple | None = None
+
+    def get(self, source: Tensor, pack) -> Tensor:
+        key = (source.data_ptr(), source._version, source.dtype, source.device, source.shape, source.stride())
+        if self._entry is None or self._entry[0] != key:
+            self._entry = (key, source.untyped_storage(), pack(source))
+        return self._entry[2]
 
 
 class ConvTranspose3dReLUGroupNorm(nn.Module):
@@ -47,7 +68,7 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
             in_channels, out_channels, kernel_size, stride=stride, padding=padding,
             output_padding=output_padding, groups=conv_groups, bias=bias, dilation=dilation, **factory)
         self.group_norm = nn.GroupNorm(groups, out_channels, eps=eps, affine=affine, **factory)
-        self._packed: dict[str, tuple] = {}
+        self._packed: dict[str, PackedCopy] = {}
 
     @classmethod
     def from_modules(cls, conv: nn.ConvTranspose3d, norm: nn.GroupNorm) -> ConvTranspose3dReLUGroupNorm:
@@ -81,15 +102,21 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
             return None
         return self._packed_copy("bias", conv.bias, lambda bias: pack_bias(bias, conv.stride))
 
+    def clear_packed_cache(self) -> None:
+        """Drops the packed weight and bias: needed only after writing the parameters
+        through ``.data``, which no version counter sees (see ``PackedCopy``)."""
+        self._packed.clear()
+
     def _packed_copy(self, name: str, tensor: Tensor, pack) -> Tensor | None:
-        """`pack(tensor)`, cached until the tensor changes (in place, replaced, moved or cast)."""
         if not tensor.is_cuda or torch.compiler.is_compiling():
             return None
-        key = (tensor.data_ptr(), tensor._version, tensor.dtype, tensor.device, tensor.shape)
-        cached = self._packed.get(name)
-        if cached is None or cached[0] != key:
-            cached = self._packed[name] = (key, pack(tensor))
-        return cached[1]
+        return self._packed.setdefault(name, PackedCopy()).get(tensor, pack)
+
+    def _apply(self, fn, recurse=True):
+        # .to(), .cuda(), .half(), ...: the copies are stale, and would hold GPU memory
+        # after .cpu().
+        self.clear_packed_cache()
+        return super()._apply(fn, recurse)
 
     def forward(self, x: Tensor) -> Tensor:
         conv, norm = self.conv_transpose, self.group_norm
