@@ -153,6 +153,22 @@ def test_module_repacks_weight_when_it_changes():
     check()
 
 
+def test_module_repacks_after_a_dtype_round_trip():
+    """.bfloat16().half() rounds the weights, and the caching allocator can hand the new half weight the old one's
+    block with the old version: the module must use the new values (bitwise the functional op's result)."""
+    torch.manual_seed(0)
+    module = cutlassfuse.ConvTranspose3dReLUGroupNorm(16, 32, 3, 4, bias=True).cuda().half()
+    x = torch.rand(2, 16, 6, 6, 6, device="cuda", dtype=torch.half)
+    with torch.no_grad():
+        before = module(x)
+        module.bfloat16().half()
+        conv, norm = module.conv_transpose, module.group_norm
+        expected = cutlassfuse.conv_transpose3d_relu_group_norm(x, conv.weight, conv.bias, num_groups=4,
+                                                                norm_weight=norm.weight, norm_bias=norm.bias)
+        assert not torch.equal(before, expected), "the round trip must change the weights for this test to mean much"
+        assert torch.equal(module(x), expected)
+
+
 def test_module_passes_the_repeated_bias_of_kernel_equal_stride_layers():
     """A kernel == stride layer's GEMM reads the bias once per output block: the module caches the repeated
     copy (re-made when the bias changes) and the result is bitwise that of the op repeating it itself."""
