@@ -124,3 +124,16 @@ def test_module_drops_packed_copies_when_moved_or_cast():
     fused._packed.setdefault("weight", PackedCopy()).get(fused.conv_transpose.weight, pack)
     fused.clear_packed_cache()
     assert fused._packed == {}
+
+
+@pytest.mark.parametrize("output_size", [(9, 9, 10), [2, 8, 10, 9, 12]])
+def test_output_size_picks_the_output_padding(output_size):
+    """As nn.ConvTranspose3d.forward's output_size: (D, H, W), or a full shape."""
+    torch.manual_seed(0)
+    fused = ConvTranspose3dReLUGroupNorm(4, 8, 3, 2, bias=True, stride=(2, 2, 3), padding=1)
+    conv, norm = fused.conv_transpose, fused.group_norm
+    x = torch.rand(2, 4, 5, 5, 4)
+    expected = norm(torch.relu(conv(x, output_size=output_size)))
+    out = fused(x, output_size=output_size)
+    assert out.shape == expected.shape and out.shape[2:] == tuple(output_size[-3:])
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

@@ -1,6 +1,7 @@
 """cutlassfuse.fuse on Sequential chains, traced forward() code, and a decoder-style
 model: same outputs, same parameter objects, and an honest report."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -104,3 +105,49 @@ def test_unsupported_modules_are_not_fused():
                           nn.ReLU(), nn.GroupNorm(2, 8))
     result = cutlassfuse.fuse(model, trace=False)
     assert len(result.replaced) == 1 and result.replaced[0].startswith("3:")
+
+
+class SkipSizedUp(nn.Module):
+    """A U-Net step that sizes the upsampling by the skip connection (output_size), in
+    the three ways forward() code passes it."""
+
+    def __init__(self, call: str):
+        super().__init__()
+        self.call = call
+        self.up = nn.ConvTranspose3d(8, 8, 3, stride=2, padding=1)
+        self.norm = nn.GroupNorm(2, 8)
+
+    def forward(self, x, skip):
+        if self.call == "keyword":
+            y = self.up(x, output_size=skip.shape[2:])
+        elif self.call == "positional":
+            y = self.up(x, skip.shape)
+        else:
+            y = self.up(input=x)
+        return self.norm(F.relu(y))
+
+
+@pytest.mark.parametrize("call", ["keyword", "positional", "input_keyword"])
+def test_conv_call_arguments_reach_the_fused_block(call):
+    torch.manual_seed(0)
+    model = SkipSizedUp(call)
+    x, skip = torch.rand(2, 8, 4, 4, 4), torch.rand(2, 8, 8, 8, 8)
+    expected = model(x, skip)
+    result = cutlassfuse.fuse(model)
+    assert len(result.replaced) == 1
+    out = result.model(x, skip)
+    assert out.shape == expected.shape == ((2, 8, 7, 7, 7) if call == "input_keyword" else skip.shape)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_conv_call_with_other_arguments_is_left_alone():
+    class Unusual(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = nn.ConvTranspose3d(4, 4, 2)
+            self.norm = nn.GroupNorm(2, 4)
+
+        def forward(self, x):
+            return self.norm(F.relu(self.up(x, None, extra=1)))  # not a ConvTranspose3d call this block can take
+
+    assert cutlassfuse.fuse(Unusual()).replaced == []

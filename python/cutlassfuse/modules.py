@@ -118,10 +118,15 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
         self.clear_packed_cache()
         return super()._apply(fn, recurse)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, output_size: list[int] | None = None) -> Tensor:
+        """``output_size`` as in ``nn.ConvTranspose3d.forward``: picks the output padding
+        that gives this (D, H, W) (U-Net decoders pass the skip connection's size)."""
         conv, norm = self.conv_transpose, self.group_norm
+        output_padding = conv.output_padding
+        if output_size is not None:
+            output_padding = tuple(conv._output_padding(x, output_size, conv.stride, conv.padding, conv.kernel_size, 3,
+                                                        conv.dilation))
         # The op itself, not the functional wrapper: nn.ConvTranspose3d already holds its
         # options as 3-tuples, and small calls are bound by the host's time per call.
         return _OP(x, conv.weight, conv.bias, norm.weight, norm.bias, norm.num_groups, norm.eps, conv.stride,
-                   conv.padding, conv.output_padding, conv.groups, conv.dilation, self.packed_weight(),
-                   self.packed_bias())
+                   conv.padding, output_padding, conv.groups, conv.dilation, self.packed_weight(), self.packed_bias())

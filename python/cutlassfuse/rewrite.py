@@ -79,10 +79,23 @@ def _single_user(node: torch.fx.Node) -> torch.fx.Node | None:
     return next(iter(node.users)) if len(node.users) == 1 else None
 
 
+def _conv_call_arguments(node: torch.fx.Node) -> tuple[tuple, dict] | None:
+    """The conv call's (input, output_size) as the fused block takes them, or None for a
+    call that passes anything else (the block would not see it)."""
+    bound = dict(zip(("input", "output_size"), node.args, strict=False))
+    if len(node.args) > 2 or bound.keys() & node.kwargs.keys() or not node.kwargs.keys() <= {"input", "output_size"}:
+        return None
+    bound.update(node.kwargs)
+    if "input" not in bound:
+        return None
+    output_size = bound.get("output_size")
+    return (bound["input"],), ({} if output_size is None else {"output_size": output_size})
+
+
 def _fuse_graph(model: nn.Module, replaced: list[str]) -> nn.Module:
     """The same rewrite in a torch.fx trace of forward(), for chains written in code:
-    conv module -> ReLU (module, F.relu, torch.relu, .relu()) -> GroupNorm module, each
-    intermediate used once."""
+    conv module (called with its input and optionally output_size) -> ReLU (module,
+    F.relu, torch.relu, .relu()) -> GroupNorm module, each intermediate used once."""
     graph_module = torch.fx.GraphModule(model, _Tracer().trace(model), type(model).__name__)
     modules = dict(graph_module.named_modules())
     fused_any = False
@@ -93,11 +106,14 @@ def _fuse_graph(model: nn.Module, replaced: list[str]) -> nn.Module:
         norm = _single_user(relu) if relu is not None and _is_relu(relu, modules) else None
         if norm is None or norm.op != "call_module" or not _fusable(modules[node.target], None, modules[norm.target]):
             continue
+        conv_call = _conv_call_arguments(node)
+        if conv_call is None:
+            continue
         conv_module, norm_module = modules[node.target], modules[norm.target]
         name = f"{node.target.replace('.', '_')}_relu_group_norm"
         graph_module.add_submodule(name, ConvTranspose3dReLUGroupNorm.from_modules(conv_module, norm_module))
         with graph_module.graph.inserting_after(norm):
-            fused = graph_module.graph.call_module(name, node.args)
+            fused = graph_module.graph.call_module(name, *conv_call)
         norm.replace_all_uses_with(fused)
         for dead in (norm, relu, node):
             graph_module.graph.erase_node(dead)
