@@ -69,13 +69,17 @@ def test_sequential_rewrite_keeps_other_keys_and_type():
     torch.testing.assert_close(model(x), expected)
 
 
-def test_chain_with_shared_intermediate_is_left_alone():
-    class Branching(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.up = nn.ConvTranspose3d(4, 4, 2)
-            self.norm = nn.GroupNorm(2, 4)
+class UpNorm(nn.Module):
+    """A conv and a GroupNorm for forward() code to chain (or not)."""
 
+    def __init__(self):
+        super().__init__()
+        self.up = nn.ConvTranspose3d(4, 4, 2)
+        self.norm = nn.GroupNorm(2, 4)
+
+
+def test_chain_with_shared_intermediate_is_left_alone():
+    class Branching(UpNorm):
         def forward(self, x):
             y = F.relu(self.up(x))
             return self.norm(y) + y  # the ReLU output is needed by two consumers
@@ -141,12 +145,7 @@ def test_conv_call_arguments_reach_the_fused_block(call):
 
 
 def test_conv_call_with_other_arguments_is_left_alone():
-    class Unusual(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.up = nn.ConvTranspose3d(4, 4, 2)
-            self.norm = nn.GroupNorm(2, 4)
-
+    class Unusual(UpNorm):
         def forward(self, x):
             return self.norm(F.relu(self.up(x, None, extra=1)))  # not a ConvTranspose3d call this block can take
 
