@@ -137,3 +137,15 @@ def test_output_size_picks_the_output_padding(output_size):
     out = fused(x, output_size=output_size)
     assert out.shape == expected.shape and out.shape[2:] == tuple(output_size[-3:])
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_packed_copy_follows_optimizer_steps(fused):
+    """Fused optimizers write parameters without bumping their version counters."""
+    weight = torch.nn.Parameter(torch.randn(4, 6))
+    optimizer = torch.optim.Adam([weight], lr=0.1, fused=fused)
+    cache, (pack, _) = PackedCopy(), counting_pack()
+    cache.get(weight, pack)
+    weight.grad = torch.ones_like(weight)
+    optimizer.step()
+    assert torch.equal(cache.get(weight, pack), weight)

@@ -5,29 +5,45 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 from torch.nn.common_types import _size_3_t
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .ops import pack_bias, pack_weight
 
 _OP = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm.default
 
+# Fused optimizers (Adam(fused=True), SGD(fused=True), ...) write the parameters without
+# bumping their version counters, so every optimizer step invalidates the packed copies.
+_optimizer_steps = 0
+
+
+def _count_optimizer_step(optimizer, args, kwargs) -> None:
+    global _optimizer_steps
+    _optimizer_steps += 1
+
+
+register_optimizer_step_post_hook(_count_optimizer_step)
+
 
 class PackedCopy:
     """``pack(source)``, kept until the source changes: written in place (its version
-    counter), replaced, moved or cast (its address, dtype and strides).
+    counter, and any optimizer step), replaced, moved or cast (its address, dtype and
+    strides).
 
     The entry holds the source's storage, so that no other tensor can take its address
     while the copy is kept: the CUDA caching allocator hands a freed block straight back
     to the next request of its size, so after ``.half().float()`` the new weight would
-    otherwise sit where the old one was, with the same version. Writes through ``.data``
-    (``p.data.copy_(...)``) bypass the version counter, as they bypass autograd: call
-    ``clear_packed_cache()`` on the module after them.
+    otherwise sit where the old one was, with the same version. Writes that bypass both
+    the version counter and the optimizer (through ``.data``, ``p.data.copy_(...)``, or a
+    captured optimizer step replayed from a CUDA graph) need ``clear_packed_cache()`` on
+    the module after them.
     """
 
     def __init__(self) -> None:
         self._entry: tuple | None = None
 
     def get(self, source: Tensor, pack) -> Tensor:
-        key = (source.data_ptr(), source._version, source.dtype, source.device, source.shape, source.stride())
+        key = (_optimizer_steps, source.data_ptr(), source._version, source.dtype, source.device, source.shape,
+               source.stride())
         if self._entry is None or self._entry[0] != key:
             self._entry = (key, source.untyped_storage(), pack(source))
         return self._entry[2]
@@ -103,8 +119,8 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
         return self._packed_copy("bias", conv.bias, lambda bias: pack_bias(bias, conv.stride))
 
     def clear_packed_cache(self) -> None:
-        """Drops the packed weight and bias: needed only after writing the parameters
-        through ``.data``, which no version counter sees (see ``PackedCopy``)."""
+        """Drops the packed weight and bias: needed only after writes to the parameters
+        that neither a version counter nor an optimizer step shows (see ``PackedCopy``)."""
         self._packed.clear()
 
     def _packed_copy(self, name: str, tensor: Tensor, pack) -> Tensor | None:
