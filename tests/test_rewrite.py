@@ -150,3 +150,22 @@ def test_conv_call_with_other_arguments_is_left_alone():
             return self.norm(F.relu(self.up(x, None, extra=1)))  # not a ConvTranspose3d call this block can take
 
     assert cutlassfuse.fuse(Unusual()).replaced == []
+
+
+def test_one_conv_feeding_two_chains_keeps_each_norm():
+    class SharedConv(UpNorm):
+        def __init__(self):
+            super().__init__()
+            self.other_norm = nn.GroupNorm(4, 4)
+            nn.init.normal_(self.other_norm.weight)
+
+        def forward(self, x, y):
+            return self.norm(F.relu(self.up(x))) + self.other_norm(F.relu(self.up(y)))
+
+    torch.manual_seed(0)
+    model = SharedConv()
+    x, y = torch.rand(2, 4, 3, 3, 3), torch.rand(2, 4, 3, 3, 3)
+    expected = model(x, y)
+    result = cutlassfuse.fuse(model)
+    assert len(result.replaced) == 2
+    torch.testing.assert_close(result.model(x, y), expected, rtol=1e-5, atol=1e-5)

@@ -79,6 +79,13 @@ def _single_user(node: torch.fx.Node) -> torch.fx.Node | None:
     return next(iter(node.users)) if len(node.users) == 1 else None
 
 
+def _unused_name(module: nn.Module, name: str) -> str:
+    candidate, n = name, 1
+    while hasattr(module, candidate):
+        candidate, n = f"{name}_{n}", n + 1
+    return candidate
+
+
 def _conv_call_arguments(node: torch.fx.Node) -> tuple[tuple, dict] | None:
     """The conv call's (input, output_size) as the fused block takes them, or None for a
     call that passes anything else (the block would not see it)."""
@@ -110,7 +117,8 @@ def _fuse_graph(model: nn.Module, replaced: list[str]) -> nn.Module:
         if conv_call is None:
             continue
         conv_module, norm_module = modules[node.target], modules[norm.target]
-        name = f"{node.target.replace('.', '_')}_relu_group_norm"
+        # Named after both modules: one conv can feed chains ending in different norms.
+        name = _unused_name(graph_module, f"{node.target}_relu_{norm.target}".replace(".", "_"))
         graph_module.add_submodule(name, ConvTranspose3dReLUGroupNorm.from_modules(conv_module, norm_module))
         with graph_module.graph.inserting_after(norm):
             fused = graph_module.graph.call_module(name, *conv_call)
