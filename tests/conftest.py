@@ -2,6 +2,8 @@ import pytest
 import torch
 from hypothesis import settings
 
+import cutlassfuse
+
 # CI replays the same examples on every run, so red means a regression, not a new draw;
 # `pytest --hypothesis-profile=fuzz` explores fresh random examples (and finds new bugs).
 settings.register_profile("default", derandomize=True)
@@ -10,9 +12,10 @@ settings.load_profile("default")
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and cutlassfuse.info()["cuda_kernels"]:
         return
-    skip = pytest.mark.skip(reason="no CUDA device")
+    reason = "no CUDA device" if not torch.cuda.is_available() else "a build without the CUDA kernels"
+    skip = pytest.mark.skip(reason=reason)
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -8,10 +8,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .info import info
+
 # Accepted error of the op against float64, per dtype: relative error is
 # ||out - ref|| / ||ref||. Half precision rounds the conv output and the result
 # (2^-11); bfloat16 has 8 bits of mantissa (2^-8).
 RELATIVE_TOLERANCE = {torch.float16: 5e-3, torch.bfloat16: 2e-2, torch.float32: 1e-5, torch.float64: 1e-12}
+
+
+def fused_path_expected() -> bool:
+    """Whether calls the fused path takes run it here: a Hopper GPU (sm_90) and a build
+    with the CUDA kernels. Elsewhere they run the CUDA fallback."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and info()["cuda_kernels"]
 
 
 def _float64(t: Tensor | None) -> Tensor | None:

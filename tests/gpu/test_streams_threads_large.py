@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import cutlassfuse
-from cutlassfuse.testing import Errors
+from cutlassfuse.testing import Errors, fused_path_expected
 
 pytestmark = pytest.mark.gpu
 
@@ -67,12 +67,12 @@ def test_concurrent_threads():
 def test_tensors_around_two_to_the_31(batch, edge, conv_groups, path):
     # A pointwise deconvolution (kernel 1) over edge^3 voxels and 8 channels.
     if torch.cuda.get_device_properties(0).total_memory < 60 * 2**30:
-        pytest.skip("needs about 40 GiB of GPU memory")
+        pytest.skip("needs 60 GiB of GPU memory")
     g = torch.Generator(device="cuda").manual_seed(1)
     x = torch.rand(batch, 8, edge, edge, edge, generator=g, device="cuda", dtype=torch.float16)
     w = (torch.randn(8, 8 // conv_groups, 1, 1, 1, generator=g, device="cuda") * 0.5).to(torch.float16)
     taken = cutlassfuse.explain(x, w, groups=conv_groups, num_groups=2)
-    assert taken.startswith(path), taken
+    assert taken.startswith(path if path != "fused_sm90" or fused_path_expected() else "fallback"), taken
     out = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, groups=conv_groups, num_groups=2)
     assert out.numel() == batch * 8 * edge**3
     # Reference: the same math in fp32 through PyTorch, one sample at a time, compared
