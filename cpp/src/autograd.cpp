@@ -12,33 +12,27 @@
 // call, as large as the output). Everything is ATen ops on symbolic sizes, so AOT
 // autograd traces it for torch.compile and torch.export.
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <array>
+
+#include "redispatch.h"
 
 namespace cutlassfuse {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-using OptionalTensor = std::optional<at::Tensor>;
 
 at::Tensor call_below_autograd(const at::Tensor& input, const at::Tensor& weight, const OptionalTensor& bias,
                                const OptionalTensor& norm_weight, const OptionalTensor& norm_bias, int64_t num_groups,
                                double eps, at::IntArrayRef stride, at::IntArrayRef padding,
                                at::IntArrayRef output_padding, int64_t groups, at::IntArrayRef dilation,
                                const OptionalTensor& packed_weight, const OptionalTensor& packed_bias) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("cutlassfuse::conv_transpose3d_relu_group_norm", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const OptionalTensor&, const OptionalTensor&,
-                            const OptionalTensor&, int64_t, double, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef,
-                            int64_t, at::IntArrayRef, const OptionalTensor&, const OptionalTensor&)>();
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return op.call(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding, output_padding, groups,
-                 dilation, packed_weight, packed_bias);
+  return fused_op().call(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding, output_padding,
+                         groups, dilation, packed_weight, packed_bias);
 }
 
 bool present(const OptionalTensor& t) { return t.has_value() && t->defined(); }
