@@ -49,6 +49,23 @@ def test_fake_kernel_rejects_mismatched_channels():
             OP(x, w, None, None, None, 2, 1e-5, [1] * 3, [0] * 3, [0] * 3, 1, [1] * 3, None)
 
 
+@pytest.mark.parametrize("change,message", [
+    (dict(num_groups=0), "num_groups"),
+    (dict(num_groups=3), "num_groups"),
+    (dict(groups=3), "divisible by groups"),
+    (dict(output_padding=[1, 0, 0]), "output_padding"),
+], ids=["zero_groups", "groups_not_dividing", "conv_groups", "output_padding"])
+def test_fake_kernel_rejects_what_the_real_one_rejects(change, message):
+    args = dict(num_groups=2, groups=1, output_padding=[0, 0, 0])
+    args.update(change)
+    x, w = torch.rand(1, 8, 3, 3, 3), torch.rand(8, 8, 3, 3, 3)
+    call = [args["num_groups"], 1e-5, [1] * 3, [0] * 3, args["output_padding"], args["groups"], [1] * 3, None]
+    with pytest.raises(ValueError, match=message):
+        OP(x, w, None, None, None, *call)
+    with FakeTensorMode() as mode, pytest.raises(RuntimeError, match=message):
+        OP(mode.from_tensor(x), mode.from_tensor(w), None, None, None, *call)
+
+
 def test_torch_compile_fullgraph():
     args = sample_args()
 

@@ -2,6 +2,7 @@
 
 import gc
 
+
 import pytest
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -149,3 +150,10 @@ def test_packed_copy_follows_optimizer_steps(fused):
     weight.grad = torch.ones_like(weight)
     optimizer.step()
     assert torch.equal(cache.get(weight, pack), weight)
+
+
+def test_models_holding_the_module_trace_with_torch_fx():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(ConvTranspose3dReLUGroupNorm(8, 16, 3, 4, bias=True), torch.nn.Conv3d(16, 4, 1))
+    x = torch.rand(1, 8, 3, 3, 3)
+    torch.testing.assert_close(torch.fx.symbolic_trace(model)(x), model(x), rtol=0, atol=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.fx
 from torch import Tensor, nn
 from torch.nn.common_types import _size_3_t
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -124,7 +125,8 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
         self._packed.clear()
 
     def _packed_copy(self, name: str, tensor: Tensor, pack) -> Tensor | None:
-        if not tensor.is_cuda or torch.compiler.is_compiling():
+        # While torch.fx traces the module the parameter is a Proxy: the op permutes it then.
+        if isinstance(tensor, torch.fx.Proxy) or not tensor.is_cuda or torch.compiler.is_compiling():
             return None
         return self._packed.setdefault(name, PackedCopy()).get(tensor, pack)
 

@@ -142,9 +142,16 @@ def _conv_transpose3d_relu_group_norm_fake(input, weight, bias, norm_weight, nor
     torch._check(weight.shape[0] == input.shape[1],
                  lambda: f"cutlassfuse: weight.shape[0] ({weight.shape[0]}) must equal the input's channels "
                          f"({input.shape[1]})")
+    torch._check(groups > 0 and input.shape[1] % groups == 0,
+                 lambda: f"cutlassfuse: input channels ({input.shape[1]}) must be divisible by groups ({groups})")
     out_channels = weight.shape[1] * groups
-    torch._check(out_channels % num_groups == 0,
-                 lambda: f"cutlassfuse: num_groups ({num_groups}) must divide the output channels ({out_channels})")
+    torch._check(num_groups > 0 and out_channels % num_groups == 0,
+                 lambda: f"cutlassfuse: num_groups ({num_groups}) must be positive and divide the output channels "
+                         f"({out_channels})")
+    for s, d, op in zip(stride, dilation, output_padding, strict=True):
+        torch._check(op < s or op < d,
+                     lambda: f"cutlassfuse: output_padding must be smaller than either stride or dilation, got "
+                             f"output_padding={output_padding}, stride={stride}, dilation={dilation}")
     spatial = transposed_conv_output_size(input.shape[2:], weight.shape[2:], stride, padding, output_padding,
                                           dilation)
     channels_last = torch.channels_last_3d in (suggest_memory_format(input), suggest_memory_format(weight))
