@@ -26,3 +26,12 @@ def test_demo_runs_reduced_size_on_cpu():
     assert [row[1] for row in rows] == ["cutlassfuse", "pytorch"]
     for row in rows:
         assert float(row[2]) < 1e-5, row  # relative error against float64
+
+
+@pytest.mark.parametrize("option", ["--dtypes=fp16", "--memory-formats=both", "--memory-formats=ncdhw,cl3d"])
+def test_bench_rejects_unknown_values_before_running(option):
+    from cutlassfuse.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", option])
+    assert exit_info.value.code == 2  # argparse's usage error, not a traceback

@@ -92,9 +92,17 @@ def test_set_dgrad_config_checks_names():
     cutlassfuse.set_dgrad_config(None)
 
 
-def test_phase_streams_knob_is_harmless_on_the_cpu():
-    cutlassfuse.set_phase_streams(4)
-    cutlassfuse.set_phase_streams(1)
+def test_phase_streams_knob_takes_one_to_eight():
+    x, w = torch.rand(1, 8, 2, 2, 2), torch.rand(8, 8, 2, 2, 2)
+    expected = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, stride=2, num_groups=2)
+    cutlassfuse.set_phase_streams(8)
+    try:
+        assert torch.equal(cutlassfuse.conv_transpose3d_relu_group_norm(x, w, stride=2, num_groups=2), expected)
+    finally:
+        cutlassfuse.set_phase_streams(1)
+    for lanes in (0, 9):
+        with pytest.raises(ValueError, match="1 to 8"):
+            cutlassfuse.set_phase_streams(lanes)
 
 
 @pytest.mark.parametrize("switch,changed,default", [

@@ -7,6 +7,23 @@ import json
 import sys
 
 
+def comma_list(choices: tuple[str, ...]):
+    """An argparse type: comma-separated values, each one of `choices`."""
+
+    def parse(text: str) -> list[str]:
+        values = text.split(",")
+        unknown = [v for v in values if v not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)}; choose from {', '.join(choices)}")
+        return values
+
+    return parse
+
+
+DTYPES = ("float16", "bfloat16", "float32")
+MEMORY_FORMATS = ("ncdhw", "channels_last")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cutlassfuse", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -17,8 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--shapes", default="kb61,kb61_v0,unet_k2s2,gan_k4s2p1,vid_k3s2p1op1",
                        help="names, or N,Cin,Cout,D,H,W,kernel,stride,padding,output_padding,groups; ';'-separated "
                             "when custom")
-    bench.add_argument("--dtypes", default="float16,bfloat16")
-    bench.add_argument("--memory-formats", default="ncdhw", help="ncdhw, channels_last, or both comma-separated")
+    bench.add_argument("--dtypes", default="float16,bfloat16", type=comma_list(DTYPES),
+                       help="comma-separated: " + ", ".join(DTYPES))
+    bench.add_argument("--memory-formats", default="ncdhw", type=comma_list(MEMORY_FORMATS),
+                       help="ncdhw, channels_last, or both comma-separated")
     bench.add_argument("--no-compile", action="store_true", help="leave out torch.compile (slow to compile)")
     bench.add_argument("--repeats", type=int, default=50)
     bench.add_argument("--csv")
@@ -26,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--plot", help="PNG of the speedups")
     profile = commands.add_parser("profile", help="Nsight Compute table of one call's kernels")
     profile.add_argument("--shape", default="kb61")
-    profile.add_argument("--dtype", default="float16")
+    profile.add_argument("--dtype", default="float16", choices=DTYPES)
     profile.add_argument("--memory-format", default="ncdhw", choices=["ncdhw", "channels_last"])
     profile.add_argument("--csv", help="keep ncu's full CSV here")
     args = parser.parse_args(argv)
@@ -46,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
 
         separator = ";" if ";" in args.shapes or args.shapes.count(",") >= 10 else ","
         run_bench([parse_shape(s) for s in args.shapes.split(separator)],
-                  [getattr(torch, d) for d in args.dtypes.split(",")],
-                  [f == "channels_last" for f in args.memory_formats.split(",")],
+                  [getattr(torch, d) for d in args.dtypes],
+                  [f == "channels_last" for f in args.memory_formats],
                   with_compile=not args.no_compile, repeats=args.repeats, csv_path=args.csv, json_path=args.json,
                   plot_path=args.plot)
     elif args.command == "profile":

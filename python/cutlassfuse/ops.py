@@ -109,6 +109,8 @@ def set_phase_streams(lanes: int) -> None:
     """Spreads the sub-pixel phases of one strided call over `lanes` CUDA streams (1, the
     default, to 8), forked from and joined back into the current stream: an experiment
     knob for overlapping one phase's tail with the next. No effect on a CPU-only build."""
+    if not 1 <= lanes <= 8:
+        raise ValueError(f"cutlassfuse: set_phase_streams takes 1 to 8 streams, got {lanes}")
     if hasattr(torch.ops.cutlassfuse, "set_phase_streams"):
         torch.ops.cutlassfuse.set_phase_streams(int(lanes))
 
