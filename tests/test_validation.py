@@ -18,6 +18,8 @@ def call(x=None, w=None, **kwargs):
     (dict(w=torch.randn(8, 8, 3, 3)), ValueError, "weight must be 5-D"),
     (dict(w=torch.randn(4, 8, 3, 3, 3)), ValueError, r"weight.shape\[0\]"),
     (dict(num_groups=3), ValueError, "num_groups"),
+    (dict(x=torch.rand(1, 0, 3, 3, 3), w=torch.randn(0, 8, 3, 3, 3)), ValueError, "only the batch"),
+    (dict(x=torch.rand(1, 8, 3, 0, 3)), ValueError, "only the batch"),
     (dict(num_groups=0), ValueError, "num_groups"),
     (dict(norm_weight=torch.ones(7)), ValueError, "norm_weight must have shape"),
     (dict(norm_bias=torch.ones(8, 1)), ValueError, "norm_bias must have shape"),

@@ -268,6 +268,8 @@ void launch_phases(const FusedPlan& plan, const sm90::DgradOperands& operands, E
   lanes.join();
 }
 
+bool aligned_for_tma(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
 }  // namespace
 
 void set_fused_path_enabled(bool enabled) { g_fused_path_enabled.store(enabled); }
@@ -288,6 +290,11 @@ std::string fused_path_unsupported_reason(const OpArgs& a, const Problem& p) {
            "float64 after GroupNorm, strict fp32 within 1e-4)";
   if (!affine_element_type(a)) return "norm_weight/norm_bias are not both float32, float16 or bfloat16 of one dtype";
   if (p.batch == 0) return "empty batch";
+  // TMA reads the input (when no copy of it is made) and the filter (when the weight is
+  // already in its layout) at their own addresses; CUTLASS's can_implement checks shapes
+  // only, and a misaligned address would make a descriptor that faults or reads garbage.
+  if (!aligned_for_tma(a.input) || !aligned_for_tma(present(a.packed_weight) ? *a.packed_weight : a.weight))
+    return "input or weight data not 16-byte aligned (a view at an offset; TMA needs aligned addresses)";
   if (const char* why = group_norm_unsupported_reason(group_norm_shape(p)); *why != '\0') return why;
   const FusedPlan plan = describe_launches(p, a.input, *element);
   if (plan.subpixel.phases.empty()) return "no input reaches the output (every pixel is ReLU(bias))";

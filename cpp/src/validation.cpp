@@ -67,6 +67,10 @@ Problem validate_and_describe(const OpArgs& a) {
   p.in_channels = input.size(1);
   TORCH_CHECK_VALUE(weight.size(0) == p.in_channels, "cutlassfuse: weight.shape[0] (", weight.size(0),
                     ") must equal the input's channels (", p.in_channels, ")");
+  // As ATen's transposed convolution: only the batch may be empty (zero input channels
+  // would also reach the kernels as a GEMM with K = 0).
+  TORCH_CHECK_VALUE(p.in_channels > 0 && input.size(2) > 0 && input.size(3) > 0 && input.size(4) > 0,
+                    "cutlassfuse: only the batch of the input may be empty, got shape ", input.sizes());
   TORCH_CHECK_VALUE(p.in_channels % a.groups == 0, "cutlassfuse: input channels (", p.in_channels,
                     ") must be divisible by groups (", a.groups, ")");
   p.out_channels = weight.size(1) * a.groups;

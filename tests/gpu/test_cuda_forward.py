@@ -206,3 +206,17 @@ def test_nan_and_inf_propagate_like_eager(stride, special):
     expected = reference_float64(x, w, **args)
     assert torch.equal(out.isnan(), expected.isnan())
     assert out.isnan().any() and not out[0].isnan().any(), "only sample 1 holds the special value"
+
+
+def test_misaligned_views_take_a_path_that_reads_them():
+    """A channels-last view at a 2-byte offset: TMA cannot read it at its address, so the call must not take the
+    fused kernels' direct read (found by review: the descriptors' own checks are compiled out)."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    flat = torch.rand(2 * 16 * 5 * 6 * 7 + 1, generator=g, device="cuda", dtype=torch.half)
+    x = flat[1:].view(2, 5, 6, 7, 16).permute(0, 4, 1, 2, 3)  # channels_last_3d, 2-byte aligned
+    w = (torch.randn(16, 32, 3, 3, 3, generator=g, device="cuda") * 0.1).half()
+    assert x.is_contiguous(memory_format=torch.channels_last_3d) and x.data_ptr() % 16 != 0
+    assert not cutlassfuse.explain(x, w, num_groups=4).startswith("fused_sm90")
+    out = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, num_groups=4)
+    assert errors(out, reference_float64(x, w, num_groups=4)).relative <= RELATIVE_TOLERANCE[torch.float16]
+
