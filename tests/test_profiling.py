@@ -1,6 +1,8 @@
 """The profile CLI's ncu command and its CSV summary (ncu itself needs a GPU)."""
 
-from cutlassfuse.profiling import ncu_command, summarize, tensor_pipe_metrics
+import pytest
+
+from cutlassfuse.profiling import ncu_command, run_profile, summarize, tensor_pipe_metrics
 
 CSV = '''==PROF== Connected to process
 "ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
@@ -37,3 +39,9 @@ def test_command_keeps_clocks_and_profiles_one_bracketed_call():
     assert command[command.index("--clock-control") + 1] == "none"
     assert command[command.index("--profile-from-start") + 1] == "off"
     assert command[-3:] == ["kb61", "float16", "ncdhw"]
+
+
+def test_profile_without_ncu_says_so(monkeypatch):
+    monkeypatch.setenv("NCU", "/nonexistent/ncu")
+    with pytest.raises(SystemExit, match="ncu not found at /nonexistent/ncu"):
+        run_profile("kb61", "float16", "ncdhw")

@@ -101,6 +101,9 @@ def _is_number(text: str) -> bool:
 
 
 def run_profile(shape: str, dtype: str, memory_format: str, csv_path: str | None = None) -> str:
+    if shutil.which(ncu_executable()) is None:
+        raise SystemExit(f"cutlassfuse profile: Nsight Compute's ncu not found at {ncu_executable()} "
+                         "(put it on PATH or set NCU)")
     known = subprocess.run([ncu_executable(), "--query-metrics"], capture_output=True, text=True).stdout
     metrics = tensor_pipe_metrics(known)
     if not metrics:

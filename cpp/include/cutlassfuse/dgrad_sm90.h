@@ -53,7 +53,7 @@ struct DgradOperands {
   const void* filter;        // [Cin, T, R, S, Cout]: PyTorch's (Cin, Cout, T, R, S) permuted
   const void* bias;          // [Cout], or nullptr for no bias
   void* activation;          // [N, Do, Ho, Wo, Cout] (NDHWC, packed)
-  WelfordPartial* partials;  // the phase's region: phase_partials(...).slots(...) entries
+  WelfordPartial* partials;  // the phase's region (PartialsRegion): TilePartials::slots(...) entries
 
   bool operator==(const DgradOperands&) const = default;
 };

@@ -183,12 +183,12 @@ class LaunchParamsCache {
     for (const Entry& entry : entries_) {
       if (entry.matches(device, problem, phases)) return entry.params;
     }
+    // Built before the entry is touched: a build that throws leaves no entry whose key
+    // promises parameters it does not hold.
+    Entry fresh{device, problem, {}, build()};
+    for (const PhaseLaunch& launch : phases) fresh.phases.push_back({*launch.phase, launch.operands});
     Entry& entry = entries_[next_++ % entries_.size()];
-    entry.device = device;
-    entry.problem = problem;
-    entry.phases.clear();
-    for (const PhaseLaunch& launch : phases) entry.phases.push_back({*launch.phase, launch.operands});
-    entry.params = build();
+    entry = std::move(fresh);
     return entry.params;
   }
 
