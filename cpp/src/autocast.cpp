@@ -22,14 +22,10 @@ at::Tensor forward_autocast(const at::Tensor& input, const at::Tensor& weight, c
       at::autocast::get_autocast_dispatch_key_from_device_type(Device));
   const at::ScalarType dtype = at::autocast::get_autocast_dtype(Device);
   const auto cast = [&](const at::Tensor& t) { return at::autocast::cached_cast(dtype, t, Device); };
-  const auto cast_optional = [&](const OptionalTensor& t) {
-    return t.has_value() && t->defined() ? OptionalTensor(cast(*t)) : t;
-  };
   const at::Tensor cast_weight = cast(weight);
-  const OptionalTensor cast_bias = cast_optional(bias);
+  const OptionalTensor cast_bias = present(bias) ? OptionalTensor(cast(*bias)) : bias;
   const auto matching = [](const OptionalTensor& packed, const OptionalTensor& source) {
-    const bool same = packed.has_value() && packed->defined() && source.has_value() && source->defined() &&
-                      packed->scalar_type() == source->scalar_type();
+    const bool same = present(packed) && present(source) && packed->scalar_type() == source->scalar_type();
     return same ? packed : std::nullopt;
   };
   return fused_op().call(cast(input), cast_weight, cast_bias, norm_weight, norm_bias, num_groups, eps, stride, padding,

@@ -35,8 +35,6 @@ at::Tensor call_below_autograd(const at::Tensor& input, const at::Tensor& weight
                          groups, dilation, packed_weight, packed_bias);
 }
 
-bool present(const OptionalTensor& t) { return t.has_value() && t->defined(); }
-
 // The differentiable inputs, in the op's order; packed_weight and packed_bias are
 // detached copies of the weight's and the bias's layouts, never differentiated.
 enum Differentiable { kInput, kWeight, kBias, kNormWeight, kNormBias, kDifferentiable };

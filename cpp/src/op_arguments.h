@@ -8,6 +8,7 @@
 
 #include "cutlassfuse/group_norm.h"
 #include "cutlassfuse/op.h"
+#include "redispatch.h"
 
 namespace cutlassfuse {
 
@@ -19,8 +20,6 @@ inline std::optional<ElementType> element_type(at::ScalarType t) {
     default: return std::nullopt;
   }
 }
-
-inline bool present(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
 
 // gamma and beta are read by one kernel argument type: both absent, or sharing one of
 // the kernels' dtypes.

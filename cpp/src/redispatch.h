@@ -1,5 +1,5 @@
 // The op's typed dispatcher handle, for the kernels that call it again below their own
-// dispatch key (autograd.cpp, autocast.cpp).
+// dispatch key (autograd.cpp, autocast.cpp), and its optional tensors.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -10,6 +10,8 @@
 namespace cutlassfuse {
 
 using OptionalTensor = std::optional<at::Tensor>;
+
+inline bool present(const OptionalTensor& t) { return t.has_value() && t->defined(); }
 
 // The schema's arguments (registration.cpp), in order.
 using OpSignature = at::Tensor(const at::Tensor& input, const at::Tensor& weight, const OptionalTensor& bias,

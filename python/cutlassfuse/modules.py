@@ -128,7 +128,10 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
         # While torch.fx traces the module the parameter is a Proxy: the op permutes it then.
         if isinstance(tensor, torch.fx.Proxy) or not tensor.is_cuda or torch.compiler.is_compiling():
             return None
-        return self._packed.setdefault(name, PackedCopy()).get(tensor, pack)
+        copy = self._packed.get(name)
+        if copy is None:
+            copy = self._packed[name] = PackedCopy()
+        return copy.get(tensor, pack)
 
     def _apply(self, fn, recurse=True):
         # .to(), .cuda(), .half(), ...: the copies are stale, and would hold GPU memory
