@@ -247,7 +247,9 @@ at::Tensor filter_of(const OpArgs& a) {
 
 // The CUTLASS dgrad launches of every sub-pixel phase (one phase for stride 1 and for
 // the pixel-shuffle GEMM), each phase reading and writing its views of `operands`.
-void launch_phases(const FusedPlan& plan, const sm90::DgradOperands& operands, ElementType element, int sm_count) {
+// Phases on side streams leave the finalize to the caller (it needs all of them).
+bool launch_phases(const FusedPlan& plan, const sm90::DgradOperands& operands, ElementType element,
+                   const StatisticsFinalize& finalize, int sm_count) {
   std::vector<sm90::PhaseLaunch> launches;
   for (size_t i = 0; i < plan.subpixel.phases.size(); ++i) {
     sm90::DgradOperands phase_operands = operands;
@@ -255,17 +257,38 @@ void launch_phases(const FusedPlan& plan, const sm90::DgradOperands& operands, E
     launches.push_back({&plan.subpixel.phases[i], phase_operands});
   }
   const PhaseLanes lanes(launches.size(), at::cuda::getCurrentCUDAStream());
-  with_element(element, [&](auto e) {
+  const bool finalized = with_element(element, [&](auto e) {
     if (lanes.count() <= 1) {
-      sm90::dgrad_fused<decltype(e)::value>(plan.config, plan.conv, launches, sm_count, lanes.stream_for(0));
-      return;
+      return sm90::dgrad_fused<decltype(e)::value>(plan.config, plan.conv, launches, &finalize, sm_count,
+                                                   lanes.stream_for(0));
     }
     for (size_t i = 0; i < launches.size(); ++i) {
-      sm90::dgrad_fused<decltype(e)::value>(plan.config, plan.conv, std::span(&launches[i], 1), sm_count,
+      sm90::dgrad_fused<decltype(e)::value>(plan.config, plan.conv, std::span(&launches[i], 1), nullptr, sm_count,
                                             lanes.stream_for(i));
     }
+    return false;
   });
   lanes.join();
+  return finalized;
+}
+
+// The deconvolution with its epilogue (bias, ReLU, partial statistics) of `plan`:
+// the pixel-major GEMM or the phases. Returns whether its kernel also finalized.
+bool launch_deconvolution(const FusedPlan& plan, const sm90::DgradOperands& operands, ElementType element,
+                          const StatisticsFinalize& finalize, int sm_count, cudaStream_t stream) {
+  if (!plan.pixel_major) {
+    const NvtxRange range("cutlassfuse.dgrad_bias_relu_stats");
+    return launch_phases(plan, operands, element, finalize, sm_count);
+  }
+  const NvtxRange range("cutlassfuse.gemm_bias_relu_stats");
+  return with_element(element, [&](auto e) {
+    if constexpr (decltype(e)::value == ElementType::kFloat32) {
+      TORCH_INTERNAL_ASSERT(false, "the pixel-major GEMM takes 16-bit inputs");
+      return false;
+    } else {
+      return sm90::pixel_major_gemm_fused<decltype(e)::value>(plan.conv, operands, &finalize, sm_count, stream);
+    }
+  });
 }
 
 bool aligned_for_tma(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
@@ -388,24 +411,15 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
     fill_unreached_pixels(element, activation, plan.sources.bias, p, stream);
   }
   const sm90::DgradOperands operands{input, filter.data_ptr(), epilogue_bias, activation, partials};
-  if (plan.pixel_major) {
-    const NvtxRange range("cutlassfuse.gemm_bias_relu_stats");
-    with_element(element, [&](auto e) {
-      if constexpr (decltype(e)::value != ElementType::kFloat32) {
-        sm90::pixel_major_gemm_fused<decltype(e)::value>(c, operands, sm_count, stream);
-      }
-    });
-  } else {
-    const NvtxRange range("cutlassfuse.dgrad_bias_relu_stats");
-    launch_phases(plan, operands, element, sm_count);
-  }
-
   const GroupNormAffine affine{data_or_null(a.norm_weight, gamma), data_or_null(a.norm_bias, beta),
                                *affine_element_type(a)};
-  void* scale_shift = workspace.at(scale_shift_region);
+  const StatisticsFinalize finalize = statistics_finalize(partials, plan.sources, element, shape, affine,
+                                                          static_cast<float>(p.eps), workspace.at(scale_shift_region));
+  const bool finalized = launch_deconvolution(plan, operands, element, finalize, sm_count, stream);
+
   const NvtxRange range("cutlassfuse.group_norm_finalize_apply");
-  group_norm_finalize(element, partials, plan.sources, shape, affine, static_cast<float>(p.eps), scale_shift, stream);
-  group_norm_apply(element, activation, plan.order, scale_shift, shape, channels_last, out.data_ptr(), stream);
+  if (!finalized) group_norm_finalize(finalize, stream);
+  group_norm_apply(element, activation, plan.order, finalize.scale_shift, shape, channels_last, out.data_ptr(), stream);
   return out;
 }
 

@@ -75,7 +75,8 @@ at::Tensor fallback_forward_cuda(const OpArgs& a, const Problem& p) {
 
   const NvtxRange range("cutlassfuse.relu_group_norm");
   relu_group_norm_stats(element, y.data_ptr(), layout, bias_ptr, shape, partials_ptr, stream);
-  group_norm_finalize(element, partials_ptr, sources, shape, affine, static_cast<float>(p.eps), scale_shift.data_ptr(),
+  group_norm_finalize(statistics_finalize(partials_ptr, sources, element, shape, affine, static_cast<float>(p.eps),
+                                          scale_shift.data_ptr()),
                       stream);
   relu_group_norm_normalize(element, y.data_ptr(), layout, bias_ptr, scale_shift.data_ptr(), shape, stream);
   return y;

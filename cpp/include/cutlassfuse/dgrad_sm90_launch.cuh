@@ -158,7 +158,8 @@ void launch_phases(const std::vector<Arguments>& phases, int sm_count, cudaStrea
   if constexpr (kPingpong) {
     for (size_t first = 0; first < phases.size(); first += kMaxPhasesPerLaunch) {
       const size_t count = std::min(phases.size() - first, static_cast<size_t>(kMaxPhasesPerLaunch));
-      const cudaError_t e = Kernel::launch(phases.data() + first, static_cast<int>(count), sm_count, stream);
+      const auto params = Kernel::to_underlying_arguments(phases.data() + first, static_cast<int>(count));
+      const cudaError_t e = Kernel::launch(params, /*finalize=*/nullptr, sm_count, stream).error;
       throw_on_failure(e != cudaSuccess, "ping-pong launch", cudaGetErrorString(e));
     }
   } else {
@@ -215,8 +216,24 @@ class LaunchParamsCache {
   size_t next_ = 0;
 };
 
+// Launches the ping-pong kernel's `launches` (their parameters) on `stream`; one launch
+// holding every tile of the call also finalizes `finalize` if given and it can (see
+// PingpongPhasesKernel::launch). Returns whether the statistics are finalized.
+template <class Kernel>
+bool launch_pingpong(const std::vector<typename Kernel::Params>& launches, const StatisticsFinalize* finalize,
+                     int sm_count, cudaStream_t stream) {
+  bool finalized = false;
+  for (const auto& params : launches) {
+    const auto launched = Kernel::launch(params, launches.size() == 1 ? finalize : nullptr, sm_count, stream);
+    throw_on_failure(launched.error != cudaSuccess, "ping-pong launch", cudaGetErrorString(launched.error));
+    finalized = launched.finalized;
+  }
+  return finalized;
+}
+
 template <class Fused>
-void run(const Problem& problem, std::span<const PhaseLaunch> phases, int sm_count, cudaStream_t stream) {
+bool run(const Problem& problem, std::span<const PhaseLaunch> phases, const StatisticsFinalize* finalize, int sm_count,
+         cudaStream_t stream) {
   using Kernel = typename Fused::Kernel;
   auto arguments = [&] {
     std::vector<PhaseArguments<DgradShape, typename Fused::Mainloop, typename Fused::Epilogue>> args;
@@ -236,12 +253,10 @@ void run(const Problem& problem, std::span<const PhaseLaunch> phases, int sm_cou
       }
       return params;
     });
-    for (const auto& params : launches) {
-      const cudaError_t e = Kernel::launch(params, sm_count, stream);
-      throw_on_failure(e != cudaSuccess, "ping-pong launch", cudaGetErrorString(e));
-    }
+    return launch_pingpong<Kernel>(launches, finalize, sm_count, stream);
   } else {
     launch_phases<Kernel, false>(arguments(), sm_count, stream);
+    return false;
   }
 }
 
@@ -271,9 +286,9 @@ decltype(auto) with_kernel(DgradConfig config, F&& f) {
         config, [&](auto fused) { return unsupported_reason<decltype(fused)>(problem, phase); });                 \
   }                                                                                                               \
   template <>                                                                                                     \
-  void dgrad_fused<ELEMENT_TYPE>(DgradConfig config, const Problem& problem, std::span<const PhaseLaunch> phases, \
-                                 int sm_count, cudaStream_t stream) {                                             \
-    with_kernel<CUTLASS_IN, CUTLASS_OUT>(                                                                         \
-        config, [&](auto fused) { run<decltype(fused)>(problem, phases, sm_count, stream); });                    \
+  bool dgrad_fused<ELEMENT_TYPE>(DgradConfig config, const Problem& problem, std::span<const PhaseLaunch> phases, \
+                                 const StatisticsFinalize* finalize, int sm_count, cudaStream_t stream) {         \
+    return with_kernel<CUTLASS_IN, CUTLASS_OUT>(                                                                  \
+        config, [&](auto fused) { return run<decltype(fused)>(problem, phases, finalize, sm_count, stream); });   \
   }                                                                                                               \
   }

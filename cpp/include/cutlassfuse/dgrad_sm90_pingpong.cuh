@@ -17,17 +17,26 @@
 // Each phase has its own TMA descriptors and epilogue parameters (output view, bias,
 // partials region) in the kernel's parameters. A batched GEMM is one phase whose tiles
 // run over the batch too.
+// When a launch holds every tile of the call, it can also finalize the GroupNorm
+// statistics (group_norm_finalize.cuh) instead of a separate kernel: launched
+// cooperatively (every CTA resident at once), its CTAs meet at a grid-wide barrier
+// after their last tile, and the consumer warpgroups then merge the partials.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 
+#include <cooperative_groups.h>
+
 #include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/conv/convnd_problem_shape.hpp>
 #include <cutlass/conv/detail.hpp>
 #include <cutlass/device_kernel.h>
 #include <cutlass/pipeline/pipeline.hpp>
+
+#include "cutlassfuse/group_norm_finalize.cuh"
 
 namespace cutlassfuse::sm90 {
 
@@ -168,6 +177,7 @@ class PingpongPhasesKernel {
   struct Params {
     PhaseParams phase[MaxPhases];
     PhaseTiles<MaxPhases> tiles;
+    StatisticsFinalize finalize;  // partials == nullptr: the launch does not finalize
   };
 
   // Tile counts (m, n, k) and batch entries (l) of a phase, tiled as the mainloop's
@@ -207,15 +217,32 @@ class PingpongPhasesKernel {
   }
   static dim3 get_block_shape() { return dim3(MaxThreadsPerBlock, 1, 1); }
 
-  static cudaError_t launch(PhaseArguments const* phases, int count, int sm_count, cudaStream_t stream) {
-    return launch(to_underlying_arguments(phases, count), sm_count, stream);
-  }
+  struct Launched {
+    cudaError_t error;
+    bool finalized;  // the kernel finalizes the statistics (no group_norm_finalize to run)
+  };
 
-  static cudaError_t launch(Params const& params, int sm_count, cudaStream_t stream) {
+  // Launches `params`, finalizing `finalize` after the last tile when it is given and
+  // the GPU takes the grid at once: a cooperative launch, which the driver refuses
+  // (cudaErrorCooperativeLaunchTooLarge) when fewer CTAs fit, e.g. on a GPU partitioned
+  // by MPS or green contexts; the launch then runs without the finalize.
+  static Launched launch(Params const& params, StatisticsFinalize const* finalize, int sm_count, cudaStream_t stream) {
     const auto kernel = &cutlass::device_kernel<PingpongPhasesKernel>;
-    if (cudaError_t e = allow_shared_memory(kernel); e != cudaSuccess) return e;
-    kernel<<<get_grid_shape(params, sm_count), get_block_shape(), SharedStorageSize, stream>>>(params);
-    return cudaGetLastError();
+    if (cudaError_t e = allow_shared_memory(kernel); e != cudaSuccess) return {e, false};
+    cudaLaunchAttribute cooperative{};
+    cooperative.id = cudaLaunchAttributeCooperative;
+    cooperative.val.cooperative = 1;
+    cudaLaunchConfig_t config{
+        get_grid_shape(params, sm_count), get_block_shape(), SharedStorageSize, stream, &cooperative, 1};
+    if (finalize != nullptr) {
+      Params finalizing = params;
+      finalizing.finalize = *finalize;
+      const cudaError_t e = cudaLaunchKernelEx(&config, kernel, finalizing);
+      if (e != cudaErrorCooperativeLaunchTooLarge) return {e, e == cudaSuccess};
+      (void)cudaGetLastError();  // not sticky: clear it and launch without the finalize
+    }
+    config.numAttrs = 0;  // a plain launch
+    return {cudaLaunchKernelEx(&config, kernel, params), false};
   }
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) {
@@ -268,11 +295,12 @@ class PingpongPhasesKernel {
     if (warp_group == 0) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
       if (producer_warp) produce(params, storage, mainloop_pipeline);
-      return;
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
+      consume(params, storage, mainloop_pipeline, epi_load_pipeline, epi_store_pipeline, consumer_order,
+              /*second=*/warp_group == 2, group_thread);
     }
-    cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
-    consume(params, storage, mainloop_pipeline, epi_load_pipeline, epi_store_pipeline, consumer_order,
-            /*second=*/warp_group == 2, group_thread);
+    if (params.finalize.partials != nullptr) finalize_statistics(params.finalize, storage, warp_group);
 #else
     // Compiled for sm_90a only (the TU's architecture): other targets never launch it.
     (void)params;
@@ -348,6 +376,28 @@ class PingpongPhasesKernel {
       epi_load_state.advance(c_tiles);
       epi_store_state.advance(d_tiles);
       consumer_order.arrive();
+    }
+  }
+
+  // After every CTA's last tile (the grid barrier: every thread of every CTA, the
+  // producer warpgroup's included, reaches it, and it orders the epilogues' partials
+  // before the reads below), the consumer warpgroups of CTA b finalize (sample, group)s
+  // b, b + grid, ... The mainloop's stages are free by then and hold the scratch.
+  CUTLASS_DEVICE static void finalize_statistics(StatisticsFinalize const& finalize, SharedStorage& storage,
+                                                 int warp_group) {
+    static_assert(2 * cutlass::NumThreadsPerWarpGroup == kFinalizeThreads, "the consumer warpgroups finalize");
+    static_assert(sizeof(FinalizeScratch) <= sizeof(storage.tensors.mainloop));
+    cooperative_groups::this_grid().sync();
+    if (warp_group == 0) return;
+    auto& scratch = *reinterpret_cast<FinalizeScratch*>(&storage.tensors.mainloop);
+    const int thread = int(threadIdx.x) - cutlass::NumThreadsPerWarpGroup;
+    const auto consumers_sync = [] {
+      cutlass::arch::NamedBarrier::sync(kFinalizeThreads, cutlass::arch::ReservedNamedBarriers::FirstUserBarrier);
+    };
+    const int64_t items = finalize.batch * finalize.num_groups;
+    for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+      finalize_group(finalize, item / finalize.num_groups, static_cast<int>(item % finalize.num_groups), thread,
+                     scratch, consumers_sync);
     }
   }
 

@@ -12,8 +12,10 @@
 //      scale and shift;
 //   2. group_norm_apply writes x * scale + shift, channels-last (in place allowed) or
 //      NCDHW through an on-chip transpose.
-// Two launches: merging in every normalize block instead re-reads the partials
-// thousands of times and measured slower than the extra small launch.
+// Merging in every normalize block instead re-reads the partials thousands of times and
+// measured slower than a small finalize launch; the ping-pong deconvolution kernel runs
+// the finalize itself after its last tile when it can (dgrad_sm90.h), leaving two
+// launches.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -98,11 +100,38 @@ const char* group_norm_unsupported_reason(const GroupNormShape& shape);
 // Bytes of the per-(sample, channel) scale and shift (float2) group_norm_finalize writes.
 int64_t group_norm_scale_shift_bytes(const GroupNormShape& shape);
 
-// `element`: the activation's type, which the bias in `sources` shares. Any channel
-// count; batch <= 65535.
-void group_norm_finalize(ElementType element, const WelfordPartial* partials, const StatisticsSources& sources,
-                         const GroupNormShape& shape, const GroupNormAffine& affine, float eps, void* scale_shift,
-                         cudaStream_t stream);
+// What the finalize reads and writes: the arguments of group_norm_finalize, also
+// carried by the ping-pong deconvolution kernel's parameters when it finalizes after its
+// last tile (dgrad_sm90.h).
+struct StatisticsFinalize {
+  const WelfordPartial* partials = nullptr;
+  StatisticsSources sources;
+  ElementType element = ElementType::kFloat16;  // the activation's, which the bias in `sources` shares
+  int64_t batch = 0;
+  int channels = 0;
+  int num_groups = 0;
+  GroupNormAffine affine{};
+  float eps = 0.f;
+  float2* scale_shift = nullptr;  // [batch, channels]: (scale, shift)
+};
+
+// `element`: the activation's type, which the bias in `sources` shares.
+inline StatisticsFinalize statistics_finalize(const WelfordPartial* partials, const StatisticsSources& sources,
+                                              ElementType element, const GroupNormShape& shape,
+                                              const GroupNormAffine& affine, float eps, void* scale_shift) {
+  return {partials,
+          sources,
+          element,
+          shape.batch,
+          static_cast<int>(shape.channels),
+          static_cast<int>(shape.num_groups),
+          affine,
+          eps,
+          static_cast<float2*>(scale_shift)};
+}
+
+// Any channel count; batch <= 65535.
+void group_norm_finalize(const StatisticsFinalize& finalize, cudaStream_t stream);
 
 // The fused path's normalize: activation in `order` (NDHWC or space-to-depth),
 // group_norm_unsupported_reason() empty. In place only for NDHWC to channels-last.
