@@ -1,5 +1,6 @@
-"""Per-kernel device time and launch count of one fused call, next to cuDNN's
-convolution alone, from torch.profiler (CUPTI) over repeated calls.
+"""Per-kernel device time and launch count of one fused call (a layer's call: the weight
+packed once, as the module caches it), next to cuDNN's convolution alone, from
+torch.profiler (CUPTI) over repeated calls.
 
     python benchmarks/kernel_breakdown.py [--shape kb61] [--dtype float16] [--config 128x64_pingpong]
 
@@ -61,11 +62,15 @@ def main() -> None:
     w = torch.randn(shape.in_channels, shape.out_channels, k, k, k, device="cuda", dtype=dtype) * 0.05
     conv = dict(stride=shape.stride, padding=shape.padding, output_padding=shape.output_padding)
     x_cl = x.contiguous(memory_format=torch.channels_last_3d)
+    # A layer's calls: the weight packed once, as the module caches it.
+    packed = cutlassfuse.pack_weight(w)
     runs = {
         "cutlassfuse, NCDHW input": lambda: cutlassfuse.conv_transpose3d_relu_group_norm(
-            x, w, num_groups=shape.groups, **conv),
+            x, w, num_groups=shape.groups, packed_weight=packed, **conv),
         "cutlassfuse, channels_last input": lambda: cutlassfuse.conv_transpose3d_relu_group_norm(
-            x_cl, w, num_groups=shape.groups, **conv),
+            x_cl, w, num_groups=shape.groups, packed_weight=packed, **conv),
+        "cutlassfuse, NCDHW input, finalize kernel (set_cooperative_finalize(False))": lambda: (
+            cutlassfuse.conv_transpose3d_relu_group_norm(x, w, num_groups=shape.groups, packed_weight=packed, **conv)),
         "cuDNN conv_transpose3d alone, channels_last": lambda: F.conv_transpose3d(x_cl, w, **conv),
         "cutlassfuse fallback (fused path off), NCDHW input": lambda: cutlassfuse.conv_transpose3d_relu_group_norm(
             x, w, num_groups=shape.groups, **conv),
@@ -75,8 +80,10 @@ def main() -> None:
     print(f"{shape.name} {args.dtype}: {cutlassfuse.explain(x, w, num_groups=shape.groups, **conv)}")
     for title, fn in runs.items():
         cutlassfuse.set_fused_path_enabled("fallback" not in title)
+        cutlassfuse.set_cooperative_finalize("finalize kernel" not in title)
         times, launches = kernel_times_us(fn)
         cutlassfuse.set_fused_path_enabled(True)
+        cutlassfuse.set_cooperative_finalize(True)
         print(f"\n{title}: {sum(times.values()):.1f} us of kernels, {launches:g} launches per call")
         for name, us in times.items():
             print(f"  {us:9.1f} us  {name}")

@@ -29,6 +29,7 @@ namespace {
 std::atomic<bool> g_fused_path_enabled{true};
 std::atomic<int> g_phase_streams{1};
 std::atomic<bool> g_float32_tensor_cores{false};
+std::atomic<bool> g_cooperative_finalize{true};
 
 // Sub-pixel phases are independent (disjoint outputs, their own partials): with more
 // than one lane each phase is its own launch on a side stream, so one phase's last
@@ -249,7 +250,7 @@ at::Tensor filter_of(const OpArgs& a) {
 // the pixel-shuffle GEMM), each phase reading and writing its views of `operands`.
 // Phases on side streams leave the finalize to the caller (it needs all of them).
 bool launch_phases(const FusedPlan& plan, const sm90::DgradOperands& operands, ElementType element,
-                   const StatisticsFinalize& finalize, int sm_count) {
+                   const StatisticsFinalize* finalize, int sm_count) {
   std::vector<sm90::PhaseLaunch> launches;
   for (size_t i = 0; i < plan.subpixel.phases.size(); ++i) {
     sm90::DgradOperands phase_operands = operands;
@@ -259,7 +260,7 @@ bool launch_phases(const FusedPlan& plan, const sm90::DgradOperands& operands, E
   const PhaseLanes lanes(launches.size(), at::cuda::getCurrentCUDAStream());
   const bool finalized = with_element(element, [&](auto e) {
     if (lanes.count() <= 1) {
-      return sm90::dgrad_fused<decltype(e)::value>(plan.config, plan.conv, launches, &finalize, sm_count,
+      return sm90::dgrad_fused<decltype(e)::value>(plan.config, plan.conv, launches, finalize, sm_count,
                                                    lanes.stream_for(0));
     }
     for (size_t i = 0; i < launches.size(); ++i) {
@@ -273,9 +274,10 @@ bool launch_phases(const FusedPlan& plan, const sm90::DgradOperands& operands, E
 }
 
 // The deconvolution with its epilogue (bias, ReLU, partial statistics) of `plan`:
-// the pixel-major GEMM or the phases. Returns whether its kernel also finalized.
+// the pixel-major GEMM or the phases. Returns whether its kernel also finalized
+// `finalize` (if given).
 bool launch_deconvolution(const FusedPlan& plan, const sm90::DgradOperands& operands, ElementType element,
-                          const StatisticsFinalize& finalize, int sm_count, cudaStream_t stream) {
+                          const StatisticsFinalize* finalize, int sm_count, cudaStream_t stream) {
   if (!plan.pixel_major) {
     const NvtxRange range("cutlassfuse.dgrad_bias_relu_stats");
     return launch_phases(plan, operands, element, finalize, sm_count);
@@ -286,7 +288,7 @@ bool launch_deconvolution(const FusedPlan& plan, const sm90::DgradOperands& oper
       TORCH_INTERNAL_ASSERT(false, "the pixel-major GEMM takes 16-bit inputs");
       return false;
     } else {
-      return sm90::pixel_major_gemm_fused<decltype(e)::value>(plan.conv, operands, &finalize, sm_count, stream);
+      return sm90::pixel_major_gemm_fused<decltype(e)::value>(plan.conv, operands, finalize, sm_count, stream);
     }
   });
 }
@@ -300,6 +302,8 @@ void set_fused_path_enabled(bool enabled) { g_fused_path_enabled.store(enabled);
 void set_float32_tensor_cores(bool enabled) { g_float32_tensor_cores.store(enabled); }
 
 void set_phase_streams(int64_t lanes) { g_phase_streams.store(static_cast<int>(std::clamp<int64_t>(lanes, 1, 8))); }
+
+void set_cooperative_finalize(bool enabled) { g_cooperative_finalize.store(enabled); }
 
 std::string fused_path_unsupported_reason(const OpArgs& a, const Problem& p) {
   if (!g_fused_path_enabled.load()) return "the fused path is turned off (cutlassfuse.set_fused_path_enabled)";
@@ -415,7 +419,8 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
                                *affine_element_type(a)};
   const StatisticsFinalize finalize = statistics_finalize(partials, plan.sources, element, shape, affine,
                                                           static_cast<float>(p.eps), workspace.at(scale_shift_region));
-  const bool finalized = launch_deconvolution(plan, operands, element, finalize, sm_count, stream);
+  const bool finalized = launch_deconvolution(plan, operands, element,
+                                              g_cooperative_finalize.load() ? &finalize : nullptr, sm_count, stream);
 
   const NvtxRange range("cutlassfuse.group_norm_finalize_apply");
   if (!finalized) group_norm_finalize(finalize, stream);

@@ -11,6 +11,7 @@ namespace cutlassfuse {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
 // Per-channel scale and shift live in shared memory next to the transpose tile.
 constexpr int64_t kMaxChannels = 1024;
 // A normalize block handles kTile rows; NCDHW output goes through a shared-memory
@@ -18,11 +19,15 @@ constexpr int64_t kMaxChannels = 1024;
 constexpr int kTile = 64;
 constexpr int kTilesPerBlock = 2;
 
-// Block (g, n) finalizes (sample n, group g).
-__global__ void __launch_bounds__(kFinalizeThreads)
+// Warp w of block b finalizes (sample, group) item b * kWarps + w, items numbered
+// group fastest.
+__global__ void __launch_bounds__(kThreads)
 group_norm_finalize_kernel(const __grid_constant__ StatisticsFinalize finalize) {
-  __shared__ FinalizeScratch scratch;
-  finalize_group(finalize, blockIdx.y, blockIdx.x, threadIdx.x, scratch, [] { __syncthreads(); });
+  __shared__ GroupSlots slots[kWarps];
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const int64_t item = int64_t{blockIdx.x} * kWarps + warp;
+  if (item >= finalize.batch * finalize.num_groups) return;
+  finalize_group(finalize, item / finalize.num_groups, static_cast<int>(item % finalize.num_groups), slots[warp]);
 }
 
 // --- normalize ---------------------------------------------------------------------------
@@ -210,8 +215,8 @@ const char* group_norm_unsupported_reason(const GroupNormShape& shape) {
 }
 
 void group_norm_finalize(const StatisticsFinalize& finalize, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(finalize.num_groups), static_cast<unsigned>(finalize.batch));
-  group_norm_finalize_kernel<<<grid, kFinalizeThreads, 0, stream>>>(finalize);
+  const auto blocks = static_cast<unsigned>(ceil_div(finalize.batch * finalize.num_groups, int64_t{kWarps}));
+  group_norm_finalize_kernel<<<blocks, kThreads, 0, stream>>>(finalize);
   check_launch("group_norm_finalize_kernel");
 }
 

@@ -1,7 +1,8 @@
 """The fused path's launches (issue 3): the deconvolution kernel finalizes the GroupNorm
 statistics after its last tile (a cooperative launch), so a call is two kernels, the
 conv and the normalize, plus the one layout conversion of an NCDHW input that the conv
-cannot read as it is. Whole-GPU cooperative launches on concurrent streams must all
+cannot read as it is; with set_cooperative_finalize(False) a finalize kernel does it,
+bitwise the same. Whole-GPU cooperative launches on concurrent streams must all
 complete with their sequential results."""
 
 from __future__ import annotations
@@ -43,18 +44,40 @@ def device_operations(fn) -> list[str]:
     ("ncdhw", 3, 1, ["ncdhw_to_ndhwc", "PingpongPhasesKernel", "group_norm_apply"]),
     # Eight sub-pixel phases in one launch.
     ("channels_last_stride2", 3, 2, ["PingpongPhasesKernel", "group_norm_apply"]),
-    # kernel == stride: the pixel-shuffle GEMM reads the NCDHW input as it is. The bias
-    # repeated per output block is the module's packed copy (the functional op repeats it).
+    # kernel == stride: the pixel-shuffle GEMM reads the NCDHW input as it is.
     ("ncdhw_pixel_shuffle", 2, 2, ["PingpongPhasesKernel", "group_norm_apply"]),
 ])
 def test_common_case_launches(layout, kernel, stride, expected):
+    """A layer's calls, with the packed weight and bias its module caches (without them
+    the op permutes the weight, and repeats the bias for the pixel-shuffle GEMM)."""
     if not fused_path_expected():
         pytest.skip("the fused sm90 path runs on sm_90 only")
     args = make(0, kernel=kernel, stride=stride, channels_last=layout.startswith("channels_last"))
-    if layout == "ncdhw_pixel_shuffle":
-        args["packed_bias"] = args["bias"].repeat(stride**3)
+    args.update(packed_weight=cutlassfuse.pack_weight(args["weight"]),
+                packed_bias=cutlassfuse.pack_bias(args["bias"], stride))
     names = device_operations(lambda: cutlassfuse.conv_transpose3d_relu_group_norm(**args))
     assert len(names) == len(expected) and all(key in name for key, name in zip(expected, names, strict=True)), names
+
+
+@pytest.mark.parametrize("stride,num_groups", [(1, 8), (2, 128)], ids=["one_phase", "eight_phases_group_per_channel"])
+def test_finalize_kernel_gives_the_same_bits(stride, num_groups):
+    """set_cooperative_finalize(False): three kernels (the finalize one after the conv),
+    bitwise the result of the conv kernel's own finalize."""
+    if not fused_path_expected():
+        pytest.skip("the fused sm90 path runs on sm_90 only")
+    args = make(1, batch=3, stride=stride, channels_last=True)
+    args.update(num_groups=num_groups, packed_weight=cutlassfuse.pack_weight(args["weight"]),
+                norm_weight=torch.rand(128, device="cuda"), norm_bias=torch.rand(128, device="cuda"))
+    expected = cutlassfuse.conv_transpose3d_relu_group_norm(**args)
+    cutlassfuse.set_cooperative_finalize(False)
+    try:
+        names = device_operations(lambda: cutlassfuse.conv_transpose3d_relu_group_norm(**args))
+        out = cutlassfuse.conv_transpose3d_relu_group_norm(**args)
+    finally:
+        cutlassfuse.set_cooperative_finalize(True)
+    assert [n for n in names if "group_norm_finalize" in n], names
+    assert len(names) == 3, names
+    assert torch.equal(out, expected)
 
 
 def test_whole_gpu_calls_on_concurrent_streams():

@@ -29,7 +29,6 @@
 #include <cooperative_groups.h>
 
 #include <cute/tensor.hpp>
-#include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/conv/convnd_problem_shape.hpp>
 #include <cutlass/conv/detail.hpp>
@@ -381,23 +380,21 @@ class PingpongPhasesKernel {
 
   // After every CTA's last tile (the grid barrier: every thread of every CTA, the
   // producer warpgroup's included, reaches it, and it orders the epilogues' partials
-  // before the reads below), the consumer warpgroups of CTA b finalize (sample, group)s
-  // b, b + grid, ... The mainloop's stages are free by then and hold the scratch.
+  // before the reads below), consumer warp w of CTA b finalizes (sample, group)s
+  // b * 8 + w, then a grid's worth of warps further on. The mainloop's stages are free by
+  // then and hold the warps' scratch.
   CUTLASS_DEVICE static void finalize_statistics(StatisticsFinalize const& finalize, SharedStorage& storage,
                                                  int warp_group) {
-    static_assert(2 * cutlass::NumThreadsPerWarpGroup == kFinalizeThreads, "the consumer warpgroups finalize");
-    static_assert(sizeof(FinalizeScratch) <= sizeof(storage.tensors.mainloop));
+    constexpr int kConsumerWarps = 2 * cutlass::NumWarpsPerWarpGroup;
+    static_assert(kConsumerWarps * sizeof(GroupSlots) <= sizeof(storage.tensors.mainloop));
     cooperative_groups::this_grid().sync();
     if (warp_group == 0) return;
-    auto& scratch = *reinterpret_cast<FinalizeScratch*>(&storage.tensors.mainloop);
-    const int thread = int(threadIdx.x) - cutlass::NumThreadsPerWarpGroup;
-    const auto consumers_sync = [] {
-      cutlass::arch::NamedBarrier::sync(kFinalizeThreads, cutlass::arch::ReservedNamedBarriers::FirstUserBarrier);
-    };
+    const int warp = cutlass::canonical_warp_idx_sync() - cutlass::NumWarpsPerWarpGroup;
+    GroupSlots& slots = reinterpret_cast<GroupSlots*>(&storage.tensors.mainloop)[warp];
     const int64_t items = finalize.batch * finalize.num_groups;
-    for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-      finalize_group(finalize, item / finalize.num_groups, static_cast<int>(item % finalize.num_groups), thread,
-                     scratch, consumers_sync);
+    for (int64_t item = int64_t{blockIdx.x} * kConsumerWarps + warp; item < items;
+         item += int64_t{gridDim.x} * kConsumerWarps) {
+      finalize_group(finalize, item / finalize.num_groups, static_cast<int>(item % finalize.num_groups), slots);
     }
   }
 

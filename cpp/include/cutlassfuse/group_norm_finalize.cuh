@@ -10,10 +10,6 @@
 
 namespace cutlassfuse {
 
-// Threads that merge one (sample, group): a block of the finalize kernel, the two
-// consumer warpgroups of the ping-pong kernel.
-inline constexpr int kFinalizeThreads = 256;
-
 __device__ __forceinline__ float load_affine(const void* p, ElementType type, int64_t i, float absent) {
   if (p == nullptr) return absent;
   switch (type) {
@@ -66,7 +62,7 @@ __device__ inline TileRange tile_range(const PartialsRegion& r, int64_t n, int g
 // within one N tile, and tiles no taller than a sample (a tile then starts in sample n
 // or in n - 1).
 __device__ inline int64_t partial_slot(const PartialsRegion& region, const TileRange& range, int64_t p, int64_t sample,
-                                int group, int cpg) {
+                                       int group, int cpg) {
   const TilePartials& t = region.tiles;
   const bool one_column = range.count_n == 1;
   const int64_t tm = range.first_m + (one_column ? p : p / range.count_n);
@@ -81,7 +77,7 @@ __device__ inline int64_t partial_slot(const PartialsRegion& region, const TileR
 // Moments of `pixels` copies of ReLU(bias[c]) for the group's channels: the output
 // pixels no input reaches. Exact two-pass over at most 1024 channels.
 __device__ inline WelfordPartial unreached_moments(const StatisticsSources& sources, ElementType element, int group,
-                                            int channels_per_group) {
+                                                   int channels_per_group) {
   const int c_begin = group * channels_per_group;
   float sum = 0.f;
   for (int c = c_begin; c < c_begin + channels_per_group; ++c) sum += relu(load_affine(sources.bias, element, c, 0.f));
@@ -107,40 +103,25 @@ struct GroupSlots {
   __device__ int64_t total() const { return region_count > 0 ? region_end[region_count - 1] : 0; }
 };
 
-// What the threads merging one (sample, group) share.
-struct FinalizeScratch {
-  GroupSlots slots;
-  WelfordPartial warp_results[kFinalizeThreads / 32];
-  float mean;
-  float rstd;
-};
-
-// kFinalizeThreads threads (thread: 0 .. kFinalizeThreads - 1; `sync` their barrier)
-// merge the partials of (sample n, group g): strided over the flattened slots,
-// kLoadsInFlight loads issued before their merges, then warp shuffle trees and a
-// fixed-order merge of the warps' results, then the unreached pixels. The order of
-// every merge is fixed, so results are bitwise reproducible. Then mean, rstd, gamma and
-// beta fold into the normalize pass's one multiply-add per element,
-// out = x * scale[n, c] + shift[n, c], for the group's channels. The scratch may be
-// reused for the next (sample, group) right away: every read of a field precedes a
-// barrier that its next write follows.
-template <class Sync>
-__device__ void finalize_group(const StatisticsFinalize& f, int64_t n, int g, int thread, FinalizeScratch& scratch,
-                               Sync&& sync) {
+// One warp merges the partials of (sample n, group g), its lanes strided over the
+// flattened slots with kLoadsInFlight loads issued before their merges, then a shuffle
+// tree, then the unreached pixels: a fixed order, so results are bitwise reproducible.
+// Then mean, rstd, gamma and beta fold into the normalize pass's one multiply-add per
+// element, out = x * scale[n, c] + shift[n, c], for the group's channels. A warp per
+// (sample, group), not a block: the ping-pong kernel has one CTA per SM to finalize
+// with, and its eight consumer warps then keep eight merges in flight per SM (a
+// (sample, group) has a few to a few thousand partials). `slots`: the warp's own.
+__device__ inline void finalize_group(const StatisticsFinalize& f, int64_t n, int g, GroupSlots& slots) {
   constexpr int kLoadsInFlight = 4;
-  constexpr int kWarps = kFinalizeThreads / 32;
-  static_assert(kMaxPartialsRegions <= kFinalizeThreads);
   const StatisticsSources& sources = f.sources;
-  GroupSlots& slots = scratch.slots;
-  const int warp = thread / 32;
-  const int lane = thread % 32;
+  const int lane = static_cast<int>(threadIdx.x % 32);
   const int channels_per_group = f.channels / f.num_groups;
   const auto region_group = [&](int r) { return g + sources.regions[r].group_offset; };
-  if (thread < sources.region_count) {
-    slots.range[thread] = tile_range(sources.regions[thread], n, region_group(thread), channels_per_group);
+  for (int r = lane; r < sources.region_count; r += 32) {
+    slots.range[r] = tile_range(sources.regions[r], n, region_group(r), channels_per_group);
   }
-  sync();
-  if (thread == 0) {
+  __syncwarp();
+  if (lane == 0) {
     int64_t end = 0;
     for (int r = 0; r < sources.region_count; ++r) {
       end += slots.range[r].count;
@@ -148,14 +129,14 @@ __device__ void finalize_group(const StatisticsFinalize& f, int64_t n, int g, in
     }
     slots.region_count = sources.region_count;
   }
-  sync();
+  __syncwarp();
 
   WelfordPartial acc{0.f, 0.f, 0.f};
-  for (int64_t first = thread; first < slots.total(); first += int64_t{kFinalizeThreads} * kLoadsInFlight) {
+  for (int64_t first = lane; first < slots.total(); first += 32 * kLoadsInFlight) {
     WelfordPartial loaded[kLoadsInFlight];
 #pragma unroll
     for (int i = 0; i < kLoadsInFlight; ++i) {
-      const int64_t p = first + int64_t{i} * kFinalizeThreads;
+      const int64_t p = first + 32 * i;
       loaded[i] = {0.f, 0.f, 0.f};
       if (p < slots.total()) {
         int r = 0;
@@ -170,22 +151,21 @@ __device__ void finalize_group(const StatisticsFinalize& f, int64_t n, int g, in
   }
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) acc = merge(acc, shuffle_down(acc, offset));
-  if (lane == 0) scratch.warp_results[warp] = acc;
-  sync();
-  if (thread == 0) {
-    WelfordPartial total = scratch.warp_results[0];
-    for (int w = 1; w < kWarps; ++w) total = merge(total, scratch.warp_results[w]);
-    if (sources.unreached_pixels > 0) total = merge(total, unreached_moments(sources, f.element, g, channels_per_group));
-    const float variance = total.count > 0.f ? total.m2 / total.count : 0.f;  // biased, as GroupNorm
-    scratch.mean = total.mean;
-    scratch.rstd = rsqrtf(variance + f.eps);
+  float mean = 0.f, rstd = 0.f;
+  if (lane == 0) {
+    if (sources.unreached_pixels > 0) acc = merge(acc, unreached_moments(sources, f.element, g, channels_per_group));
+    const float variance = acc.count > 0.f ? acc.m2 / acc.count : 0.f;  // biased, as GroupNorm
+    mean = acc.mean;
+    rstd = rsqrtf(variance + f.eps);
   }
-  sync();
+  mean = __shfl_sync(0xffffffffu, mean, 0);
+  rstd = __shfl_sync(0xffffffffu, rstd, 0);
   const GroupNormAffine& affine = f.affine;
-  for (int c = g * channels_per_group + thread; c < (g + 1) * channels_per_group; c += kFinalizeThreads) {
-    const float s = scratch.rstd * load_affine(affine.gamma, affine.element, c, 1.f);
-    f.scale_shift[n * f.channels + c] = {s, load_affine(affine.beta, affine.element, c, 0.f) - scratch.mean * s};
+  for (int c = g * channels_per_group + lane; c < (g + 1) * channels_per_group; c += 32) {
+    const float scale = rstd * load_affine(affine.gamma, affine.element, c, 1.f);
+    f.scale_shift[n * f.channels + c] = {scale, load_affine(affine.beta, affine.element, c, 0.f) - mean * scale};
   }
+  __syncwarp();  // `slots` is read above: the warp's next (sample, group) may overwrite it
 }
 
 }  // namespace cutlassfuse
