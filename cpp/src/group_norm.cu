@@ -19,15 +19,13 @@ constexpr int64_t kMaxChannels = 1024;
 constexpr int kTile = 64;
 constexpr int kTilesPerBlock = 2;
 
-// Warp w of block b finalizes (sample, group) item b * kWarps + w, items numbered
-// group fastest.
+// Block (g, n) finalizes (sample n, group g), all its warps merging segments: thousands
+// of resident threads per SM hide the loads' latency.
 __global__ void __launch_bounds__(kThreads)
 group_norm_finalize_kernel(const __grid_constant__ StatisticsFinalize finalize) {
-  __shared__ GroupSlots slots[kWarps];
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  const int64_t item = int64_t{blockIdx.x} * kWarps + warp;
-  if (item >= finalize.batch * finalize.num_groups) return;
-  finalize_group(finalize, item / finalize.num_groups, static_cast<int>(item % finalize.num_groups), slots[warp]);
+  __shared__ FinalizeScratch<kWarps> scratch;
+  finalize_group(finalize, blockIdx.y, static_cast<int>(blockIdx.x), static_cast<int>(threadIdx.x / 32), scratch,
+                 [] { __syncthreads(); });
 }
 
 // --- normalize ---------------------------------------------------------------------------
@@ -215,8 +213,8 @@ const char* group_norm_unsupported_reason(const GroupNormShape& shape) {
 }
 
 void group_norm_finalize(const StatisticsFinalize& finalize, cudaStream_t stream) {
-  const auto blocks = static_cast<unsigned>(ceil_div(finalize.batch * finalize.num_groups, int64_t{kWarps}));
-  group_norm_finalize_kernel<<<blocks, kThreads, 0, stream>>>(finalize);
+  const dim3 grid(static_cast<unsigned>(finalize.num_groups), static_cast<unsigned>(finalize.batch));
+  group_norm_finalize_kernel<<<grid, kThreads, 0, stream>>>(finalize);
   check_launch("group_norm_finalize_kernel");
 }
 

@@ -29,6 +29,7 @@
 #include <cooperative_groups.h>
 
 #include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/conv/convnd_problem_shape.hpp>
 #include <cutlass/conv/detail.hpp>
@@ -380,21 +381,36 @@ class PingpongPhasesKernel {
 
   // After every CTA's last tile (the grid barrier: every thread of every CTA, the
   // producer warpgroup's included, reaches it, and it orders the epilogues' partials
-  // before the reads below), consumer warp w of CTA b finalizes (sample, group)s
-  // b * 8 + w, then a grid's worth of warps further on. The mainloop's stages are free by
-  // then and hold the warps' scratch.
+  // before the reads below), the consumer warps finalize the (sample, group)s: a warp
+  // each when there are enough to give every warp of the grid one, else the eight
+  // consumer warps of a CTA together (same bits either way, see finalize_group). The
+  // mainloop's stages are free by then and hold the scratch.
   CUTLASS_DEVICE static void finalize_statistics(StatisticsFinalize const& finalize, SharedStorage& storage,
                                                  int warp_group) {
     constexpr int kConsumerWarps = 2 * cutlass::NumWarpsPerWarpGroup;
-    static_assert(kConsumerWarps * sizeof(GroupSlots) <= sizeof(storage.tensors.mainloop));
+    static_assert(kConsumerWarps * sizeof(FinalizeScratch<1>) <= sizeof(storage.tensors.mainloop));
     cooperative_groups::this_grid().sync();
     if (warp_group == 0) return;
     const int warp = cutlass::canonical_warp_idx_sync() - cutlass::NumWarpsPerWarpGroup;
-    GroupSlots& slots = reinterpret_cast<GroupSlots*>(&storage.tensors.mainloop)[warp];
+    void* scratch = &storage.tensors.mainloop;
     const int64_t items = finalize.batch * finalize.num_groups;
-    for (int64_t item = int64_t{blockIdx.x} * kConsumerWarps + warp; item < items;
-         item += int64_t{gridDim.x} * kConsumerWarps) {
-      finalize_group(finalize, item / finalize.num_groups, static_cast<int>(item % finalize.num_groups), slots);
+    const auto finalize_item = [&](int64_t item, int item_warp, auto& item_scratch, auto&& sync) {
+      finalize_group(finalize, item / finalize.num_groups, static_cast<int>(item % finalize.num_groups), item_warp,
+                     item_scratch, sync);
+    };
+    if (items >= int64_t{gridDim.x} * kConsumerWarps) {
+      auto& own = static_cast<FinalizeScratch<1>*>(scratch)[warp];
+      for (int64_t item = int64_t{blockIdx.x} * kConsumerWarps + warp; item < items;
+           item += int64_t{gridDim.x} * kConsumerWarps) {
+        finalize_item(item, 0, own, [] { __syncwarp(); });
+      }
+    } else {
+      auto& shared = *static_cast<FinalizeScratch<kConsumerWarps>*>(scratch);
+      const auto consumers_sync = [] {
+        cutlass::arch::NamedBarrier::sync(kConsumerWarps * 32, cutlass::arch::ReservedNamedBarriers::FirstUserBarrier);
+      };
+      for (int64_t item = blockIdx.x; item < items; item += gridDim.x)
+        finalize_item(item, warp, shared, consumers_sync);
     }
   }
 

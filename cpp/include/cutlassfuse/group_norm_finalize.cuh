@@ -103,25 +103,68 @@ struct GroupSlots {
   __device__ int64_t total() const { return region_count > 0 ? region_end[region_count - 1] : 0; }
 };
 
-// One warp merges the partials of (sample n, group g), its lanes strided over the
-// flattened slots with kLoadsInFlight loads issued before their merges, then a shuffle
-// tree, then the unreached pixels: a fixed order, so results are bitwise reproducible.
-// Then mean, rstd, gamma and beta fold into the normalize pass's one multiply-add per
-// element, out = x * scale[n, c] + shift[n, c], for the group's channels. A warp per
-// (sample, group), not a block: the ping-pong kernel has one CTA per SM to finalize
-// with, and its eight consumer warps then keep eight merges in flight per SM (a
-// (sample, group) has a few to a few thousand partials). `slots`: the warp's own.
-__device__ inline void finalize_group(const StatisticsFinalize& f, int64_t n, int g, GroupSlots& slots) {
-  constexpr int kLoadsInFlight = 4;
+// Slots of an item's sequence merged by one warp: lane l merges slots l, l + 32, l + 64
+// and l + 96 of the segment in that order (four loads in flight), then a shuffle tree.
+inline constexpr int kSegmentSlots = 128;
+
+// What the kWarps warps finalizing one (sample, group) share.
+template <int kWarps>
+struct FinalizeScratch {
+  GroupSlots slots;
+  WelfordPartial segment[kWarps];
+  float mean;
+  float rstd;
+};
+
+// Segment `segment` of the item whose slots `slots` describes, complete at lane 0.
+__device__ inline WelfordPartial merge_segment(const StatisticsFinalize& f, const GroupSlots& slots, int64_t segment,
+                                               int64_t n, int g) {
+  constexpr int kLoads = kSegmentSlots / 32;
   const StatisticsSources& sources = f.sources;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int channels_per_group = f.channels / f.num_groups;
-  const auto region_group = [&](int r) { return g + sources.regions[r].group_offset; };
-  for (int r = lane; r < sources.region_count; r += 32) {
-    slots.range[r] = tile_range(sources.regions[r], n, region_group(r), channels_per_group);
+  WelfordPartial loaded[kLoads];
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) {
+    const int64_t p = segment * kSegmentSlots + lane + 32 * i;
+    loaded[i] = {0.f, 0.f, 0.f};
+    if (p < slots.total()) {
+      int r = 0;
+      while (p >= slots.region_end[r]) ++r;
+      const int64_t region_begin = r > 0 ? slots.region_end[r - 1] : 0;
+      const int group = g + sources.regions[r].group_offset;
+      loaded[i] =
+          f.partials[partial_slot(sources.regions[r], slots.range[r], p - region_begin, n, group, channels_per_group)];
+    }
   }
-  __syncwarp();
-  if (lane == 0) {
+  WelfordPartial acc = loaded[0];
+#pragma unroll
+  for (int i = 1; i < kLoads; ++i) acc = merge(acc, loaded[i]);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) acc = merge(acc, shuffle_down(acc, offset));
+  return acc;
+}
+
+// kWarps warps (warp: 0 .. kWarps - 1; `sync` their barrier) finalize (sample n, group
+// g): the item's partials, over all regions as one sequence, merge segment by segment
+// (merge_segment), the segments' results in segment order, then the unreached pixels.
+// The order depends neither on kWarps nor on which warp merges what, so every kernel
+// finalizing gives bitwise the same results. Mean, rstd, gamma and beta then fold into
+// the normalize pass's one multiply-add per element, out = x * scale[n, c] + shift[n, c],
+// for the group's channels. The scratch may be reused for the next item right away:
+// each field's reads precede a barrier that its next write follows.
+template <int kWarps, class Sync>
+__device__ void finalize_group(const StatisticsFinalize& f, int64_t n, int g, int warp,
+                               FinalizeScratch<kWarps>& scratch, Sync&& sync) {
+  const StatisticsSources& sources = f.sources;
+  GroupSlots& slots = scratch.slots;
+  const int thread = warp * 32 + static_cast<int>(threadIdx.x % 32);
+  const int channels_per_group = f.channels / f.num_groups;
+  for (int r = thread; r < sources.region_count; r += kWarps * 32) {
+    slots.range[r] = tile_range(sources.regions[r], n, g + sources.regions[r].group_offset, channels_per_group);
+  }
+  sync();
+  if (thread == 0) {
     int64_t end = 0;
     for (int r = 0; r < sources.region_count; ++r) {
       end += slots.range[r].count;
@@ -129,43 +172,34 @@ __device__ inline void finalize_group(const StatisticsFinalize& f, int64_t n, in
     }
     slots.region_count = sources.region_count;
   }
-  __syncwarp();
+  sync();
 
-  WelfordPartial acc{0.f, 0.f, 0.f};
-  for (int64_t first = lane; first < slots.total(); first += 32 * kLoadsInFlight) {
-    WelfordPartial loaded[kLoadsInFlight];
-#pragma unroll
-    for (int i = 0; i < kLoadsInFlight; ++i) {
-      const int64_t p = first + 32 * i;
-      loaded[i] = {0.f, 0.f, 0.f};
-      if (p < slots.total()) {
-        int r = 0;
-        while (p >= slots.region_end[r]) ++r;
-        const int64_t region_begin = r > 0 ? slots.region_end[r - 1] : 0;
-        loaded[i] = f.partials[partial_slot(sources.regions[r], slots.range[r], p - region_begin, n, region_group(r),
-                                            channels_per_group)];
-      }
+  WelfordPartial total{0.f, 0.f, 0.f};  // thread 0's
+  const int64_t segments = ceil_div(slots.total(), int64_t{kSegmentSlots});
+  for (int64_t first = 0; first < segments; first += kWarps) {
+    const WelfordPartial segment =
+        first + warp < segments ? merge_segment(f, slots, first + warp, n, g) : WelfordPartial{0.f, 0.f, 0.f};
+    if (threadIdx.x % 32 == 0) scratch.segment[warp] = segment;
+    sync();
+    if (thread == 0) {
+      for (int w = 0; w < kWarps; ++w) total = merge(total, scratch.segment[w]);
     }
-#pragma unroll
-    for (int i = 0; i < kLoadsInFlight; ++i) acc = merge(acc, loaded[i]);
+    sync();
   }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) acc = merge(acc, shuffle_down(acc, offset));
-  float mean = 0.f, rstd = 0.f;
-  if (lane == 0) {
-    if (sources.unreached_pixels > 0) acc = merge(acc, unreached_moments(sources, f.element, g, channels_per_group));
-    const float variance = acc.count > 0.f ? acc.m2 / acc.count : 0.f;  // biased, as GroupNorm
-    mean = acc.mean;
-    rstd = rsqrtf(variance + f.eps);
+  if (thread == 0) {
+    if (sources.unreached_pixels > 0)
+      total = merge(total, unreached_moments(sources, f.element, g, channels_per_group));
+    const float variance = total.count > 0.f ? total.m2 / total.count : 0.f;  // biased, as GroupNorm
+    scratch.mean = total.mean;
+    scratch.rstd = rsqrtf(variance + f.eps);
   }
-  mean = __shfl_sync(0xffffffffu, mean, 0);
-  rstd = __shfl_sync(0xffffffffu, rstd, 0);
+  sync();
   const GroupNormAffine& affine = f.affine;
-  for (int c = g * channels_per_group + lane; c < (g + 1) * channels_per_group; c += 32) {
-    const float scale = rstd * load_affine(affine.gamma, affine.element, c, 1.f);
-    f.scale_shift[n * f.channels + c] = {scale, load_affine(affine.beta, affine.element, c, 0.f) - mean * scale};
+  for (int c = g * channels_per_group + thread; c < (g + 1) * channels_per_group; c += kWarps * 32) {
+    const float scale = scratch.rstd * load_affine(affine.gamma, affine.element, c, 1.f);
+    f.scale_shift[n * f.channels + c] = {scale,
+                                         load_affine(affine.beta, affine.element, c, 0.f) - scratch.mean * scale};
   }
-  __syncwarp();  // `slots` is read above: the warp's next (sample, group) may overwrite it
 }
 
 }  // namespace cutlassfuse
