@@ -1,6 +1,6 @@
 """Where the GroupNorm statistics are finalized, timed per call: by the deconvolution
-kernel after its last tile (cooperative launch, two kernels per call) against the
-separate finalize kernel (set_cooperative_finalize(False), three), on every
+kernel after its last tile (set_cooperative_finalize(True): a cooperative launch, two
+kernels per call) against the separate finalize kernel (the default, three), on every
 baselines.md shape, module calls on NCDHW input.
 
     python benchmarks/finalize_choice.py [--dtype float16] [--rounds 5]
@@ -61,7 +61,7 @@ def main() -> None:
                 eager[name].append(1e3 * median_ms(lambda: layer(x), cuda=True, warmup=10, repeats=50))
                 graph = graph_of(lambda: layer(x))
                 replay[name].append(1e3 * median_ms(graph.replay, cuda=True, warmup=5, repeats=50))
-        cutlassfuse.set_cooperative_finalize(True)
+        cutlassfuse.set_cooperative_finalize(False)
         e = {name: statistics.median(v) for name, v in eager.items()}
         g = {name: statistics.median(v) for name, v in replay.items()}
         a, b = CHOICES

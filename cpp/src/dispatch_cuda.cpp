@@ -29,7 +29,7 @@ namespace {
 std::atomic<bool> g_fused_path_enabled{true};
 std::atomic<int> g_phase_streams{1};
 std::atomic<bool> g_float32_tensor_cores{false};
-std::atomic<bool> g_cooperative_finalize{true};
+std::atomic<bool> g_cooperative_finalize{false};
 
 // Sub-pixel phases are independent (disjoint outputs, their own partials): with more
 // than one lane each phase is its own launch on a side stream, so one phase's last

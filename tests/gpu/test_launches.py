@@ -1,9 +1,10 @@
-"""The fused path's launches (issue 3): the deconvolution kernel finalizes the GroupNorm
-statistics after its last tile (a cooperative launch), so a call is two kernels, the
-conv and the normalize, plus the one layout conversion of an NCDHW input that the conv
-cannot read as it is; with set_cooperative_finalize(False) a finalize kernel does it,
-bitwise the same. Whole-GPU cooperative launches on concurrent streams must all
-complete with their sequential results."""
+"""The fused path's launches (issue 3). With set_cooperative_finalize(True) the
+deconvolution kernel finalizes the GroupNorm statistics after its last tile (a
+cooperative launch), so a call is two kernels, the conv and the normalize, plus the one
+layout conversion of an NCDHW input the conv cannot read as it is; by default a
+finalize kernel runs between them (it measured as fast or faster), bitwise the same.
+Whole-GPU cooperative launches on concurrent streams must all complete with their
+sequential results."""
 
 from __future__ import annotations
 
@@ -17,16 +18,28 @@ from cutlassfuse.testing import fused_path_expected
 pytestmark = pytest.mark.gpu
 
 
+@pytest.fixture
+def cooperative_finalize():
+    if not fused_path_expected():
+        pytest.skip("the fused sm90 path runs on sm_90 only")
+    cutlassfuse.set_cooperative_finalize(True)
+    yield
+    cutlassfuse.set_cooperative_finalize(False)
+
+
 def make(seed, batch=2, cin=64, cout=128, size=(8, 16, 16), kernel=3, stride=1, channels_last=False,
          dtype=torch.float16):
+    """A layer's call: the packed weight and bias its module caches (without them the op
+    permutes the weight, and repeats the bias for the pixel-shuffle GEMM)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.rand(batch, cin, *size, generator=g, device="cuda").to(dtype)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last_3d)
     fan_in = cin * kernel**3
-    return dict(input=x, weight=(torch.randn(cin, cout, kernel, kernel, kernel, generator=g, device="cuda")
-                                 * fan_in**-0.5).to(dtype),
-                bias=(torch.randn(cout, generator=g, device="cuda") * 0.1).to(dtype), stride=stride, num_groups=8)
+    weight = (torch.randn(cin, cout, kernel, kernel, kernel, generator=g, device="cuda") * fan_in**-0.5).to(dtype)
+    bias = (torch.randn(cout, generator=g, device="cuda") * 0.1).to(dtype)
+    return dict(input=x, weight=weight, bias=bias, stride=stride, num_groups=8,
+                packed_weight=cutlassfuse.pack_weight(weight), packed_bias=cutlassfuse.pack_bias(bias, stride))
 
 
 def device_operations(fn) -> list[str]:
@@ -39,48 +52,47 @@ def device_operations(fn) -> list[str]:
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
-@pytest.mark.parametrize("layout,kernel,stride,expected", [
-    ("channels_last", 3, 1, ["PingpongPhasesKernel", "group_norm_apply"]),
-    ("ncdhw", 3, 1, ["ncdhw_to_ndhwc", "PingpongPhasesKernel", "group_norm_apply"]),
-    # Eight sub-pixel phases in one launch.
-    ("channels_last_stride2", 3, 2, ["PingpongPhasesKernel", "group_norm_apply"]),
-    # kernel == stride: the pixel-shuffle GEMM reads the NCDHW input as it is.
-    ("ncdhw_pixel_shuffle", 2, 2, ["PingpongPhasesKernel", "group_norm_apply"]),
-])
-def test_common_case_launches(layout, kernel, stride, expected):
-    """A layer's calls, with the packed weight and bias its module caches (without them
-    the op permutes the weight, and repeats the bias for the pixel-shuffle GEMM)."""
-    if not fused_path_expected():
-        pytest.skip("the fused sm90 path runs on sm_90 only")
-    args = make(0, kernel=kernel, stride=stride, channels_last=layout.startswith("channels_last"))
-    args.update(packed_weight=cutlassfuse.pack_weight(args["weight"]),
-                packed_bias=cutlassfuse.pack_bias(args["bias"], stride))
-    names = device_operations(lambda: cutlassfuse.conv_transpose3d_relu_group_norm(**args))
+def assert_operations(names: list[str], expected: list[str]) -> None:
     assert len(names) == len(expected) and all(key in name for key, name in zip(expected, names, strict=True)), names
 
 
-@pytest.mark.parametrize("stride,num_groups", [(1, 8), (2, 128)], ids=["one_phase", "eight_phases_group_per_channel"])
-def test_finalize_kernel_gives_the_same_bits(stride, num_groups):
-    """set_cooperative_finalize(False): three kernels (the finalize one after the conv),
-    bitwise the result of the conv kernel's own finalize."""
+LAYOUTS = [
+    ("channels_last", 3, 1, []),
+    ("ncdhw", 3, 1, ["ncdhw_to_ndhwc"]),
+    ("channels_last_stride2", 3, 2, []),  # eight sub-pixel phases in one launch
+    ("ncdhw_pixel_shuffle", 2, 2, []),  # kernel == stride: the GEMM reads the NCDHW input as it is
+]
+
+
+@pytest.mark.parametrize("layout,kernel,stride,conversion", LAYOUTS, ids=[c[0] for c in LAYOUTS])
+def test_two_launches_with_the_cooperative_finalize(layout, kernel, stride, conversion, cooperative_finalize):
+    args = make(0, kernel=kernel, stride=stride, channels_last=layout.startswith("channels_last"))
+    names = device_operations(lambda: cutlassfuse.conv_transpose3d_relu_group_norm(**args))
+    assert_operations(names, [*conversion, "PingpongPhasesKernel", "group_norm_apply"])
+
+
+def test_default_finalize_kernel():
     if not fused_path_expected():
         pytest.skip("the fused sm90 path runs on sm_90 only")
-    args = make(1, batch=3, stride=stride, channels_last=True)
-    args.update(num_groups=num_groups, packed_weight=cutlassfuse.pack_weight(args["weight"]),
-                norm_weight=torch.rand(128, device="cuda"), norm_bias=torch.rand(128, device="cuda"))
-    expected = cutlassfuse.conv_transpose3d_relu_group_norm(**args)
+    args = make(0, channels_last=True)
+    names = device_operations(lambda: cutlassfuse.conv_transpose3d_relu_group_norm(**args))
+    assert_operations(names, ["PingpongPhasesKernel", "group_norm_finalize", "group_norm_apply"])
+
+
+# Items (sample, group) fewer than CTAs (eight warps each) and more (a warp each).
+@pytest.mark.parametrize("batch,stride,num_groups", [(3, 1, 8), (3, 2, 128), (16, 1, 64)],
+                         ids=["cta_per_item", "eight_phases_group_per_channel", "warp_per_item"])
+def test_cooperative_finalize_gives_the_same_bits(batch, stride, num_groups, cooperative_finalize):
+    args = make(1, batch=batch, stride=stride, channels_last=True)
+    args.update(num_groups=num_groups, norm_weight=torch.rand(128, device="cuda"),
+                norm_bias=torch.rand(128, device="cuda"))
+    finalized_in_conv = cutlassfuse.conv_transpose3d_relu_group_norm(**args)
     cutlassfuse.set_cooperative_finalize(False)
-    try:
-        names = device_operations(lambda: cutlassfuse.conv_transpose3d_relu_group_norm(**args))
-        out = cutlassfuse.conv_transpose3d_relu_group_norm(**args)
-    finally:
-        cutlassfuse.set_cooperative_finalize(True)
-    assert [n for n in names if "group_norm_finalize" in n], names
-    assert len(names) == 3, names
-    assert torch.equal(out, expected)
+    expected = cutlassfuse.conv_transpose3d_relu_group_norm(**args)
+    assert torch.equal(finalized_in_conv, expected)
 
 
-def test_whole_gpu_calls_on_concurrent_streams():
+def test_whole_gpu_calls_on_concurrent_streams(cooperative_finalize):
     """Four streams each run calls whose grids take every SM: cooperative launches that
     must wait for the whole GPU, not deadlock by holding part of it."""
     cases = [make(seed, batch=8) for seed in range(4)]
