@@ -67,14 +67,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--shapes", nargs="*", default=[shape.name for shape in DEFAULT_SHAPES])
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     print(f"GPU: {torch.cuda.get_device_name()}, {args.dtype}, us per call (median of {args.rounds} rounds), "
           "eager / graph replay")
     names = list(CHOICES)
     print(f"{'shape':15s} " + " ".join(f"{name:>22s}" for name in names) + f" {'streamed / plain':>17s}")
-    for shape in (s for s in DEFAULT_SHAPES if s.name in args.shapes):
+    for shape in DEFAULT_SHAPES:
         layer = ConvTranspose3dReLUGroupNorm(shape.in_channels, shape.out_channels, shape.kernel, shape.groups,
                                              bias=True, stride=shape.stride, padding=shape.padding,
                                              output_padding=shape.output_padding, device="cuda", dtype=dtype)

@@ -392,10 +392,8 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   static_assert(sizeof(WelfordPartial) == 3 * sizeof(float));
   const auto partials_region = workspace.reserve(plan.slots * static_cast<int64_t>(sizeof(WelfordPartial)));
   const auto scale_shift_region = workspace.reserve(group_norm_scale_shift_bytes(shape));
-  // The conv kernel normalizes an NDHWC-ordered activation itself (StreamedNormalize)
-  // when its tiles run in sample order: one phase (several complete every sample only
-  // in the last phase, leaving the whole normalize after the last tile).
-  const bool streamed = g_streamed_normalize.load() && plan.order.identity() && plan.subpixel.phases.size() == 1;
+  // The conv kernel normalizes an NDHWC-ordered activation itself (StreamedNormalize).
+  const bool streamed = g_streamed_normalize.load() && plan.order.identity();
   const auto progress_region =
       streamed ? std::optional(workspace.reserve(StreamedNormalize::progress_bytes(shape.batch))) : std::nullopt;
   // The GEMM's columns are blocks of Cout channels: each needs the bias (repeated here

@@ -70,29 +70,20 @@ def assert_operations(names: list[str], expected: list[str]) -> None:
     assert len(names) == len(expected) and all(key in name for key, name in zip(expected, names, strict=True)), names
 
 
-STREAMED = [
+LAYOUTS = [
     ("channels_last", 3, 1, []),
     ("ncdhw", 3, 1, ["ncdhw_to_ndhwc"]),
+    ("channels_last_stride2", 3, 2, []),  # eight sub-pixel phases in one launch
 ]
-NOT_STREAMED = [
-    ("channels_last_stride2", 3, 2, []),  # eight sub-pixel phases in one launch: samples complete in the last
-    ("ncdhw_pixel_shuffle", 2, 2, []),  # kernel == stride: the GEMM reads the NCDHW input as it is
-]
-ALL_LAYOUTS = STREAMED + NOT_STREAMED
+PIXEL_SHUFFLE = ("ncdhw_pixel_shuffle", 2, 2, [])  # kernel == stride: the GEMM reads the NCDHW input as it is
+ALL_LAYOUTS = [*LAYOUTS, PIXEL_SHUFFLE]
 
 
-@pytest.mark.parametrize("layout,kernel,stride,conversion", STREAMED, ids=[c[0] for c in STREAMED])
+@pytest.mark.parametrize("layout,kernel,stride,conversion", LAYOUTS, ids=[c[0] for c in LAYOUTS])
 def test_streamed_normalize_is_one_kernel(layout, kernel, stride, conversion, fused_modes):
     args = make(0, kernel=kernel, stride=stride, channels_last=layout.startswith("channels_last"))
     names = device_operations(lambda: cutlassfuse.conv_transpose3d_relu_group_norm(**args))
     assert_operations(names, [*conversion, "Memset", "PingpongPhasesKernel"])
-
-
-@pytest.mark.parametrize("layout,kernel,stride,conversion", NOT_STREAMED, ids=[c[0] for c in NOT_STREAMED])
-def test_calls_that_cannot_stream_run_the_normalize_kernel(layout, kernel, stride, conversion, fused_modes):
-    args = make(0, kernel=kernel, stride=stride, channels_last=layout.startswith("channels_last"))
-    names = device_operations(lambda: cutlassfuse.conv_transpose3d_relu_group_norm(**args))
-    assert_operations(names, [*conversion, "PingpongPhasesKernel", "group_norm_finalize", "group_norm_apply"])
 
 
 @pytest.mark.parametrize("layout,kernel,stride,conversion", ALL_LAYOUTS, ids=[c[0] for c in ALL_LAYOUTS])
@@ -105,6 +96,12 @@ def test_launches_without_the_streamed_normalize(layout, kernel, stride, convers
     args = make(0, kernel=kernel, stride=stride, channels_last=layout.startswith("channels_last"))
     names = device_operations(lambda: cutlassfuse.conv_transpose3d_relu_group_norm(**args))
     assert_operations(names, [*conversion, *kernels])
+
+
+def test_pixel_shuffle_gemm_keeps_the_normalize_kernel(fused_modes):
+    args = make(0, kernel=2, stride=2)
+    names = device_operations(lambda: cutlassfuse.conv_transpose3d_relu_group_norm(**args))
+    assert_operations(names, ["PingpongPhasesKernel", "group_norm_finalize", "group_norm_apply"])
 
 
 # Items (sample, group) fewer than CTAs and more; tiles holding several samples (a

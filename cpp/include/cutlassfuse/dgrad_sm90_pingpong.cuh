@@ -379,8 +379,6 @@ class PingpongPhasesKernel {
       tile += stride;
     }
     TiledMma tiled_mma;
-    const bool streamed = params.normalize.output != nullptr;
-    int stored_tile = -1;  // this consumer's last tile, counted as stored once this consumer idles (publish_tile)
     for (; tile < total; tile += 2 * stride) {
       const auto work = params.tiles.locate(tile);
       const PhaseParams& phase = params.phase[work.phase];
@@ -393,7 +391,6 @@ class PingpongPhasesKernel {
       mainloop.mma_tail(mainloop_pipeline, read_state, work.k_tiles);
       // Skip the stages of the other consumer's next tile.
       read_state.advance(work.k_tiles + params.tiles.k_tiles_of(tile + stride));
-      if (streamed && stored_tile >= 0) publish_tile(params, params.tiles.locate(stored_tile), second, group_thread);
 
       consumer_order.wait();
       CollectiveEpilogue epilogue(phase.epilogue, storage.tensors.epilogue);
@@ -409,16 +406,14 @@ class PingpongPhasesKernel {
       epi_load_state.advance(c_tiles);
       epi_store_state.advance(d_tiles);
       consumer_order.arrive();
-      stored_tile = tile;
+      if (params.normalize.output != nullptr) publish_tile(params, work, second, group_thread);
     }
-    if (streamed && stored_tile >= 0) publish_tile(params, params.tiles.locate(stored_tile), second, group_thread);
   }
 
   // Counts the tile as stored for each sample it holds (group_norm_streamed.cuh), once
   // its activation (TMA stores, issued by the warpgroup's first warp) and its partials
-  // (plain stores) are visible to the whole GPU. Called one tile late, after this
-  // consumer's next MMAs, while it waits for its epilogue turn: the stores are complete
-  // by then, and the fences cost the tensor cores nothing.
+  // (plain stores) are visible to the whole GPU. Off the tensor cores' critical path:
+  // the other consumer runs its MMAs meanwhile.
   CUTLASS_DEVICE static void publish_tile(Params const& params, typename PhaseTiles<MaxPhases>::Work const& work,
                                           bool second, int group_thread) {
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the writes done, not only the reads of smem

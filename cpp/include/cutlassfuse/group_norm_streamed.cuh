@@ -39,12 +39,8 @@ __device__ __forceinline__ int load_acquire(const int* p) {
   return value;
 }
 
-// Every lane of the calling warp returns once *counter >= target; one lane polls.
 __device__ __forceinline__ void wait_at_least(const int* counter, int target) {
-  if (threadIdx.x % 32 == 0) {
-    while (load_acquire(counter) < target) __nanosleep(500);
-  }
-  __syncwarp();
+  while (load_acquire(counter) < target) __nanosleep(200);
 }
 
 // The samples whose rows tile row `tile_m` of `region` holds.
@@ -78,20 +74,19 @@ struct StreamHelperStorage {
   float shift[1024];
 };
 
-// kVector elements as raw 16-byte words, loaded past L1 (the activation was written by
-// other SMs' TMA stores during this kernel) and kept packed until used: the helpers run
-// in 40 registers.
+// 16-byte global loads that bypass L1: the activation was written by other SMs' TMA
+// stores during this kernel.
 template <class T>
-struct RawVector {
-  static constexpr int kWords = kVector * sizeof(T) / sizeof(uint4);
-  uint4 words[kWords];
-
-  __device__ __forceinline__ void load(const T* src) {
+__device__ __forceinline__ void load_vector_l2(const T* src, float (&v)[kVector]) {
+  constexpr int kChunks = kVector * sizeof(T) / sizeof(uint4);
 #pragma unroll
-    for (int w = 0; w < kWords; ++w) words[w] = __ldcg(reinterpret_cast<const uint4*>(src) + w);
+  for (int c = 0; c < kChunks; ++c) {
+    const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(src) + c);
+    const T* elems = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < kVector / kChunks; ++i) v[c * kVector / kChunks + i] = to_float(elems[i]);
   }
-  __device__ __forceinline__ float operator[](int i) const { return to_float(reinterpret_cast<const T*>(words)[i]); }
-};
+}
 
 template <class T>
 class StreamedNormalizer {
@@ -138,7 +133,7 @@ class StreamedNormalizer {
     const int64_t first_item = n * f_.num_groups;
     const int64_t offset = ((int64_t{blockIdx.x} - first_item) % ctas + ctas) % ctas;
     for (int64_t item = first_item + offset; item < first_item + f_.num_groups; item += ctas) {
-      if (helper_warp_ == 0) wait_at_least(tiles_stored(n), tiles_of_sample(f_.sources, n));
+      if (thread_ == 0) wait_at_least(tiles_stored(n), tiles_of_sample(f_.sources, n));
       sync();
       finalize_group(f_, n, static_cast<int>(item - first_item), helper_warp_, storage_.scratch, sync);
       __threadfence();
@@ -157,21 +152,20 @@ class StreamedNormalizer {
     const int lane = static_cast<int>(threadIdx.x % 32);
     constexpr int kRun = 32 * kInFlight;
     for (int first = global_warp_ * kRun; first < vectors; first += global_warps_ * kRun) {
-      RawVector<T> raw[kInFlight];
+      float v[kInFlight][kVector];
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
         const int i = first + u * 32 + lane;
-        if (i < vectors) raw[u].load(in + int64_t{i} * kVector);
+        if (i < vectors) load_vector_l2(in + int64_t{i} * kVector, v[u]);
       }
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
         const int i = first + u * 32 + lane;
         if (i >= vectors) continue;
         const int c0 = (i % vectors_per_row) * kVector;
-        float v[kVector];
 #pragma unroll
-        for (int k = 0; k < kVector; ++k) v[k] = fmaf(raw[u][k], storage_.scale[c0 + k], storage_.shift[c0 + k]);
-        store_vector(out + int64_t{i} * kVector, v);
+        for (int k = 0; k < kVector; ++k) v[u][k] = fmaf(v[u][k], storage_.scale[c0 + k], storage_.shift[c0 + k]);
+        store_vector(out + int64_t{i} * kVector, v[u]);
       }
     }
   }
@@ -191,10 +185,10 @@ class StreamedNormalizer {
       const int64_t pixel = chunk / channel_blocks * 32 + lane;
       const int c_begin = static_cast<int>(chunk % channel_blocks) * kChannels;
       if (pixel >= spatial) continue;
-      RawVector<T> raw[kInFlight];
+      float v[kInFlight][kVector];
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
-        if (c_begin + u * kVector < f_.channels) raw[u].load(in + pixel * f_.channels + c_begin + u * kVector);
+        if (c_begin + u * kVector < f_.channels) load_vector_l2(in + pixel * f_.channels + c_begin + u * kVector, v[u]);
       }
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
@@ -203,7 +197,7 @@ class StreamedNormalizer {
 #pragma unroll
         for (int k = 0; k < kVector; ++k) {
           out[(c0 + k) * spatial + pixel] =
-              from_float<T>(fmaf(raw[u][k], storage_.scale[c0 + k], storage_.shift[c0 + k]));
+              from_float<T>(fmaf(v[u][k], storage_.scale[c0 + k], storage_.shift[c0 + k]));
         }
       }
     }
