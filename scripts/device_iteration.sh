@@ -12,7 +12,7 @@
 #        spread     benchmarks/call_spread.py (per-call percentiles, eager vs CUDA graph replay)
 #        float32    benchmarks/float32_choice.py (accuracy and time of the fp32 choices)
 #        streams    benchmarks/phase_streams.py (sub-pixel phases on 1-8 streams)
-#        placement  benchmarks/group_norm_placement.py (GroupNorm streamed in the conv, finalized in it, or separate kernels; plain conv)
+#        finalize   benchmarks/finalize_choice.py (statistics finalized in the conv or by a kernel)
 #        training   benchmarks/training_step.py
 #        examples   examples/*.py
 #        bench      python -m cutlassfuse bench (CSV, JSON, PNG)
@@ -110,9 +110,9 @@ if wanted streams; then
   "$PYTHON" benchmarks/phase_streams.py 2>&1 | tee "$LOGS/streams.log"
 fi
 
-if wanted placement; then
-  step "where the GroupNorm runs"
-  "$PYTHON" benchmarks/group_norm_placement.py 2>&1 | tee "$LOGS/placement.log"
+if wanted finalize; then
+  step "finalize in the conv kernel or a kernel of its own"
+  "$PYTHON" benchmarks/finalize_choice.py 2>&1 | tee "$LOGS/finalize.log"
 fi
 
 if wanted training; then

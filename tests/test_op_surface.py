@@ -109,8 +109,7 @@ def test_phase_streams_knob_takes_one_to_eight():
     (cutlassfuse.set_float32_tensor_cores, True, False),
     (cutlassfuse.set_fused_path_enabled, False, True),
     (cutlassfuse.set_cooperative_finalize, True, False),
-    (cutlassfuse.set_streamed_normalize, False, True),
-], ids=["float32_tensor_cores", "fused_path", "cooperative_finalize", "streamed_normalize"])
+], ids=["float32_tensor_cores", "fused_path", "cooperative_finalize"])
 def test_path_switches_leave_the_cpu_reference(switch, changed, default):
     x, w = torch.rand(1, 8, 2, 2, 2), torch.rand(8, 8, 3, 3, 3)
     switch(changed)

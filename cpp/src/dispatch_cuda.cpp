@@ -30,7 +30,6 @@ std::atomic<bool> g_fused_path_enabled{true};
 std::atomic<int> g_phase_streams{1};
 std::atomic<bool> g_float32_tensor_cores{false};
 std::atomic<bool> g_cooperative_finalize{false};
-std::atomic<bool> g_streamed_normalize{true};
 
 // Sub-pixel phases are independent (disjoint outputs, their own partials): with more
 // than one lane each phase is its own launch on a side stream, so one phase's last
@@ -249,9 +248,9 @@ at::Tensor filter_of(const OpArgs& a) {
 
 // The CUTLASS dgrad launches of every sub-pixel phase (one phase for stride 1 and for
 // the pixel-shuffle GEMM), each phase reading and writing its views of `operands`.
-// Phases on side streams leave the GroupNorm to the caller (it needs all of them).
-GroupNormInKernel launch_phases(const FusedPlan& plan, const sm90::DgradOperands& operands, ElementType element,
-                                const GroupNormRequest& request, int sm_count) {
+// Phases on side streams leave the finalize to the caller (it needs all of them).
+bool launch_phases(const FusedPlan& plan, const sm90::DgradOperands& operands, ElementType element,
+                   const StatisticsFinalize* finalize, int sm_count) {
   std::vector<sm90::PhaseLaunch> launches;
   for (size_t i = 0; i < plan.subpixel.phases.size(); ++i) {
     sm90::DgradOperands phase_operands = operands;
@@ -259,36 +258,37 @@ GroupNormInKernel launch_phases(const FusedPlan& plan, const sm90::DgradOperands
     launches.push_back({&plan.subpixel.phases[i], phase_operands});
   }
   const PhaseLanes lanes(launches.size(), at::cuda::getCurrentCUDAStream());
-  const GroupNormInKernel done = with_element(element, [&](auto e) {
+  const bool finalized = with_element(element, [&](auto e) {
     if (lanes.count() <= 1) {
-      return sm90::dgrad_fused<decltype(e)::value>(plan.config, plan.conv, launches, request, sm_count,
+      return sm90::dgrad_fused<decltype(e)::value>(plan.config, plan.conv, launches, finalize, sm_count,
                                                    lanes.stream_for(0));
     }
     for (size_t i = 0; i < launches.size(); ++i) {
-      sm90::dgrad_fused<decltype(e)::value>(plan.config, plan.conv, std::span(&launches[i], 1), GroupNormRequest{},
-                                            sm_count, lanes.stream_for(i));
+      sm90::dgrad_fused<decltype(e)::value>(plan.config, plan.conv, std::span(&launches[i], 1), nullptr, sm_count,
+                                            lanes.stream_for(i));
     }
-    return GroupNormInKernel::kNone;
+    return false;
   });
   lanes.join();
-  return done;
+  return finalized;
 }
 
 // The deconvolution with its epilogue (bias, ReLU, partial statistics) of `plan`:
-// the pixel-major GEMM or the phases. Returns what of `request` its kernel also did.
-GroupNormInKernel launch_deconvolution(const FusedPlan& plan, const sm90::DgradOperands& operands, ElementType element,
-                                       const GroupNormRequest& request, int sm_count, cudaStream_t stream) {
+// the pixel-major GEMM or the phases. Returns whether its kernel also finalized
+// `finalize` (if given).
+bool launch_deconvolution(const FusedPlan& plan, const sm90::DgradOperands& operands, ElementType element,
+                          const StatisticsFinalize* finalize, int sm_count, cudaStream_t stream) {
   if (!plan.pixel_major) {
     const NvtxRange range("cutlassfuse.dgrad_bias_relu_stats");
-    return launch_phases(plan, operands, element, request, sm_count);
+    return launch_phases(plan, operands, element, finalize, sm_count);
   }
   const NvtxRange range("cutlassfuse.gemm_bias_relu_stats");
   return with_element(element, [&](auto e) {
     if constexpr (decltype(e)::value == ElementType::kFloat32) {
       TORCH_INTERNAL_ASSERT(false, "the pixel-major GEMM takes 16-bit inputs");
-      return GroupNormInKernel::kNone;
+      return false;
     } else {
-      return sm90::pixel_major_gemm_fused<decltype(e)::value>(plan.conv, operands, request, sm_count, stream);
+      return sm90::pixel_major_gemm_fused<decltype(e)::value>(plan.conv, operands, finalize, sm_count, stream);
     }
   });
 }
@@ -304,8 +304,6 @@ void set_float32_tensor_cores(bool enabled) { g_float32_tensor_cores.store(enabl
 void set_phase_streams(int64_t lanes) { g_phase_streams.store(static_cast<int>(std::clamp<int64_t>(lanes, 1, 8))); }
 
 void set_cooperative_finalize(bool enabled) { g_cooperative_finalize.store(enabled); }
-
-void set_streamed_normalize(bool enabled) { g_streamed_normalize.store(enabled); }
 
 std::string fused_path_unsupported_reason(const OpArgs& a, const Problem& p) {
   if (!g_fused_path_enabled.load()) return "the fused path is turned off (cutlassfuse.set_fused_path_enabled)";
@@ -392,10 +390,6 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   static_assert(sizeof(WelfordPartial) == 3 * sizeof(float));
   const auto partials_region = workspace.reserve(plan.slots * static_cast<int64_t>(sizeof(WelfordPartial)));
   const auto scale_shift_region = workspace.reserve(group_norm_scale_shift_bytes(shape));
-  // The conv kernel normalizes an NDHWC-ordered activation itself (StreamedNormalize).
-  const bool streamed = g_streamed_normalize.load() && plan.order.identity();
-  const auto progress_region =
-      streamed ? std::optional(workspace.reserve(StreamedNormalize::progress_bytes(shape.batch))) : std::nullopt;
   // The GEMM's columns are blocks of Cout channels: each needs the bias (repeated here
   // unless the caller passed it repeated).
   const bool block_bias = present(a.bias) && plan.blocks() > 1 && !present(a.packed_bias);
@@ -425,21 +419,11 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
                                *affine_element_type(a)};
   const StatisticsFinalize finalize = statistics_finalize(partials, plan.sources, element, shape, affine,
                                                           static_cast<float>(p.eps), workspace.at(scale_shift_region));
-  GroupNormRequest request;
-  StreamedNormalize normalize;
-  if (streamed) {
-    normalize = {finalize,      activation,    out.data_ptr(),
-                 channels_last, shape.spatial, workspace.at<int>(*progress_region)};
-    C10_CUDA_CHECK(cudaMemsetAsync(normalize.progress, 0, StreamedNormalize::progress_bytes(shape.batch), stream));
-    request.normalize = &normalize;
-  } else if (g_cooperative_finalize.load()) {
-    request.finalize = &finalize;
-  }
-  const GroupNormInKernel done = launch_deconvolution(plan, operands, element, request, sm_count, stream);
-  if (done == GroupNormInKernel::kNormalize) return out;
+  const bool finalized = launch_deconvolution(plan, operands, element,
+                                              g_cooperative_finalize.load() ? &finalize : nullptr, sm_count, stream);
 
   const NvtxRange range("cutlassfuse.group_norm_finalize_apply");
-  if (done == GroupNormInKernel::kNone) group_norm_finalize(finalize, stream);
+  if (!finalized) group_norm_finalize(finalize, stream);
   group_norm_apply(element, activation, plan.order, finalize.scale_shift, shape, channels_last, out.data_ptr(), stream);
   return out;
 }

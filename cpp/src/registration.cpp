@@ -140,7 +140,6 @@ TORCH_LIBRARY(cutlassfuse, m) {
   m.def("set_phase_streams(int lanes) -> ()", [](int64_t lanes) { set_phase_streams(lanes); });
   // The deconvolution kernel finalizes the statistics (cooperative launch) or a kernel after it.
   m.def("set_cooperative_finalize(bool enabled) -> ()", [](bool enabled) { set_cooperative_finalize(enabled); });
-  m.def("set_streamed_normalize(bool enabled) -> ()", [](bool enabled) { set_streamed_normalize(enabled); });
   // The deconvolution alone through the stock CUTLASS kernel (benchmark baseline); the
   // GroupNorm arguments are accepted and ignored.
   m.def((std::string("conv_transpose3d_cutlass") + kArguments + " -> Tensor").c_str());

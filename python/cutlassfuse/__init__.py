@@ -26,7 +26,6 @@ from .ops import (  # noqa: E402
     set_float32_tensor_cores,
     set_fused_path_enabled,
     set_phase_streams,
-    set_streamed_normalize,
 )
 from .rewrite import FuseResult, fuse  # noqa: E402
 
@@ -44,6 +43,5 @@ __all__ = [
     "set_float32_tensor_cores",
     "set_fused_path_enabled",
     "set_phase_streams",
-    "set_streamed_normalize",
     "__version__",
 ]

@@ -127,18 +127,6 @@ def set_cooperative_finalize(enabled: bool) -> None:
         torch.ops.cutlassfuse.set_cooperative_finalize(bool(enabled))
 
 
-def set_streamed_normalize(enabled: bool) -> None:
-    """Whether the fused path's deconvolution kernel also normalizes (True, the default):
-    its producer warpgroup's idle warps finalize and normalize each sample while the
-    tensor cores compute later ones, leaving one kernel per call (plus the input's layout
-    conversion when it needs one). It applies to NDHWC-ordered activations (not the
-    pixel-shuffle GEMM of kernel == stride layers) when one cooperative launch holds the
-    call; other calls, and False, run the separate finalize and normalize kernels.
-    No effect on a CPU-only build."""
-    if hasattr(torch.ops.cutlassfuse, "set_streamed_normalize"):
-        torch.ops.cutlassfuse.set_streamed_normalize(bool(enabled))
-
-
 def explain(*args, **kwargs) -> str:
     """Which implementation ``conv_transpose3d_relu_group_norm`` takes for the same
     arguments, and why: ``"fused_sm90: ..."``, ``"fallback: ..., because ..."`` or

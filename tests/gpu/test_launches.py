@@ -1,11 +1,10 @@
-"""The fused path's launches (issue 3). By default the deconvolution kernel also
-finalizes and normalizes each sample while it computes the later ones (the streamed
-normalize): one kernel per call, after a memset of its progress counters and the one
-layout conversion of an NCDHW input the conv cannot read as it is. Kernel == stride
-layers (the pixel-shuffle GEMM's space-to-depth activation) run a finalize and a
-normalize kernel after it; set_cooperative_finalize(True) moves the finalize into the
-conv. Every mode gives bitwise the same results, and whole-GPU cooperative launches on
-concurrent streams all complete with their sequential results."""
+"""The fused path's launches (issue 3). With set_cooperative_finalize(True) the
+deconvolution kernel finalizes the GroupNorm statistics after its last tile (a
+cooperative launch), so a call is two kernels, the conv and the normalize, plus the one
+layout conversion of an NCDHW input the conv cannot read as it is; by default a
+finalize kernel runs between them (it measured as fast or faster), bitwise the same.
+Whole-GPU cooperative launches on concurrent streams must all complete with their
+sequential results."""
 
 from __future__ import annotations
 
@@ -14,31 +13,18 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import cutlassfuse
-from cutlassfuse.testing import fused_path_expected, poison_cuda_allocator
+from cutlassfuse.testing import fused_path_expected
 
 pytestmark = pytest.mark.gpu
 
 
-MODES = {  # (streamed normalize, cooperative finalize)
-    "streamed": (True, False),
-    "finalize_in_conv": (False, True),
-    "separate_kernels": (False, False),
-}
-
-
-def set_mode(mode: str) -> None:
-    streamed, cooperative = MODES[mode]
-    cutlassfuse.set_streamed_normalize(streamed)
-    cutlassfuse.set_cooperative_finalize(cooperative)
-
-
 @pytest.fixture
-def fused_modes():
-    """Restores the defaults after a test that switches modes."""
+def cooperative_finalize():
     if not fused_path_expected():
         pytest.skip("the fused sm90 path runs on sm_90 only")
-    yield set_mode
-    set_mode("streamed")
+    cutlassfuse.set_cooperative_finalize(True)
+    yield
+    cutlassfuse.set_cooperative_finalize(False)
 
 
 def make(seed, batch=2, cin=64, cout=128, size=(8, 16, 16), kernel=3, stride=1, channels_last=False,
@@ -74,67 +60,41 @@ LAYOUTS = [
     ("channels_last", 3, 1, []),
     ("ncdhw", 3, 1, ["ncdhw_to_ndhwc"]),
     ("channels_last_stride2", 3, 2, []),  # eight sub-pixel phases in one launch
+    ("ncdhw_pixel_shuffle", 2, 2, []),  # kernel == stride: the GEMM reads the NCDHW input as it is
 ]
-PIXEL_SHUFFLE = ("ncdhw_pixel_shuffle", 2, 2, [])  # kernel == stride: the GEMM reads the NCDHW input as it is
-ALL_LAYOUTS = [*LAYOUTS, PIXEL_SHUFFLE]
 
 
 @pytest.mark.parametrize("layout,kernel,stride,conversion", LAYOUTS, ids=[c[0] for c in LAYOUTS])
-def test_streamed_normalize_is_one_kernel(layout, kernel, stride, conversion, fused_modes):
+def test_two_launches_with_the_cooperative_finalize(layout, kernel, stride, conversion, cooperative_finalize):
     args = make(0, kernel=kernel, stride=stride, channels_last=layout.startswith("channels_last"))
     names = device_operations(lambda: cutlassfuse.conv_transpose3d_relu_group_norm(**args))
-    assert_operations(names, [*conversion, "Memset", "PingpongPhasesKernel"])
+    assert_operations(names, [*conversion, "PingpongPhasesKernel", "group_norm_apply"])
 
 
-@pytest.mark.parametrize("layout,kernel,stride,conversion", ALL_LAYOUTS, ids=[c[0] for c in ALL_LAYOUTS])
-@pytest.mark.parametrize("mode,kernels", [
-    ("finalize_in_conv", ["PingpongPhasesKernel", "group_norm_apply"]),
-    ("separate_kernels", ["PingpongPhasesKernel", "group_norm_finalize", "group_norm_apply"]),
-])
-def test_launches_without_the_streamed_normalize(layout, kernel, stride, conversion, mode, kernels, fused_modes):
-    fused_modes(mode)
-    args = make(0, kernel=kernel, stride=stride, channels_last=layout.startswith("channels_last"))
-    names = device_operations(lambda: cutlassfuse.conv_transpose3d_relu_group_norm(**args))
-    assert_operations(names, [*conversion, *kernels])
-
-
-def test_pixel_shuffle_gemm_keeps_the_normalize_kernel(fused_modes):
-    args = make(0, kernel=2, stride=2)
+def test_default_finalize_kernel():
+    if not fused_path_expected():
+        pytest.skip("the fused sm90 path runs on sm_90 only")
+    args = make(0, channels_last=True)
     names = device_operations(lambda: cutlassfuse.conv_transpose3d_relu_group_norm(**args))
     assert_operations(names, ["PingpongPhasesKernel", "group_norm_finalize", "group_norm_apply"])
 
 
-# Items (sample, group) fewer than CTAs and more; tiles holding several samples (a
-# sample of 7 pixels); channels-last and NCDHW output; the three element types.
-SAME_BITS = [
-    dict(batch=3, stride=1, num_groups=8),
-    dict(batch=3, stride=2, num_groups=128),
-    dict(batch=16, stride=1, num_groups=64),
-    dict(batch=32, stride=1, num_groups=16, size=(1, 1, 5), kernel=3),
-    dict(batch=4, stride=2, num_groups=32, dtype=torch.bfloat16),
-]
-
-
-@pytest.mark.parametrize("case", SAME_BITS, ids=["cta_per_item", "eight_phases_group_per_channel",
-                                                 "warp_per_item", "tiles_hold_many_samples", "bfloat16_stride2"])
-@pytest.mark.parametrize("channels_last", [True, False], ids=["channels_last", "ncdhw"])
-def test_every_mode_gives_the_same_bits(case, channels_last, fused_modes):
-    args = make(1, channels_last=channels_last, **{k: v for k, v in case.items() if k != "num_groups"})
-    args.update(num_groups=case["num_groups"], norm_weight=torch.rand(128, device="cuda"),
+# Items (sample, group) fewer than CTAs (eight warps each) and more (a warp each).
+@pytest.mark.parametrize("batch,stride,num_groups", [(3, 1, 8), (3, 2, 128), (16, 1, 64)],
+                         ids=["cta_per_item", "eight_phases_group_per_channel", "warp_per_item"])
+def test_cooperative_finalize_gives_the_same_bits(batch, stride, num_groups, cooperative_finalize):
+    args = make(1, batch=batch, stride=stride, channels_last=True)
+    args.update(num_groups=num_groups, norm_weight=torch.rand(128, device="cuda"),
                 norm_bias=torch.rand(128, device="cuda"))
-    fused_modes("separate_kernels")
+    finalized_in_conv = cutlassfuse.conv_transpose3d_relu_group_norm(**args)
+    cutlassfuse.set_cooperative_finalize(False)
     expected = cutlassfuse.conv_transpose3d_relu_group_norm(**args)
-    for mode in ("streamed", "finalize_in_conv"):
-        fused_modes(mode)
-        poison_cuda_allocator(4 * expected.nbytes)  # outputs and workspaces start as NaN
-        assert torch.equal(cutlassfuse.conv_transpose3d_relu_group_norm(**args), expected), mode
+    assert torch.equal(finalized_in_conv, expected)
 
 
-@pytest.mark.parametrize("mode", ["streamed", "finalize_in_conv"])
-def test_whole_gpu_calls_on_concurrent_streams(mode, fused_modes):
+def test_whole_gpu_calls_on_concurrent_streams(cooperative_finalize):
     """Four streams each run calls whose grids take every SM: cooperative launches that
     must wait for the whole GPU, not deadlock by holding part of it."""
-    fused_modes(mode)
     cases = [make(seed, batch=8) for seed in range(4)]
     expected = [cutlassfuse.conv_transpose3d_relu_group_norm(**c) for c in cases]
     streams = [torch.cuda.Stream() for _ in cases]

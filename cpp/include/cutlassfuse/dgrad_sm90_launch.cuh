@@ -159,7 +159,7 @@ void launch_phases(const std::vector<Arguments>& phases, int sm_count, cudaStrea
     for (size_t first = 0; first < phases.size(); first += kMaxPhasesPerLaunch) {
       const size_t count = std::min(phases.size() - first, static_cast<size_t>(kMaxPhasesPerLaunch));
       const auto params = Kernel::to_underlying_arguments(phases.data() + first, static_cast<int>(count));
-      const cudaError_t e = Kernel::launch(params, GroupNormRequest{}, sm_count, stream).error;
+      const cudaError_t e = Kernel::launch(params, /*finalize=*/nullptr, sm_count, stream).error;
       throw_on_failure(e != cudaSuccess, "ping-pong launch", cudaGetErrorString(e));
     }
   } else {
@@ -217,23 +217,23 @@ class LaunchParamsCache {
 };
 
 // Launches the ping-pong kernel's `launches` (their parameters) on `stream`; one launch
-// holding every tile of the call also does what `request` asks if it can (see
-// PingpongPhasesKernel::launch). Returns what it did.
+// holding every tile of the call also finalizes `finalize` if given and it can (see
+// PingpongPhasesKernel::launch). Returns whether the statistics are finalized.
 template <class Kernel>
-GroupNormInKernel launch_pingpong(const std::vector<typename Kernel::Params>& launches, const GroupNormRequest& request,
-                                  int sm_count, cudaStream_t stream) {
-  GroupNormInKernel done = GroupNormInKernel::kNone;
+bool launch_pingpong(const std::vector<typename Kernel::Params>& launches, const StatisticsFinalize* finalize,
+                     int sm_count, cudaStream_t stream) {
+  bool finalized = false;
   for (const auto& params : launches) {
-    const auto launched = Kernel::launch(params, launches.size() == 1 ? request : GroupNormRequest{}, sm_count, stream);
+    const auto launched = Kernel::launch(params, launches.size() == 1 ? finalize : nullptr, sm_count, stream);
     throw_on_failure(launched.error != cudaSuccess, "ping-pong launch", cudaGetErrorString(launched.error));
-    done = launched.done;
+    finalized = launched.finalized;
   }
-  return done;
+  return finalized;
 }
 
 template <class Fused>
-GroupNormInKernel run(const Problem& problem, std::span<const PhaseLaunch> phases, const GroupNormRequest& request,
-                      int sm_count, cudaStream_t stream) {
+bool run(const Problem& problem, std::span<const PhaseLaunch> phases, const StatisticsFinalize* finalize, int sm_count,
+         cudaStream_t stream) {
   using Kernel = typename Fused::Kernel;
   auto arguments = [&] {
     std::vector<PhaseArguments<DgradShape, typename Fused::Mainloop, typename Fused::Epilogue>> args;
@@ -253,10 +253,10 @@ GroupNormInKernel run(const Problem& problem, std::span<const PhaseLaunch> phase
       }
       return params;
     });
-    return launch_pingpong<Kernel>(launches, request, sm_count, stream);
+    return launch_pingpong<Kernel>(launches, finalize, sm_count, stream);
   } else {
     launch_phases<Kernel, false>(arguments(), sm_count, stream);
-    return GroupNormInKernel::kNone;
+    return false;
   }
 }
 
@@ -277,19 +277,18 @@ decltype(auto) with_kernel(DgradConfig config, F&& f) {
 
 // Defines the family's two entry points for one element type of the op (ELEMENT_TYPE),
 // run with CUTLASS_IN operands and a CUTLASS_OUT activation.
-#define CUTLASSFUSE_DEFINE_DGRAD_FAMILY(ELEMENT_TYPE, CUTLASS_IN, CUTLASS_OUT)                                      \
-  namespace cutlassfuse::sm90 {                                                                                     \
-  template <>                                                                                                       \
-  std::string dgrad_unsupported_reason<ELEMENT_TYPE>(DgradConfig config, const Problem& problem,                    \
-                                                     const PhaseProblem& phase) {                                   \
-    return with_kernel<CUTLASS_IN, CUTLASS_OUT>(                                                                    \
-        config, [&](auto fused) { return unsupported_reason<decltype(fused)>(problem, phase); });                   \
-  }                                                                                                                 \
-  template <>                                                                                                       \
-  GroupNormInKernel dgrad_fused<ELEMENT_TYPE>(DgradConfig config, const Problem& problem,                           \
-                                              std::span<const PhaseLaunch> phases, const GroupNormRequest& request, \
-                                              int sm_count, cudaStream_t stream) {                                  \
-    return with_kernel<CUTLASS_IN, CUTLASS_OUT>(                                                                    \
-        config, [&](auto fused) { return run<decltype(fused)>(problem, phases, request, sm_count, stream); });      \
-  }                                                                                                                 \
+#define CUTLASSFUSE_DEFINE_DGRAD_FAMILY(ELEMENT_TYPE, CUTLASS_IN, CUTLASS_OUT)                                    \
+  namespace cutlassfuse::sm90 {                                                                                   \
+  template <>                                                                                                     \
+  std::string dgrad_unsupported_reason<ELEMENT_TYPE>(DgradConfig config, const Problem& problem,                  \
+                                                     const PhaseProblem& phase) {                                 \
+    return with_kernel<CUTLASS_IN, CUTLASS_OUT>(                                                                  \
+        config, [&](auto fused) { return unsupported_reason<decltype(fused)>(problem, phase); });                 \
+  }                                                                                                               \
+  template <>                                                                                                     \
+  bool dgrad_fused<ELEMENT_TYPE>(DgradConfig config, const Problem& problem, std::span<const PhaseLaunch> phases, \
+                                 const StatisticsFinalize* finalize, int sm_count, cudaStream_t stream) {         \
+    return with_kernel<CUTLASS_IN, CUTLASS_OUT>(                                                                  \
+        config, [&](auto fused) { return run<decltype(fused)>(problem, phases, finalize, sm_count, stream); });   \
+  }                                                                                                               \
   }

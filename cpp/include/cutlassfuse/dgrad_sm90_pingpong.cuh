@@ -17,12 +17,10 @@
 // Each phase has its own TMA descriptors and epilogue parameters (output view, bias,
 // partials region) in the kernel's parameters. A batched GEMM is one phase whose tiles
 // run over the batch too.
-// When a launch holds every tile of the call, launched cooperatively (every CTA
-// resident at once), it can also
-//   - normalize: the producer warpgroup's idle warps finalize and normalize each sample
-//     once its tiles are stored, while later tiles run (group_norm_streamed.cuh), or
-//   - finalize only: its CTAs meet at a grid-wide barrier after their last tile, and
-//     the consumer warpgroups merge the partials (group_norm_finalize.cuh).
+// When a launch holds every tile of the call, it can also finalize the GroupNorm
+// statistics (group_norm_finalize.cuh) instead of a separate kernel: launched
+// cooperatively (every CTA resident at once), its CTAs meet at a grid-wide barrier
+// after their last tile, and the consumer warpgroups then merge the partials.
 #pragma once
 
 #include <atomic>
@@ -39,23 +37,8 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "cutlassfuse/group_norm_finalize.cuh"
-#include "cutlassfuse/group_norm_streamed.cuh"
 
 namespace cutlassfuse::sm90 {
-
-// The CUDA type of a CUTLASS element type (the streamed normalize's loads and stores).
-template <class Element>
-struct CudaElement {
-  using type = Element;
-};
-template <>
-struct CudaElement<cutlass::half_t> {
-  using type = __half;
-};
-template <>
-struct CudaElement<cutlass::bfloat16_t> {
-  using type = __nv_bfloat16;
-};
 
 // The tiles of one launch: phase p owns tiles [first_tile[p], first_tile[p + 1]),
 // numbered with the N tiles of an M tile adjacent (they share their input rows in L2),
@@ -142,7 +125,7 @@ template <class CollectiveEpilogue>
 constexpr int pingpong_carveout_bytes() {
   constexpr size_t kAlignmentSlack = 256;
   return static_cast<int>(sizeof(typename CollectiveEpilogue::TensorStorage) +
-                          sizeof(typename CollectiveEpilogue::PipelineStorage) + sizeof(StreamHelperStorage) +
+                          sizeof(typename CollectiveEpilogue::PipelineStorage) +
                           sizeof(typename ConsumerOrderBarrier::SharedStorage) + kAlignmentSlack);
 }
 
@@ -170,7 +153,6 @@ class PingpongPhasesKernel {
   using MainloopPipeline = typename CollectiveMainloop::MainloopPipeline;
   using EpiLoadPipeline = typename CollectiveEpilogue::LoadPipeline;
   using EpiStorePipeline = typename CollectiveEpilogue::StorePipeline;
-  using ElementD = typename CudaElement<typename CollectiveEpilogue::ElementD>::type;
 
   struct SharedStorage {
     struct Pipelines : cute::aligned_struct<16, cute::_1> {
@@ -183,7 +165,6 @@ class PingpongPhasesKernel {
       typename CollectiveEpilogue::TensorStorage epilogue;
       typename CollectiveMainloop::TensorStorage mainloop;
     } tensors;
-    StreamHelperStorage helpers;
   };
   static constexpr int SharedStorageSize = sizeof(SharedStorage);
 
@@ -196,8 +177,7 @@ class PingpongPhasesKernel {
   struct Params {
     PhaseParams phase[MaxPhases];
     PhaseTiles<MaxPhases> tiles;
-    StatisticsFinalize finalize;  // partials == nullptr: the launch does not finalize after its last tile
-    StreamedNormalize normalize;  // output == nullptr: the launch does not normalize
+    StatisticsFinalize finalize;  // partials == nullptr: the launch does not finalize
   };
 
   // Tile counts (m, n, k) and batch entries (l) of a phase, tiled as the mainloop's
@@ -239,36 +219,30 @@ class PingpongPhasesKernel {
 
   struct Launched {
     cudaError_t error;
-    GroupNormInKernel done;  // what of the GroupNorm the kernel also did
+    bool finalized;  // the kernel finalizes the statistics (no group_norm_finalize to run)
   };
 
-  // Launches `params`, normalizing (`normalize`) or finalizing (`finalize`) as it
-  // computes the tiles when one is given and the GPU takes the grid at once: a
-  // cooperative launch, which the driver refuses (cudaErrorCooperativeLaunchTooLarge)
-  // when fewer CTAs fit, e.g. on a GPU partitioned by MPS or green contexts; the launch
-  // then runs without them.
-  static Launched launch(Params const& params, GroupNormRequest const& request, int sm_count, cudaStream_t stream) {
+  // Launches `params`, finalizing `finalize` after the last tile when it is given and
+  // the GPU takes the grid at once: a cooperative launch, which the driver refuses
+  // (cudaErrorCooperativeLaunchTooLarge) when fewer CTAs fit, e.g. on a GPU partitioned
+  // by MPS or green contexts; the launch then runs without the finalize.
+  static Launched launch(Params const& params, StatisticsFinalize const* finalize, int sm_count, cudaStream_t stream) {
     const auto kernel = &cutlass::device_kernel<PingpongPhasesKernel>;
-    if (cudaError_t e = allow_shared_memory(kernel); e != cudaSuccess) return {e, GroupNormInKernel::kNone};
+    if (cudaError_t e = allow_shared_memory(kernel); e != cudaSuccess) return {e, false};
     cudaLaunchAttribute cooperative{};
     cooperative.id = cudaLaunchAttributeCooperative;
     cooperative.val.cooperative = 1;
     cudaLaunchConfig_t config{
         get_grid_shape(params, sm_count), get_block_shape(), SharedStorageSize, stream, &cooperative, 1};
-    if (request.wants() != GroupNormInKernel::kNone) {
-      Params extended = params;
-      if (request.normalize != nullptr) {
-        extended.normalize = *request.normalize;
-      } else {
-        extended.finalize = *request.finalize;
-      }
-      const cudaError_t e = cudaLaunchKernelEx(&config, kernel, extended);
-      if (e != cudaErrorCooperativeLaunchTooLarge)
-        return {e, e == cudaSuccess ? request.wants() : GroupNormInKernel::kNone};
-      (void)cudaGetLastError();  // not sticky: clear it and launch without them
+    if (finalize != nullptr) {
+      Params finalizing = params;
+      finalizing.finalize = *finalize;
+      const cudaError_t e = cudaLaunchKernelEx(&config, kernel, finalizing);
+      if (e != cudaErrorCooperativeLaunchTooLarge) return {e, e == cudaSuccess};
+      (void)cudaGetLastError();  // not sticky: clear it and launch without the finalize
     }
     config.numAttrs = 0;  // a plain launch
-    return {cudaLaunchKernelEx(&config, kernel, params), GroupNormInKernel::kNone};
+    return {cudaLaunchKernelEx(&config, kernel, params), false};
   }
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) {
@@ -320,11 +294,7 @@ class PingpongPhasesKernel {
 
     if (warp_group == 0) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
-      if (producer_warp) {
-        produce(params, storage, mainloop_pipeline);
-      } else if (params.normalize.output != nullptr) {
-        StreamedNormalizer<ElementD>(params.normalize, storage.helpers, warp_in_group - 1).run();
-      }
+      if (producer_warp) produce(params, storage, mainloop_pipeline);
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
       consume(params, storage, mainloop_pipeline, epi_load_pipeline, epi_store_pipeline, consumer_order,
@@ -406,26 +376,6 @@ class PingpongPhasesKernel {
       epi_load_state.advance(c_tiles);
       epi_store_state.advance(d_tiles);
       consumer_order.arrive();
-      if (params.normalize.output != nullptr) publish_tile(params, work, second, group_thread);
-    }
-  }
-
-  // Counts the tile as stored for each sample it holds (group_norm_streamed.cuh), once
-  // its activation (TMA stores, issued by the warpgroup's first warp) and its partials
-  // (plain stores) are visible to the whole GPU. Off the tensor cores' critical path:
-  // the other consumer runs its MMAs meanwhile.
-  CUTLASS_DEVICE static void publish_tile(Params const& params, typename PhaseTiles<MaxPhases>::Work const& work,
-                                          bool second, int group_thread) {
-    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the writes done, not only the reads of smem
-    asm volatile("fence.proxy.async.global;" ::: "memory");
-    __threadfence();
-    cutlass::arch::NamedBarrier::sync(
-        cutlass::NumThreadsPerWarpGroup,
-        static_cast<int>(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier) + 1 + int{second});
-    if (group_thread == 0) {
-      const StreamedNormalize& job = params.normalize;
-      const SampleSpan samples = samples_of_tile(job.finalize.sources.regions[work.phase], work.m, job.finalize.batch);
-      for (int64_t n = samples.first; n <= samples.last; ++n) atomicAdd(job.progress + n, 1);
     }
   }
 

@@ -130,37 +130,6 @@ inline StatisticsFinalize statistics_finalize(const WelfordPartial* partials, co
           static_cast<float2*>(scale_shift)};
 }
 
-// The normalize pass run by the ping-pong deconvolution kernel while it computes the
-// activation (dgrad_sm90_pingpong.cuh, group_norm_streamed.cuh): its idle producer
-// warps finalize and normalize each sample as soon as the sample's tiles are stored.
-// `progress` ([2 * batch] ints, zeroed before the launch) counts, per sample, the tiles
-// stored and then the groups finalized.
-struct StreamedNormalize {
-  StatisticsFinalize finalize;
-  const void* activation = nullptr;  // NDHWC
-  void* output = nullptr;            // channels-last (may be `activation`) or NCDHW
-  bool channels_last_output = false;
-  int64_t spatial = 0;  // output pixels per sample
-  int* progress = nullptr;
-
-  static int64_t progress_bytes(int64_t batch) { return 2 * batch * static_cast<int64_t>(sizeof(int)); }
-};
-
-// What of the GroupNorm a deconvolution launch does besides the partials.
-enum class GroupNormInKernel { kNone, kFinalize, kNormalize };
-
-// What the caller asks of the deconvolution kernel: normalize (which finalizes too),
-// finalize only, or neither (both null). The kernel may decline (dgrad_sm90.h).
-struct GroupNormRequest {
-  const StatisticsFinalize* finalize = nullptr;
-  const StreamedNormalize* normalize = nullptr;
-
-  GroupNormInKernel wants() const {
-    if (normalize != nullptr) return GroupNormInKernel::kNormalize;
-    return finalize != nullptr ? GroupNormInKernel::kFinalize : GroupNormInKernel::kNone;
-  }
-};
-
 // Any channel count; batch <= 65535.
 void group_norm_finalize(const StatisticsFinalize& finalize, cudaStream_t stream);
 

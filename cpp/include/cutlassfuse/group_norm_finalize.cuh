@@ -116,14 +116,6 @@ struct FinalizeScratch {
   float rstd;
 };
 
-// From L2: the partials may have been written during the running kernel by other SMs
-// (the streamed normalize, group_norm_streamed.cuh), and this SM's L1 may hold a line
-// of them read before they were.
-__device__ __forceinline__ WelfordPartial load_partial(const WelfordPartial* p) {
-  const auto* fields = reinterpret_cast<const float*>(p);
-  return {__ldcg(fields), __ldcg(fields + 1), __ldcg(fields + 2)};
-}
-
 // Segment `segment` of the item whose slots `slots` describes, complete at lane 0.
 __device__ inline WelfordPartial merge_segment(const StatisticsFinalize& f, const GroupSlots& slots, int64_t segment,
                                                int64_t n, int g) {
@@ -141,8 +133,8 @@ __device__ inline WelfordPartial merge_segment(const StatisticsFinalize& f, cons
       while (p >= slots.region_end[r]) ++r;
       const int64_t region_begin = r > 0 ? slots.region_end[r - 1] : 0;
       const int group = g + sources.regions[r].group_offset;
-      loaded[i] = load_partial(f.partials + partial_slot(sources.regions[r], slots.range[r], p - region_begin, n, group,
-                                                         channels_per_group));
+      loaded[i] =
+          f.partials[partial_slot(sources.regions[r], slots.range[r], p - region_begin, n, group, channels_per_group)];
     }
   }
   WelfordPartial acc = loaded[0];

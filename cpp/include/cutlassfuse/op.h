@@ -61,10 +61,6 @@ void set_phase_streams(int64_t lanes);
 // itself (a cooperative launch) or leaves them to a finalize kernel (the default; the
 // in-conv finalize measured no faster overall, docs/performance.md).
 void set_cooperative_finalize(bool enabled);
-// Whether the fused path's deconvolution kernel also normalizes (finalizing and
-// normalizing each sample while later ones compute; group_norm_streamed.cuh) where it
-// can: NDHWC-ordered activations, one cooperative launch holding every tile (default on).
-void set_streamed_normalize(bool enabled);
 at::Tensor fused_forward_cuda(const OpArgs& args, const Problem& problem);
 // What the fused path runs for `problem` (kernel configuration included).
 std::string fused_path_description(const OpArgs& args, const Problem& problem);
