@@ -54,12 +54,20 @@ def test_fake_kernel_rejects_mismatched_channels():
     (dict(num_groups=3), "num_groups"),
     (dict(groups=3), "divisible by groups"),
     (dict(output_padding=[1, 0, 0]), "output_padding"),
-], ids=["zero_groups", "groups_not_dividing", "conv_groups", "output_padding"])
+    (dict(input_shape=(1, 8, 0, 3, 3)), "only the batch"),
+    (dict(input_shape=(1, 0, 3, 3, 3), weight_shape=(0, 8, 3, 3, 3)), "only the batch"),
+    (dict(padding=[3, 0, 0]), "empty"),
+    (dict(stride=[0, 1, 1]), "stride"),
+    (dict(eps=-1.0), "eps"),
+], ids=["zero_groups", "groups_not_dividing", "conv_groups", "output_padding", "empty_depth", "zero_in_channels",
+        "empty_output", "zero_stride", "negative_eps"])
 def test_fake_kernel_rejects_what_the_real_one_rejects(change, message):
-    args = dict(num_groups=2, groups=1, output_padding=[0, 0, 0])
+    args = dict(num_groups=2, groups=1, output_padding=[0, 0, 0], padding=[0, 0, 0], stride=[1, 1, 1], eps=1e-5,
+                input_shape=(1, 8, 3, 3, 3), weight_shape=(8, 8, 3, 3, 3))
     args.update(change)
-    x, w = torch.rand(1, 8, 3, 3, 3), torch.rand(8, 8, 3, 3, 3)
-    call = [args["num_groups"], 1e-5, [1] * 3, [0] * 3, args["output_padding"], args["groups"], [1] * 3, None]
+    x, w = torch.rand(args["input_shape"]), torch.rand(args["weight_shape"])
+    call = [args["num_groups"], args["eps"], args["stride"], args["padding"], args["output_padding"], args["groups"],
+            [1] * 3, None]
     with pytest.raises(ValueError, match=message):
         OP(x, w, None, None, None, *call)
     with FakeTensorMode() as mode, pytest.raises(RuntimeError, match=message):

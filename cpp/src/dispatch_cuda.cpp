@@ -36,7 +36,10 @@ std::atomic<bool> g_cooperative_finalize{false};
 // wave can overlap the next phase's first (the ping-pong kernel does this inside one
 // launch). Forked from and joined back into the caller's stream, so the op stays
 // ordered on it (and capturable in a CUDA graph); the tensors the phases use outlive
-// the join. One lane (the default) launches everything on the caller's stream.
+// the join. One lane (the default) launches everything on the caller's stream. The
+// destructor joins too: when a launch throws, the call's workspace goes back to the
+// caching allocator as the exception unwinds, and the caller's stream must not reuse it
+// before the side streams' kernels that read it have finished.
 class PhaseLanes {
  public:
   PhaseLanes(size_t phases, const at::cuda::CUDAStream& caller) : caller_(caller) {
@@ -50,18 +53,30 @@ class PhaseLanes {
     }
   }
 
+  PhaseLanes(const PhaseLanes&) = delete;
+  PhaseLanes& operator=(const PhaseLanes&) = delete;
+
+  ~PhaseLanes() {
+    try {
+      join();
+    } catch (...) {  // already unwinding from a failed launch, whose error is the one to report
+    }
+  }
+
   size_t count() const { return std::max<size_t>(side_.size(), 1); }
 
   cudaStream_t stream_for(size_t phase) const {
     return side_.empty() ? caller_.stream() : side_[phase % side_.size()].stream();
   }
 
-  void join() const {
+  // Idempotent: the caller's stream waits once for every side stream.
+  void join() {
     for (const at::cuda::CUDAStream& side : side_) {
       at::cuda::CUDAEvent done;
       done.record(side);
       done.block(caller_);
     }
+    side_.clear();
   }
 
  private:
@@ -257,7 +272,7 @@ bool launch_phases(const FusedPlan& plan, const sm90::DgradOperands& operands, E
     phase_operands.partials += plan.sources.regions[i * plan.blocks()].first_slot;
     launches.push_back({&plan.subpixel.phases[i], phase_operands});
   }
-  const PhaseLanes lanes(launches.size(), at::cuda::getCurrentCUDAStream());
+  PhaseLanes lanes(launches.size(), at::cuda::getCurrentCUDAStream());
   const bool finalized = with_element(element, [&](auto e) {
     if (lanes.count() <= 1) {
       return sm90::dgrad_fused<decltype(e)::value>(plan.config, plan.conv, launches, finalize, sm_count,

@@ -156,6 +156,15 @@ def _conv_transpose3d_relu_group_norm_fake(input, weight, bias, norm_weight, nor
     torch._check(weight.shape[0] == input.shape[1],
                  lambda: f"cutlassfuse: weight.shape[0] ({weight.shape[0]}) must equal the input's channels "
                          f"({input.shape[1]})")
+    torch._check(all(extent > 0 for extent in input.shape[1:]),
+                 lambda: f"cutlassfuse: only the batch of the input may be empty, got shape {tuple(input.shape)}")
+    torch._check(all(s > 0 for s in stride) and all(d > 0 for d in dilation) and all(p >= 0 for p in padding),
+                 lambda: f"cutlassfuse: stride and dilation must be positive and padding non-negative, got "
+                         f"stride={stride}, dilation={dilation}, padding={padding}")
+    torch._check(all(k > 0 for k in weight.shape[2:]) and weight.shape[1] > 0,
+                 lambda: f"cutlassfuse: kernel size and output channels must be positive, got weight shape "
+                         f"{tuple(weight.shape)}")
+    torch._check(eps >= 0, lambda: f"cutlassfuse: eps must be non-negative, got {eps}")
     torch._check(groups > 0 and input.shape[1] % groups == 0,
                  lambda: f"cutlassfuse: input channels ({input.shape[1]}) must be divisible by groups ({groups})")
     out_channels = weight.shape[1] * groups
@@ -168,6 +177,8 @@ def _conv_transpose3d_relu_group_norm_fake(input, weight, bias, norm_weight, nor
                              f"output_padding={output_padding}, stride={stride}, dilation={dilation}")
     spatial = transposed_conv_output_size(input.shape[2:], weight.shape[2:], stride, padding, output_padding,
                                           dilation)
+    torch._check(all(extent > 0 for extent in spatial),
+                 lambda: f"cutlassfuse: the output would be empty (spatial size {spatial})")
     channels_last = torch.channels_last_3d in (suggest_memory_format(input), suggest_memory_format(weight))
     return torch.empty((input.shape[0], out_channels, *spatial), dtype=input.dtype, device=input.device,
                        memory_format=torch.channels_last_3d if channels_last else torch.contiguous_format)
