@@ -39,11 +39,19 @@ def reference_float64(input: Tensor, weight: Tensor, bias: Tensor | None = None,
 
 
 def poison_cuda_allocator(nbytes: int) -> None:
-    """Leaves NaN in the CUDA caching allocator's free blocks, so that an element an op
-    allocates but fails to write reads back as NaN rather than as stale plausible data."""
+    """Leaves NaN in the CUDA caching allocator's free memory, so that an element an op
+    allocates but fails to write reads back as NaN rather than as stale plausible data.
+
+    The allocator serves requests above 1 MiB from its large pool and smaller ones from
+    2 MiB segments of its small pool: cached free blocks are released first, then one
+    free NaN block of at least `nbytes` is left in the large pool and one whole NaN
+    segment in the small pool, which the next allocations split."""
     torch.cuda.synchronize()
-    poison = torch.full((nbytes // 2 + 1,), float("nan"), dtype=torch.float16, device="cuda")
-    del poison
+    torch.cuda.empty_cache()
+    small_block = 1 << 20  # the largest request the small pool serves
+    large = torch.full((max(nbytes, 2 * small_block) // 2 + 1,), float("nan"), dtype=torch.float16, device="cuda")
+    small = [torch.full((small_block // 2,), float("nan"), dtype=torch.float16, device="cuda") for _ in range(2)]
+    del large, small
 
 
 @dataclass(frozen=True)
