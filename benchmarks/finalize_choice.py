@@ -1,7 +1,7 @@
 """Where the GroupNorm statistics are finalized, timed per call: by the deconvolution
-kernel after its last tile (set_cooperative_finalize(True): a cooperative launch, two
-kernels per call) against the separate finalize kernel (the default, three), on every
-baselines.md shape, module calls on NCDHW input.
+kernel after its last tile (set_cooperative_finalize(True): a cooperative launch)
+against the first blocks of the finishing kernel (the default), two kernels per call
+either way, on every baselines.md shape, module calls on NCDHW input.
 
     python benchmarks/finalize_choice.py [--dtype float16] [--rounds 5]
 
@@ -22,7 +22,7 @@ from cutlassfuse.bench import DEFAULT_SHAPES
 from cutlassfuse.benchmarking import median_ms
 from cutlassfuse.modules import ConvTranspose3dReLUGroupNorm
 
-CHOICES = {"in conv": True, "finalize kernel": False}
+CHOICES = {"in conv": True, "finish kernel": False}
 
 
 def graph_of(fn) -> torch.cuda.CUDAGraph:

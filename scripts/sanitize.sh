@@ -32,7 +32,7 @@ grep -E "ERROR SUMMARY" "$LOG_DIR/initcheck.log"
 reports=$(grep -c "Uninitialized" "$LOG_DIR/initcheck.log")
 # A report whose frames (the next 6 lines) name no normalize kernel counts as other.
 other=$(awk '/Uninitialized/ { if (open && !hit) other++; open = 1; hit = 0; left = 6; next }
-             open && left-- > 0 && /normalize_rows_|group_norm_apply_kernel/ { hit = 1 }
+             open && left-- > 0 && /normalize_rows_|group_norm_finish_kernel/ { hit = 1 }
              END { if (open && !hit) other++; print other + 0 }' "$LOG_DIR/initcheck.log")
 echo "initcheck: $reports reports, $other outside the normalize kernel's reads of the activation"
 if (( other > 0 )) || (( reports > 0 && control_blind == 0 )); then

@@ -405,6 +405,7 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   static_assert(sizeof(WelfordPartial) == 3 * sizeof(float));
   const auto partials_region = workspace.reserve(plan.slots * static_cast<int64_t>(sizeof(WelfordPartial)));
   const auto scale_shift_region = workspace.reserve(group_norm_scale_shift_bytes(shape));
+  const auto counters_region = workspace.reserve(FinishCounters::count(p.batch) * static_cast<int64_t>(sizeof(int)));
   // The GEMM's columns are blocks of Cout channels: each needs the bias (repeated here
   // unless the caller passed it repeated).
   const bool block_bias = present(a.bias) && plan.blocks() > 1 && !present(a.packed_bias);
@@ -429,7 +430,8 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
     const NvtxRange range("cutlassfuse.fill_unreached_pixels");
     fill_unreached_pixels(element, activation, plan.sources.bias, p, stream);
   }
-  const sm90::DgradOperands operands{input, filter.data_ptr(), epilogue_bias, activation, partials};
+  auto* counters = workspace.at<int>(counters_region);
+  const sm90::DgradOperands operands{input, filter.data_ptr(), epilogue_bias, activation, partials, counters};
   const GroupNormAffine affine{data_or_null(a.norm_weight, gamma), data_or_null(a.norm_bias, beta),
                                *affine_element_type(a)};
   const StatisticsFinalize finalize = statistics_finalize(partials, plan.sources, element, shape, affine,
@@ -437,9 +439,9 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   const bool finalized = launch_deconvolution(plan, operands, element,
                                               g_cooperative_finalize.load() ? &finalize : nullptr, sm_count, stream);
 
-  const NvtxRange range("cutlassfuse.group_norm_finalize_apply");
-  if (!finalized) group_norm_finalize(finalize, stream);
-  group_norm_apply(element, activation, plan.order, finalize.scale_shift, shape, channels_last, out.data_ptr(), stream);
+  const NvtxRange range("cutlassfuse.group_norm_finish");
+  group_norm_finish(finalize, finalized, counters, activation, plan.order, shape.spatial, channels_last, out.data_ptr(),
+                    stream);
   return out;
 }
 

@@ -63,10 +63,11 @@ __device__ __forceinline__ int64_t source_row(int64_t pixel, const ShuffleIndex&
   return pixel;
 }
 
+// The scale and shift of sample n, written by other blocks of this kernel (read from L2).
 __device__ void load_scale_shift(const float2* __restrict__ scale_shift, int64_t n, int channels, float* scale,
                                  float* shift) {
   for (int c = threadIdx.x; c < channels; c += kThreads) {
-    const float2 ss = scale_shift[n * channels + c];
+    const float2 ss = __ldcg(&scale_shift[n * channels + c]);
     scale[c] = ss.x;
     shift[c] = ss.y;
   }
@@ -130,58 +131,103 @@ __device__ void normalize_rows_ncdhw(const T* activation, T* sample_out, int64_t
   }
 }
 
-// Block (b, n) normalizes row tiles of sample n: kTilesPerBlock of them for
+// What the finishing kernel's blocks do besides the finalize.
+struct NormalizeJob {
+  const void* activation;
+  void* out;
+  ShuffleIndex order;
+  int64_t spatial;
+  int* counters;           // group_norm.h: FinishCounters
+  int64_t finalize_items;  // batch * groups, or 0 when the deconvolution finalized
+  int64_t blocks_per_sample;
+};
+
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int value;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(value) : "l"(p) : "memory");
+  return value;
+}
+
+// Block tickets in the order blocks start, so that a block only ever waits for blocks
+// already running: the first finalize_items tickets finalize a (sample, group) each
+// (eight warps, the same merge as group_norm_finalize), the rest normalize row tiles
+// of one sample once its groups are finalized: kTilesPerBlock of them for
 // channels-last output, enough to amortize loading the sample's scale and shift; one
 // for NCDHW output, whose transpose already gives each block a few loads per thread
 // and whose occupancy is bound by the transpose tile.
 template <class T, bool kChannelsLast, bool kShuffled>
 __global__ void __launch_bounds__(kThreads)
-group_norm_apply_kernel(const T* activation, const __grid_constant__ ShuffleIndex order,
-                        const float2* __restrict__ scale_shift, int64_t spatial, int channels, T* out) {
+group_norm_finish_kernel(const __grid_constant__ StatisticsFinalize finalize,
+                         const __grid_constant__ NormalizeJob job) {
+  __shared__ FinalizeScratch<kWarps> scratch;
   __shared__ float scale[kMaxChannels];
   __shared__ float shift[kMaxChannels];
-  const int64_t n = blockIdx.y;
-  load_scale_shift(scale_shift, n, channels, scale, shift);
+  __shared__ int ticket_slot;
+  int* const next_ticket = job.counters + FinishCounters::kNextTicket;
+  int* const groups_finalized = job.counters + FinishCounters::kGroupsFinalized;
+  if (threadIdx.x == 0) ticket_slot = atomicAdd(next_ticket, 1);
+  __syncthreads();
+  const int64_t ticket = ticket_slot;
 
-  const T* sample_in = activation + n * spatial * channels;
-  T* sample_out = out + n * spatial * channels;
+  if (ticket < job.finalize_items) {
+    const int64_t n = ticket / finalize.num_groups;
+    finalize_group(finalize, n, static_cast<int>(ticket % finalize.num_groups), static_cast<int>(threadIdx.x / 32),
+                   scratch, [] { __syncthreads(); });
+    __threadfence();  // this thread's scale and shift, before the count that publishes them
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(groups_finalized + n, 1);
+    return;
+  }
+
+  const int64_t block = ticket - job.finalize_items;
+  const int64_t n = block / job.blocks_per_sample;
+  if (job.finalize_items > 0 && threadIdx.x == 0) {
+    while (load_acquire(groups_finalized + n) < finalize.num_groups) __nanosleep(128);
+  }
+  __syncthreads();
+  load_scale_shift(finalize.scale_shift, n, finalize.channels, scale, shift);
+
+  const int64_t sample_offset = n * job.spatial * finalize.channels;
+  const T* sample_in = static_cast<const T*>(job.activation) + sample_offset;
+  T* sample_out = static_cast<T*>(job.out) + sample_offset;
   constexpr int kTiles = kChannelsLast ? kTilesPerBlock : 1;
-  const int64_t first_row = blockIdx.x * int64_t{kTile} * kTiles;
-  for (int64_t row_begin = first_row; row_begin < min(spatial, first_row + kTile * kTiles); row_begin += kTile) {
-    const int rows = static_cast<int>(min(spatial - row_begin, int64_t{kTile}));
+  const int64_t first_row = (block - n * job.blocks_per_sample) * int64_t{kTile} * kTiles;
+  const int64_t end_row = min(job.spatial, first_row + kTile * kTiles);
+  for (int64_t row_begin = first_row; row_begin < end_row; row_begin += kTile) {
+    const int rows = static_cast<int>(min(job.spatial - row_begin, int64_t{kTile}));
     if constexpr (kChannelsLast) {
-      normalize_rows_channels_last<T, kShuffled>(sample_in, sample_out, row_begin, rows, channels, order, scale, shift);
+      normalize_rows_channels_last<T, kShuffled>(sample_in, sample_out, row_begin, rows, finalize.channels, job.order,
+                                                 scale, shift);
     } else {
-      normalize_rows_ncdhw<T, kShuffled>(sample_in, sample_out, row_begin, rows, channels, spatial, order, scale,
-                                         shift);
+      normalize_rows_ncdhw<T, kShuffled>(sample_in, sample_out, row_begin, rows, finalize.channels, job.spatial,
+                                         job.order, scale, shift);
     }
   }
 }
 
+template <bool kChannelsLast>
+int64_t rows_per_normalize_block() {
+  return int64_t{kTile} * (kChannelsLast ? kTilesPerBlock : 1);
+}
+
 template <class T, bool kChannelsLast, bool kShuffled>
-void launch_apply(const T* in, const PixelShuffle& order, const float2* scale_shift, const GroupNormShape& shape,
-                  T* out, cudaStream_t stream) {
-  const int64_t rows_per_block = int64_t{kTile} * (kChannelsLast ? kTilesPerBlock : 1);
-  const dim3 grid(static_cast<unsigned>(ceil_div(shape.spatial, rows_per_block)), static_cast<unsigned>(shape.batch));
-  group_norm_apply_kernel<T, kChannelsLast, kShuffled>
-      <<<grid, kThreads, 0, stream>>>(in, kShuffled ? ShuffleIndex(order) : ShuffleIndex(), scale_shift, shape.spatial,
-                                      static_cast<int>(shape.channels), out);
-  check_launch("group_norm_apply_kernel");
+void launch_finish(const StatisticsFinalize& finalize, bool finalized, NormalizeJob job, cudaStream_t stream) {
+  job.blocks_per_sample = ceil_div(job.spatial, rows_per_normalize_block<kChannelsLast>());
+  job.finalize_items = finalized ? 0 : finalize.batch * finalize.num_groups;
+  const auto blocks = static_cast<unsigned>(job.finalize_items + finalize.batch * job.blocks_per_sample);
+  group_norm_finish_kernel<T, kChannelsLast, kShuffled><<<blocks, kThreads, 0, stream>>>(finalize, job);
+  check_launch("group_norm_finish_kernel");
 }
 
 template <class T>
-void launch_apply(const void* activation, const PixelShuffle& order, const void* scale_shift,
-                  const GroupNormShape& shape, bool channels_last_output, void* output, cudaStream_t stream) {
-  const auto* in = static_cast<const T*>(activation);
-  const auto* ss = static_cast<const float2*>(scale_shift);
-  auto* out = static_cast<T*>(output);
-  const bool shuffled = !order.identity();
+void launch_finish(const StatisticsFinalize& finalize, bool finalized, const NormalizeJob& job, bool shuffled,
+                   bool channels_last_output, cudaStream_t stream) {
   if (channels_last_output) {
-    shuffled ? launch_apply<T, true, true>(in, order, ss, shape, out, stream)
-             : launch_apply<T, true, false>(in, order, ss, shape, out, stream);
+    shuffled ? launch_finish<T, true, true>(finalize, finalized, job, stream)
+             : launch_finish<T, true, false>(finalize, finalized, job, stream);
   } else {
-    shuffled ? launch_apply<T, false, true>(in, order, ss, shape, out, stream)
-             : launch_apply<T, false, false>(in, order, ss, shape, out, stream);
+    shuffled ? launch_finish<T, false, true>(finalize, finalized, job, stream)
+             : launch_finish<T, false, false>(finalize, finalized, job, stream);
   }
 }
 
@@ -206,9 +252,12 @@ int64_t group_norm_scale_shift_bytes(const GroupNormShape& shape) {
 const char* group_norm_unsupported_reason(const GroupNormShape& shape) {
   if (shape.channels % kVector != 0) return "channels not a multiple of 8 (vectors of 8 elements)";
   if (shape.channels > kMaxChannels) return "more than 1024 output channels";
-  if (shape.batch > 65535) return "batch larger than 65535 (grid y limit)";
+  if (shape.batch > 65535) return "batch larger than 65535 (grid z limit of the input's layout conversion)";
   if (shape.num_groups > (int64_t{1} << 31) - 1) return "too many groups";
-  if (ceil_div(shape.spatial, kTile) > (int64_t{1} << 31) - 1) return "spatial extent too large";
+  // group_norm_finish's blocks (a 1D grid, numbered by 32-bit tickets): at most
+  // batch * (groups + spatial / kTile).
+  if (shape.batch * (shape.num_groups + ceil_div(shape.spatial, kTile)) > (int64_t{1} << 31) - 1)
+    return "spatial extent too large";
   return "";
 }
 
@@ -218,15 +267,18 @@ void group_norm_finalize(const StatisticsFinalize& finalize, cudaStream_t stream
   check_launch("group_norm_finalize_kernel");
 }
 
-void group_norm_apply(ElementType element, const void* activation, const PixelShuffle& order, const void* scale_shift,
-                      const GroupNormShape& shape, bool channels_last_output, void* output, cudaStream_t stream) {
-  switch (element) {
+void group_norm_finish(const StatisticsFinalize& finalize, bool finalized, int* counters, const void* activation,
+                       const PixelShuffle& order, int64_t spatial, bool channels_last_output, void* output,
+                       cudaStream_t stream) {
+  const bool shuffled = !order.identity();
+  const NormalizeJob job{activation, output, shuffled ? ShuffleIndex(order) : ShuffleIndex(), spatial, counters};
+  switch (finalize.element) {
     case ElementType::kFloat16:
-      return launch_apply<__half>(activation, order, scale_shift, shape, channels_last_output, output, stream);
+      return launch_finish<__half>(finalize, finalized, job, shuffled, channels_last_output, stream);
     case ElementType::kBFloat16:
-      return launch_apply<__nv_bfloat16>(activation, order, scale_shift, shape, channels_last_output, output, stream);
+      return launch_finish<__nv_bfloat16>(finalize, finalized, job, shuffled, channels_last_output, stream);
     case ElementType::kFloat32:
-      return launch_apply<float>(activation, order, scale_shift, shape, channels_last_output, output, stream);
+      return launch_finish<float>(finalize, finalized, job, shuffled, channels_last_output, stream);
   }
 }
 

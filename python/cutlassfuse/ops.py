@@ -117,12 +117,11 @@ def set_phase_streams(lanes: int) -> None:
 
 def set_cooperative_finalize(enabled: bool) -> None:
     """Whether the fused path's deconvolution kernel finalizes the GroupNorm statistics
-    after its last tile (True: two kernels per call, the conv launched cooperatively) or
-    leaves them to a separate finalize kernel (False, the default: three). Results are
-    bitwise the same. Neither is faster overall (H100: equal on kb61, the in-conv finalize
-    2 % faster on gan_k4s2p1, 0-4 % slower on the other shapes; docs/performance.md),
-    and a cooperative launch starts only once every SM it needs is free, so it does not
-    overlap with kernels on other streams. No effect on a CPU-only build."""
+    after its last tile (True: the conv launched cooperatively) or leaves them to the
+    first blocks of the finishing kernel, which then normalizes (False, the default).
+    Two kernels per call either way, bitwise the same results; a cooperative launch
+    starts only once every SM it needs is free, so it does not overlap with kernels on
+    other streams (timings: docs/performance.md). No effect on a CPU-only build."""
     if hasattr(torch.ops.cutlassfuse, "set_cooperative_finalize"):
         torch.ops.cutlassfuse.set_cooperative_finalize(bool(enabled))
 

@@ -1,10 +1,10 @@
-"""The fused path's launches (issue 3). With set_cooperative_finalize(True) the
-deconvolution kernel finalizes the GroupNorm statistics after its last tile (a
-cooperative launch), so a call is two kernels, the conv and the normalize, plus the one
-layout conversion of an NCDHW input the conv cannot read as it is; by default a
-finalize kernel runs between them (it measured as fast or faster), bitwise the same.
-Whole-GPU cooperative launches on concurrent streams must all complete with their
-sequential results."""
+"""The fused path's launches (issue 3): two kernels, the deconvolution and the finishing
+kernel (its first blocks finalize the GroupNorm statistics, the others normalize),
+plus the one layout conversion of an NCDHW input the conv cannot read as it is. With
+set_cooperative_finalize(True) the deconvolution finalizes after its last tile instead
+(a cooperative launch), bitwise the same. Calls on concurrent streams, whose finishing
+blocks wait on one another and whose cooperative launches wait for the whole GPU, must
+all complete with their sequential results."""
 
 from __future__ import annotations
 
@@ -16,6 +16,15 @@ import cutlassfuse
 from cutlassfuse.testing import fused_path_expected
 
 pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(params=[False, True], ids=["finish_kernel_finalizes", "cooperative_finalize"])
+def finalize_in_conv(request):
+    if not fused_path_expected():
+        pytest.skip("the fused sm90 path runs on sm_90 only")
+    cutlassfuse.set_cooperative_finalize(request.param)
+    yield request.param
+    cutlassfuse.set_cooperative_finalize(False)
 
 
 @pytest.fixture
@@ -65,18 +74,10 @@ LAYOUTS = [
 
 
 @pytest.mark.parametrize("layout,kernel,stride,conversion", LAYOUTS, ids=[c[0] for c in LAYOUTS])
-def test_two_launches_with_the_cooperative_finalize(layout, kernel, stride, conversion, cooperative_finalize):
+def test_two_launches(layout, kernel, stride, conversion, finalize_in_conv):
     args = make(0, kernel=kernel, stride=stride, channels_last=layout.startswith("channels_last"))
     names = device_operations(lambda: cutlassfuse.conv_transpose3d_relu_group_norm(**args))
-    assert_operations(names, [*conversion, "PingpongPhasesKernel", "group_norm_apply"])
-
-
-def test_default_finalize_kernel():
-    if not fused_path_expected():
-        pytest.skip("the fused sm90 path runs on sm_90 only")
-    args = make(0, channels_last=True)
-    names = device_operations(lambda: cutlassfuse.conv_transpose3d_relu_group_norm(**args))
-    assert_operations(names, ["PingpongPhasesKernel", "group_norm_finalize", "group_norm_apply"])
+    assert_operations(names, [*conversion, "PingpongPhasesKernel", "group_norm_finish"])
 
 
 # Items (sample, group) fewer than CTAs (eight warps each) and more (a warp each).
@@ -92,9 +93,10 @@ def test_cooperative_finalize_gives_the_same_bits(batch, stride, num_groups, coo
     assert torch.equal(finalized_in_conv, expected)
 
 
-def test_whole_gpu_calls_on_concurrent_streams(cooperative_finalize):
-    """Four streams each run calls whose grids take every SM: cooperative launches that
-    must wait for the whole GPU, not deadlock by holding part of it."""
+def test_whole_gpu_calls_on_concurrent_streams(finalize_in_conv):
+    """Four streams each run calls whose grids take every SM: finishing kernels whose
+    blocks wait for other blocks' finalize, cooperative launches that must wait for the
+    whole GPU; neither may deadlock by holding part of it."""
     cases = [make(seed, batch=8) for seed in range(4)]
     expected = [cutlassfuse.conv_transpose3d_relu_group_norm(**c) for c in cases]
     streams = [torch.cuda.Stream() for _ in cases]
@@ -108,3 +110,18 @@ def test_whole_gpu_calls_on_concurrent_streams(cooperative_finalize):
     torch.cuda.synchronize()
     for outs, reference in zip(results, expected, strict=True):
         assert all(torch.equal(out, reference) for out in outs)
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "ncdhw"])
+def test_finishing_kernel_with_more_items_than_resident_blocks(layout):
+    """64 samples x 128 groups: the finalize tickets alone outnumber the blocks the GPU
+    holds at once, so normalize blocks start while later samples are still finalizing."""
+    if not fused_path_expected():
+        pytest.skip("the fused sm90 path runs on sm_90 only")
+    args = make(2, batch=64, size=(4, 8, 8), channels_last=layout == "channels_last")
+    args.update(num_groups=128)
+    out = cutlassfuse.conv_transpose3d_relu_group_norm(**args)
+    x, w, b = (args[k].double() for k in ("input", "weight", "bias"))
+    reference = torch.nn.functional.group_norm(torch.relu(torch.nn.functional.conv_transpose3d(x, w, b)), 128)
+    assert (out.double() - reference).abs().max().item() <= 3e-2
+    assert torch.equal(out, cutlassfuse.conv_transpose3d_relu_group_norm(**args))

@@ -49,11 +49,12 @@ void set_config_override(std::optional<DgradConfig> config);
 
 // Whole tensors; a phase's views (offsets, strides) apply inside.
 struct DgradOperands {
-  const void* input;         // [N, D, H, W, Cin] (NDHWC, packed)
-  const void* filter;        // [Cin, T, R, S, Cout]: PyTorch's (Cin, Cout, T, R, S) permuted
-  const void* bias;          // [Cout], or nullptr for no bias
-  void* activation;          // [N, Do, Ho, Wo, Cout] (NDHWC, packed)
-  WelfordPartial* partials;  // the phase's region (PartialsRegion): TilePartials::slots(...) entries
+  const void* input;               // [N, D, H, W, Cin] (NDHWC, packed)
+  const void* filter;              // [Cin, T, R, S, Cout]: PyTorch's (Cin, Cout, T, R, S) permuted
+  const void* bias;                // [Cout], or nullptr for no bias
+  void* activation;                // [N, Do, Ho, Wo, Cout] (NDHWC, packed)
+  WelfordPartial* partials;        // the phase's region (PartialsRegion): TilePartials::slots(...) entries
+  int* finish_counters = nullptr;  // FinishCounters::count(batch), zeroed by the epilogue's first tile
 
   bool operator==(const DgradOperands&) const = default;
 };

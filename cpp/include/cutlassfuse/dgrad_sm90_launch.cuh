@@ -75,9 +75,14 @@ typename Fused::Epilogue::FusionCallbacks::Arguments tree_arguments(const GroupN
   constexpr int kTileM = cute::size<0>(typename Fused::TileShape{});
   constexpr int kTileN = cute::size<1>(typename Fused::TileShape{});
   const TilePartials tiles = TilePartials::for_tiles(gn, kTileM, kTileN);
-  const GroupNormStatsArguments stats{
-      ops.partials,           gn.spatial,   static_cast<int>(gn.channels / gn.num_groups), tiles.max_segments,
-      tiles.max_local_groups, tiles.tiles_n};
+  const GroupNormStatsArguments stats{ops.partials,
+                                      gn.spatial,
+                                      static_cast<int>(gn.channels / gn.num_groups),
+                                      tiles.max_segments,
+                                      tiles.max_local_groups,
+                                      tiles.tiles_n,
+                                      ops.finish_counters,
+                                      ops.finish_counters ? FinishCounters::count(gn.batch) : 0};
   const typename Fused::Trees::Bias::Arguments bias{static_cast<const ElementOut*>(ops.bias), ElementOut(0), {}};
   return {{{{}, bias, {}}, {}}, stats};
 }

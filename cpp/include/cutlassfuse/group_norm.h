@@ -6,16 +6,18 @@
 // workspace (StatisticsSources), so results are bitwise reproducible (no atomics):
 // from the deconvolution's epilogue on the fused path, from relu_group_norm_stats on
 // the fallback (group_norm_generic.h).
-//   1. group_norm_finalize merges each (sample, group)'s partials once, in a fixed
-//      order, with Chan et al.'s pairwise update (robust where E[x^2] - E[x]^2
-//      cancels) into mean and rstd, folded with gamma and beta into a per-channel
-//      scale and shift;
-//   2. group_norm_apply writes x * scale + shift, channels-last (in place allowed) or
+//   1. the finalize merges each (sample, group)'s partials once, in a fixed order,
+//      with Chan et al.'s pairwise update (robust where E[x^2] - E[x]^2 cancels) into
+//      mean and rstd, folded with gamma and beta into a per-channel scale and shift;
+//   2. the normalize writes x * scale + shift, channels-last (in place allowed) or
 //      NCDHW through an on-chip transpose.
-// Merging in every normalize block instead re-reads the partials thousands of times and
-// measured slower than a small finalize launch. With set_cooperative_finalize(True) the
-// ping-pong deconvolution kernel runs the finalize itself after its last tile
-// (dgrad_sm90.h), leaving two launches; it measured no faster, so it is off by default.
+// The fused path runs both in one launch after the deconvolution (group_norm_finish):
+// its first blocks finalize, the others normalize a sample once its groups are
+// finalized. Merging in every normalize block instead re-reads the partials thousands
+// of times and measured slower than a separate finalize launch. The fallback runs
+// group_norm_finalize, then its own normalize (group_norm_generic.h). With
+// set_cooperative_finalize(True) the ping-pong deconvolution kernel runs the finalize
+// itself after its last tile (dgrad_sm90.h) and group_norm_finish only normalizes.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -133,9 +135,22 @@ inline StatisticsFinalize statistics_finalize(const WelfordPartial* partials, co
 // Any channel count; batch <= 65535.
 void group_norm_finalize(const StatisticsFinalize& finalize, cudaStream_t stream);
 
-// The fused path's normalize: activation in `order` (NDHWC or space-to-depth),
-// group_norm_unsupported_reason() empty. In place only for NDHWC to channels-last.
-void group_norm_apply(ElementType element, const void* activation, const PixelShuffle& order, const void* scale_shift,
-                      const GroupNormShape& shape, bool channels_last_output, void* output, cudaStream_t stream);
+// The counters group_norm_finish orders its blocks with, FinishCounters::count(batch)
+// ints, zero when it starts: the deconvolution's first epilogue tile zeroes them (the
+// kernel before it in the stream), so a call needs no memset.
+struct FinishCounters {
+  static constexpr int kNextTicket = 0;       // a block's ticket: the order blocks started in
+  static constexpr int kGroupsFinalized = 1;  // + n: groups of sample n finalized
+  static int64_t count(int64_t batch) { return kGroupsFinalized + batch; }
+};
+
+// The fused path's finishing kernel: finalizes `finalize` (unless `finalized`: the
+// deconvolution did) and normalizes the activation of `spatial` pixels per sample,
+// in `order` (NDHWC or space-to-depth), into `output` (channels-last or NCDHW), the
+// finalize's scale_shift holding the per-channel scale and shift in between. In place
+// only for NDHWC to channels-last; group_norm_unsupported_reason() empty.
+void group_norm_finish(const StatisticsFinalize& finalize, bool finalized, int* counters, const void* activation,
+                       const PixelShuffle& order, int64_t spatial, bool channels_last_output, void* output,
+                       cudaStream_t stream);
 
 }  // namespace cutlassfuse

@@ -40,6 +40,8 @@ struct GroupNormStatsArguments {
   int max_segments = 1;
   int max_local_groups = 1;
   int tiles_n = 1;
+  int* finish_counters = nullptr;  // zeroed by tile (0, 0) for the finishing kernel (FinishCounters)
+  int64_t finish_counter_count = 0;
 };
 
 template <class Element, class CtaTileShapeMNK>
@@ -129,9 +131,14 @@ struct Sm90GroupNormStats {
       if (!is_last_iteration) return;
       sync_fn();  // every thread's subtiles are in shared memory
       write_partials();
+      if (tile_m_index == 0 && tile_n_index == 0) zero_finish_counters();
     }
 
    private:
+    CUTLASS_DEVICE void zero_finish_counters() const {
+      for (int64_t i = thread_idx; i < params.finish_counter_count; i += kWarps * 32) params.finish_counters[i] = 0;
+    }
+
     struct Rectangle {
       int row_begin, row_end, col_begin, col_end;
     };
