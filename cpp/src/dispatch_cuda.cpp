@@ -405,7 +405,8 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
   static_assert(sizeof(WelfordPartial) == 3 * sizeof(float));
   const auto partials_region = workspace.reserve(plan.slots * static_cast<int64_t>(sizeof(WelfordPartial)));
   const auto scale_shift_region = workspace.reserve(group_norm_scale_shift_bytes(shape));
-  const auto counters_region = workspace.reserve(FinishCounters::count(p.batch) * static_cast<int64_t>(sizeof(int)));
+  const auto counters_region =
+      workspace.reserve(group_norm_finish_counters(p.batch) * static_cast<int64_t>(sizeof(int)));
   // The GEMM's columns are blocks of Cout channels: each needs the bias (repeated here
   // unless the caller passed it repeated).
   const bool block_bias = present(a.bias) && plan.blocks() > 1 && !present(a.packed_bias);
@@ -441,7 +442,7 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
 
   const NvtxRange range("cutlassfuse.group_norm_finish");
   group_norm_finish(finalize, finalized, counters, activation, plan.order, shape.spatial, channels_last, out.data_ptr(),
-                    stream);
+                    sm_count, stream);
   return out;
 }
 

@@ -14,10 +14,9 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 // Per-channel scale and shift live in shared memory next to the transpose tile.
 constexpr int64_t kMaxChannels = 1024;
-// A normalize block handles kTile rows; NCDHW output goes through a shared-memory
-// transpose of kTile rows x kTile channels.
+// A normalize block handles whole tiles of kTile rows; NCDHW output goes through a
+// shared-memory transpose of kTile rows x kTile channels.
 constexpr int kTile = 64;
-constexpr int kTilesPerBlock = 2;
 
 // Block (g, n) finalizes (sample n, group g), all its warps merging segments: thousands
 // of resident threads per SM hide the loads' latency.
@@ -137,8 +136,9 @@ struct NormalizeJob {
   void* out;
   ShuffleIndex order;
   int64_t spatial;
-  int* counters;           // group_norm.h: FinishCounters
+  int* groups_finalized;   // [batch], zero at the start
   int64_t finalize_items;  // batch * groups, or 0 when the deconvolution finalized
+  int64_t rows_per_block;  // a multiple of kTile
   int64_t blocks_per_sample;
 };
 
@@ -148,51 +148,54 @@ __device__ __forceinline__ int load_acquire(const int* p) {
   return value;
 }
 
-// Block tickets in the order blocks start, so that a block only ever waits for blocks
-// already running: the first finalize_items tickets finalize a (sample, group) each
-// (eight warps, the same merge as group_norm_finalize), the rest normalize row tiles
-// of one sample once its groups are finalized: kTilesPerBlock of them for
-// channels-last output, enough to amortize loading the sample's scale and shift; one
-// for NCDHW output, whose transpose already gives each block a few loads per thread
-// and whose occupancy is bound by the transpose tile.
+// What the finalize and the normalize blocks keep in shared memory; the NCDHW
+// transpose tile is normalize_rows_ncdhw's own.
+union FinishStorage {
+  FinalizeScratch<kWarps> finalize;
+  struct {
+    float scale[kMaxChannels];
+    float shift[kMaxChannels];
+  } normalize;
+};
+
+// Blocks 0 .. finalize_items - 1 finalize a (sample, group) each (eight warps, the
+// same merge as group_norm_finalize) and count it for its sample; the other blocks
+// normalize rows_per_block rows of one sample once all its groups are counted. A
+// normalize block only waits for blocks of lower index, which the GPU starts first
+// (block dispatch in index order, which CUB's single-pass scan relies on too): a
+// ticket from an atomic counter would guarantee the order without that, but measured
+// 9 us slower on kb61 (an atomic on one address, and its round trip, per block).
 template <class T, bool kChannelsLast, bool kShuffled>
 __global__ void __launch_bounds__(kThreads)
 group_norm_finish_kernel(const __grid_constant__ StatisticsFinalize finalize,
                          const __grid_constant__ NormalizeJob job) {
-  __shared__ FinalizeScratch<kWarps> scratch;
-  __shared__ float scale[kMaxChannels];
-  __shared__ float shift[kMaxChannels];
-  __shared__ int ticket_slot;
-  int* const next_ticket = job.counters + FinishCounters::kNextTicket;
-  int* const groups_finalized = job.counters + FinishCounters::kGroupsFinalized;
-  if (threadIdx.x == 0) ticket_slot = atomicAdd(next_ticket, 1);
-  __syncthreads();
-  const int64_t ticket = ticket_slot;
-
-  if (ticket < job.finalize_items) {
-    const int64_t n = ticket / finalize.num_groups;
-    finalize_group(finalize, n, static_cast<int>(ticket % finalize.num_groups), static_cast<int>(threadIdx.x / 32),
-                   scratch, [] { __syncthreads(); });
+  __shared__ FinishStorage storage;
+  const int64_t block_index = blockIdx.x;
+  if (block_index < job.finalize_items) {
+    const int64_t n = block_index / finalize.num_groups;
+    finalize_group(finalize, n, static_cast<int>(block_index % finalize.num_groups), static_cast<int>(threadIdx.x / 32),
+                   storage.finalize, [] { __syncthreads(); });
     __threadfence();  // this thread's scale and shift, before the count that publishes them
     __syncthreads();
-    if (threadIdx.x == 0) atomicAdd(groups_finalized + n, 1);
+    if (threadIdx.x == 0) atomicAdd(job.groups_finalized + n, 1);
     return;
   }
 
-  const int64_t block = ticket - job.finalize_items;
+  const int64_t block = block_index - job.finalize_items;
   const int64_t n = block / job.blocks_per_sample;
   if (job.finalize_items > 0 && threadIdx.x == 0) {
-    while (load_acquire(groups_finalized + n) < finalize.num_groups) __nanosleep(128);
+    while (load_acquire(job.groups_finalized + n) < finalize.num_groups) __nanosleep(128);
   }
   __syncthreads();
+  float* scale = storage.normalize.scale;
+  float* shift = storage.normalize.shift;
   load_scale_shift(finalize.scale_shift, n, finalize.channels, scale, shift);
 
   const int64_t sample_offset = n * job.spatial * finalize.channels;
   const T* sample_in = static_cast<const T*>(job.activation) + sample_offset;
   T* sample_out = static_cast<T*>(job.out) + sample_offset;
-  constexpr int kTiles = kChannelsLast ? kTilesPerBlock : 1;
-  const int64_t first_row = (block - n * job.blocks_per_sample) * int64_t{kTile} * kTiles;
-  const int64_t end_row = min(job.spatial, first_row + kTile * kTiles);
+  const int64_t first_row = (block - n * job.blocks_per_sample) * job.rows_per_block;
+  const int64_t end_row = min(job.spatial, first_row + job.rows_per_block);
   for (int64_t row_begin = first_row; row_begin < end_row; row_begin += kTile) {
     const int rows = static_cast<int>(min(job.spatial - row_begin, int64_t{kTile}));
     if constexpr (kChannelsLast) {
@@ -205,29 +208,33 @@ group_norm_finish_kernel(const __grid_constant__ StatisticsFinalize finalize,
   }
 }
 
-template <bool kChannelsLast>
-int64_t rows_per_normalize_block() {
-  return int64_t{kTile} * (kChannelsLast ? kTilesPerBlock : 1);
+// Rows per normalize block: kTile for NCDHW output (its transpose already gives each
+// block a few loads per thread), two tiles for channels-last; twice that when the
+// normalize blocks still fill every SM eight times over, to amortize each block's
+// waiting for its sample and loading its scale and shift.
+int64_t rows_per_normalize_block(const StatisticsFinalize& finalize, int64_t spatial, bool channels_last_output,
+                                 int sm_count) {
+  const int64_t rows = kTile * (channels_last_output ? 2 : 1);
+  const int64_t doubled_blocks = finalize.batch * ceil_div(spatial, 2 * rows);
+  return doubled_blocks >= int64_t{8} * sm_count ? 2 * rows : rows;
 }
 
 template <class T, bool kChannelsLast, bool kShuffled>
-void launch_finish(const StatisticsFinalize& finalize, bool finalized, NormalizeJob job, cudaStream_t stream) {
-  job.blocks_per_sample = ceil_div(job.spatial, rows_per_normalize_block<kChannelsLast>());
-  job.finalize_items = finalized ? 0 : finalize.batch * finalize.num_groups;
+void launch_finish(const StatisticsFinalize& finalize, const NormalizeJob& job, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>(job.finalize_items + finalize.batch * job.blocks_per_sample);
   group_norm_finish_kernel<T, kChannelsLast, kShuffled><<<blocks, kThreads, 0, stream>>>(finalize, job);
   check_launch("group_norm_finish_kernel");
 }
 
 template <class T>
-void launch_finish(const StatisticsFinalize& finalize, bool finalized, const NormalizeJob& job, bool shuffled,
+void launch_finish(const StatisticsFinalize& finalize, const NormalizeJob& job, bool shuffled,
                    bool channels_last_output, cudaStream_t stream) {
   if (channels_last_output) {
-    shuffled ? launch_finish<T, true, true>(finalize, finalized, job, stream)
-             : launch_finish<T, true, false>(finalize, finalized, job, stream);
+    shuffled ? launch_finish<T, true, true>(finalize, job, stream)
+             : launch_finish<T, true, false>(finalize, job, stream);
   } else {
-    shuffled ? launch_finish<T, false, true>(finalize, finalized, job, stream)
-             : launch_finish<T, false, false>(finalize, finalized, job, stream);
+    shuffled ? launch_finish<T, false, true>(finalize, job, stream)
+             : launch_finish<T, false, false>(finalize, job, stream);
   }
 }
 
@@ -254,8 +261,7 @@ const char* group_norm_unsupported_reason(const GroupNormShape& shape) {
   if (shape.channels > kMaxChannels) return "more than 1024 output channels";
   if (shape.batch > 65535) return "batch larger than 65535 (grid z limit of the input's layout conversion)";
   if (shape.num_groups > (int64_t{1} << 31) - 1) return "too many groups";
-  // group_norm_finish's blocks (a 1D grid, numbered by 32-bit tickets): at most
-  // batch * (groups + spatial / kTile).
+  // group_norm_finish's blocks, a 1D grid: at most batch * (groups + spatial / kTile).
   if (shape.batch * (shape.num_groups + ceil_div(shape.spatial, kTile)) > (int64_t{1} << 31) - 1)
     return "spatial extent too large";
   return "";
@@ -267,18 +273,24 @@ void group_norm_finalize(const StatisticsFinalize& finalize, cudaStream_t stream
   check_launch("group_norm_finalize_kernel");
 }
 
-void group_norm_finish(const StatisticsFinalize& finalize, bool finalized, int* counters, const void* activation,
-                       const PixelShuffle& order, int64_t spatial, bool channels_last_output, void* output,
-                       cudaStream_t stream) {
+void group_norm_finish(const StatisticsFinalize& finalize, bool finalized, int* groups_finalized,
+                       const void* activation, const PixelShuffle& order, int64_t spatial, bool channels_last_output,
+                       void* output, int sm_count, cudaStream_t stream) {
   const bool shuffled = !order.identity();
-  const NormalizeJob job{activation, output, shuffled ? ShuffleIndex(order) : ShuffleIndex(), spatial, counters};
+  const int64_t rows_per_block = rows_per_normalize_block(finalize, spatial, channels_last_output, sm_count);
+  const NormalizeJob job{activation,
+                         output,
+                         shuffled ? ShuffleIndex(order) : ShuffleIndex(),
+                         spatial,
+                         groups_finalized,
+                         finalized ? 0 : finalize.batch * finalize.num_groups,
+                         rows_per_block,
+                         ceil_div(spatial, rows_per_block)};
   switch (finalize.element) {
-    case ElementType::kFloat16:
-      return launch_finish<__half>(finalize, finalized, job, shuffled, channels_last_output, stream);
+    case ElementType::kFloat16: return launch_finish<__half>(finalize, job, shuffled, channels_last_output, stream);
     case ElementType::kBFloat16:
-      return launch_finish<__nv_bfloat16>(finalize, finalized, job, shuffled, channels_last_output, stream);
-    case ElementType::kFloat32:
-      return launch_finish<float>(finalize, finalized, job, shuffled, channels_last_output, stream);
+      return launch_finish<__nv_bfloat16>(finalize, job, shuffled, channels_last_output, stream);
+    case ElementType::kFloat32: return launch_finish<float>(finalize, job, shuffled, channels_last_output, stream);
   }
 }
 

@@ -54,7 +54,7 @@ struct DgradOperands {
   const void* bias;                // [Cout], or nullptr for no bias
   void* activation;                // [N, Do, Ho, Wo, Cout] (NDHWC, packed)
   WelfordPartial* partials;        // the phase's region (PartialsRegion): TilePartials::slots(...) entries
-  int* finish_counters = nullptr;  // FinishCounters::count(batch), zeroed by the epilogue's first tile
+  int* finish_counters = nullptr;  // group_norm_finish_counters(batch), zeroed by the epilogue's first tile
 
   bool operator==(const DgradOperands&) const = default;
 };

@@ -82,7 +82,7 @@ typename Fused::Epilogue::FusionCallbacks::Arguments tree_arguments(const GroupN
                                       tiles.max_local_groups,
                                       tiles.tiles_n,
                                       ops.finish_counters,
-                                      ops.finish_counters ? FinishCounters::count(gn.batch) : 0};
+                                      ops.finish_counters ? group_norm_finish_counters(gn.batch) : 0};
   const typename Fused::Trees::Bias::Arguments bias{static_cast<const ElementOut*>(ops.bias), ElementOut(0), {}};
   return {{{{}, bias, {}}, {}}, stats};
 }

@@ -135,22 +135,18 @@ inline StatisticsFinalize statistics_finalize(const WelfordPartial* partials, co
 // Any channel count; batch <= 65535.
 void group_norm_finalize(const StatisticsFinalize& finalize, cudaStream_t stream);
 
-// The counters group_norm_finish orders its blocks with, FinishCounters::count(batch)
-// ints, zero when it starts: the deconvolution's first epilogue tile zeroes them (the
-// kernel before it in the stream), so a call needs no memset.
-struct FinishCounters {
-  static constexpr int kNextTicket = 0;       // a block's ticket: the order blocks started in
-  static constexpr int kGroupsFinalized = 1;  // + n: groups of sample n finalized
-  static int64_t count(int64_t batch) { return kGroupsFinalized + batch; }
-};
+// group_norm_finish's counts of finalized groups, one int per sample, zero when it
+// starts: the deconvolution's first epilogue tile zeroes them (the kernel before it in
+// the stream), so a call needs no memset.
+inline int64_t group_norm_finish_counters(int64_t batch) { return batch; }
 
 // The fused path's finishing kernel: finalizes `finalize` (unless `finalized`: the
 // deconvolution did) and normalizes the activation of `spatial` pixels per sample,
 // in `order` (NDHWC or space-to-depth), into `output` (channels-last or NCDHW), the
 // finalize's scale_shift holding the per-channel scale and shift in between. In place
 // only for NDHWC to channels-last; group_norm_unsupported_reason() empty.
-void group_norm_finish(const StatisticsFinalize& finalize, bool finalized, int* counters, const void* activation,
-                       const PixelShuffle& order, int64_t spatial, bool channels_last_output, void* output,
-                       cudaStream_t stream);
+void group_norm_finish(const StatisticsFinalize& finalize, bool finalized, int* groups_finalized,
+                       const void* activation, const PixelShuffle& order, int64_t spatial, bool channels_last_output,
+                       void* output, int sm_count, cudaStream_t stream);
 
 }  // namespace cutlassfuse

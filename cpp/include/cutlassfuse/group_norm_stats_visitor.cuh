@@ -40,7 +40,7 @@ struct GroupNormStatsArguments {
   int max_segments = 1;
   int max_local_groups = 1;
   int tiles_n = 1;
-  int* finish_counters = nullptr;  // zeroed by tile (0, 0) for the finishing kernel (FinishCounters)
+  int* finish_counters = nullptr;  // zeroed by tile (0, 0) for the finishing kernel (group_norm_finish_counters)
   int64_t finish_counter_count = 0;
 };
 
