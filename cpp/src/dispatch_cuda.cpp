@@ -442,7 +442,7 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
 
   const NvtxRange range("cutlassfuse.group_norm_finish");
   group_norm_finish(finalize, finalized, counters, activation, plan.order, shape.spatial, channels_last, out.data_ptr(),
-                    sm_count, stream);
+                    stream);
   return out;
 }
 

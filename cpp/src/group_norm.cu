@@ -148,6 +148,21 @@ __device__ __forceinline__ int load_acquire(const int* p) {
   return value;
 }
 
+// Asks L2 for the activation rows [first_row, end_row) of a sample, so that their DRAM
+// latency overlaps with the block's wait for the statistics and its scale and shift load.
+template <bool kShuffled, class T>
+__device__ void prefetch_rows(const T* sample_in, int64_t first_row, int64_t end_row, int channels,
+                              const ShuffleIndex& order) {
+  constexpr int kLineBytes = 128;
+  const int lines_per_row = ceil_div(channels * static_cast<int>(sizeof(T)), kLineBytes);
+  const int lines = static_cast<int>(end_row - first_row) * lines_per_row;
+  for (int i = threadIdx.x; i < lines; i += kThreads) {
+    const int64_t row = source_row<kShuffled>(first_row + i / lines_per_row, order);
+    const char* line = reinterpret_cast<const char*>(sample_in + row * channels) + (i % lines_per_row) * kLineBytes;
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+  }
+}
+
 // What the finalize and the normalize blocks keep in shared memory; the NCDHW
 // transpose tile is normalize_rows_ncdhw's own.
 union FinishStorage {
@@ -183,6 +198,12 @@ group_norm_finish_kernel(const __grid_constant__ StatisticsFinalize finalize,
 
   const int64_t block = block_index - job.finalize_items;
   const int64_t n = block / job.blocks_per_sample;
+  const int64_t first_row = (block - n * job.blocks_per_sample) * job.rows_per_block;
+  const int64_t end_row = min(job.spatial, first_row + job.rows_per_block);
+  const int64_t sample_offset = n * job.spatial * finalize.channels;
+  const T* sample_in = static_cast<const T*>(job.activation) + sample_offset;
+  T* sample_out = static_cast<T*>(job.out) + sample_offset;
+  prefetch_rows<kShuffled>(sample_in, first_row, end_row, finalize.channels, job.order);
   if (job.finalize_items > 0 && threadIdx.x == 0) {
     while (load_acquire(job.groups_finalized + n) < finalize.num_groups) __nanosleep(128);
   }
@@ -190,12 +211,6 @@ group_norm_finish_kernel(const __grid_constant__ StatisticsFinalize finalize,
   float* scale = storage.normalize.scale;
   float* shift = storage.normalize.shift;
   load_scale_shift(finalize.scale_shift, n, finalize.channels, scale, shift);
-
-  const int64_t sample_offset = n * job.spatial * finalize.channels;
-  const T* sample_in = static_cast<const T*>(job.activation) + sample_offset;
-  T* sample_out = static_cast<T*>(job.out) + sample_offset;
-  const int64_t first_row = (block - n * job.blocks_per_sample) * job.rows_per_block;
-  const int64_t end_row = min(job.spatial, first_row + job.rows_per_block);
   for (int64_t row_begin = first_row; row_begin < end_row; row_begin += kTile) {
     const int rows = static_cast<int>(min(job.spatial - row_begin, int64_t{kTile}));
     if constexpr (kChannelsLast) {
@@ -208,16 +223,11 @@ group_norm_finish_kernel(const __grid_constant__ StatisticsFinalize finalize,
   }
 }
 
-// Rows per normalize block: kTile for NCDHW output (its transpose already gives each
-// block a few loads per thread), two tiles for channels-last; twice that when the
-// normalize blocks still fill every SM eight times over, to amortize each block's
-// waiting for its sample and loading its scale and shift.
-int64_t rows_per_normalize_block(const StatisticsFinalize& finalize, int64_t spatial, bool channels_last_output,
-                                 int sm_count) {
-  const int64_t rows = kTile * (channels_last_output ? 2 : 1);
-  const int64_t doubled_blocks = finalize.batch * ceil_div(spatial, 2 * rows);
-  return doubled_blocks >= int64_t{8} * sm_count ? 2 * rows : rows;
-}
+// Rows per normalize block: two tiles for channels-last output, enough to amortize
+// loading the sample's scale and shift; one for NCDHW output, whose transpose already
+// gives each block a few loads per thread. (Twice these measured 13 us slower for kb61's
+// NCDHW output and even for channels-last; docs/performance.md.)
+int64_t rows_per_normalize_block(bool channels_last_output) { return kTile * (channels_last_output ? 2 : 1); }
 
 template <class T, bool kChannelsLast, bool kShuffled>
 void launch_finish(const StatisticsFinalize& finalize, const NormalizeJob& job, cudaStream_t stream) {
@@ -275,9 +285,9 @@ void group_norm_finalize(const StatisticsFinalize& finalize, cudaStream_t stream
 
 void group_norm_finish(const StatisticsFinalize& finalize, bool finalized, int* groups_finalized,
                        const void* activation, const PixelShuffle& order, int64_t spatial, bool channels_last_output,
-                       void* output, int sm_count, cudaStream_t stream) {
+                       void* output, cudaStream_t stream) {
   const bool shuffled = !order.identity();
-  const int64_t rows_per_block = rows_per_normalize_block(finalize, spatial, channels_last_output, sm_count);
+  const int64_t rows_per_block = rows_per_normalize_block(channels_last_output);
   const NormalizeJob job{activation,
                          output,
                          shuffled ? ShuffleIndex(order) : ShuffleIndex(),

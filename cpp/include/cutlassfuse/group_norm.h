@@ -147,6 +147,6 @@ inline int64_t group_norm_finish_counters(int64_t batch) { return batch; }
 // only for NDHWC to channels-last; group_norm_unsupported_reason() empty.
 void group_norm_finish(const StatisticsFinalize& finalize, bool finalized, int* groups_finalized,
                        const void* activation, const PixelShuffle& order, int64_t spatial, bool channels_last_output,
-                       void* output, int sm_count, cudaStream_t stream);
+                       void* output, cudaStream_t stream);
 
 }  // namespace cutlassfuse
