@@ -180,12 +180,8 @@ union FinishStorage {
 // (block dispatch in index order, which CUB's single-pass scan relies on too): a
 // ticket from an atomic counter would guarantee the order without that, but measured
 // 9 us slower on kb61 (an atomic on one address, and its round trip, per block).
-// Six blocks per SM, as the normalize alone had at 40 registers: the finalize's code
-// took the kernel to 48 registers, five blocks.
-constexpr int kFinishBlocksPerSm = 6;
-
 template <class T, bool kChannelsLast, bool kShuffled>
-__global__ void __launch_bounds__(kThreads, kFinishBlocksPerSm)
+__global__ void __launch_bounds__(kThreads)
 group_norm_finish_kernel(const __grid_constant__ StatisticsFinalize finalize,
                          const __grid_constant__ NormalizeJob job) {
   __shared__ FinishStorage storage;
