@@ -177,9 +177,10 @@ union FinishStorage {
 // same merge as group_norm_finalize) and count it for its sample; the other blocks
 // normalize rows_per_block rows of one sample once all its groups are counted. A
 // normalize block only waits for blocks of lower index, which the GPU starts first
-// (block dispatch in index order, which CUB's single-pass scan relies on too): a
-// ticket from an atomic counter would guarantee the order without that, but measured
-// 9 us slower on kb61 (an atomic on one address, and its round trip, per block).
+// (blocks are dispatched in index order, which CUB's single-pass scan relies on too).
+// Tickets from an atomic counter would not need that order, at an atomic on one address
+// and its round trip per block: with them (and without the L2 prefetch) the kernel took
+// 149.7 us for kb61's NCDHW output on the H100, 132.6 us without (docs/performance.md).
 template <class T, bool kChannelsLast, bool kShuffled>
 __global__ void __launch_bounds__(kThreads)
 group_norm_finish_kernel(const __grid_constant__ StatisticsFinalize finalize,
@@ -225,8 +226,8 @@ group_norm_finish_kernel(const __grid_constant__ StatisticsFinalize finalize,
 
 // Rows per normalize block: two tiles for channels-last output, enough to amortize
 // loading the sample's scale and shift; one for NCDHW output, whose transpose already
-// gives each block a few loads per thread. (Twice these measured 13 us slower for kb61's
-// NCDHW output and even for channels-last; docs/performance.md.)
+// gives each block a few loads per thread. (Twice as many measured slower on kb61's
+// NCDHW output, 158.4 us against 149.7 us, and no faster for channels-last output.)
 int64_t rows_per_normalize_block(bool channels_last_output) { return kTile * (channels_last_output ? 2 : 1); }
 
 template <class T, bool kChannelsLast, bool kShuffled>

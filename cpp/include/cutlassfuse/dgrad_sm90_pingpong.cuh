@@ -18,7 +18,7 @@
 // partials region) in the kernel's parameters. A batched GEMM is one phase whose tiles
 // run over the batch too.
 // When a launch holds every tile of the call, it can also finalize the GroupNorm
-// statistics (group_norm_finalize.cuh) instead of a separate kernel: launched
+// statistics (group_norm_finalize.cuh) instead of the finishing kernel: launched
 // cooperatively (every CTA resident at once), its CTAs meet at a grid-wide barrier
 // after their last tile, and the consumer warpgroups then merge the partials.
 #pragma once
