@@ -103,6 +103,44 @@ def test_untraceable_forward_is_reported_and_sequentials_still_fused():
     assert result.not_traced is not None
 
 
+def test_forward_branching_on_train_mode_is_not_traced():
+    """A trace would freeze the branch of the mode the model was in; eval() must still
+    take the other one afterwards."""
+
+    class TrainOnlyShift(UpNorm):
+        def __init__(self):
+            super().__init__()
+            self.block = up_block(4, 4, 2)
+
+        def forward(self, x):
+            y = self.norm(F.relu(self.up(self.block(x))))
+            return y + 1 if self.training else y
+
+    torch.manual_seed(0)
+    model = TrainOnlyShift().train()
+    x = torch.rand(1, 4, 2, 2, 2)
+    result = cutlassfuse.fuse(model)
+    assert result.model is model and len(result.replaced) == 1  # the Sequential chain only
+    assert "train and eval mode" in result.not_traced
+    assert model.training and all(m.training for m in model.modules())
+    torch.testing.assert_close(model.train()(x) - model.eval()(x), torch.ones(1, 4, 5, 5, 5))
+
+
+def test_fusing_keeps_each_module_mode():
+    """Tracing in both modes restores every module's own flag, and the modules put in
+    place (fused blocks, Identity) take the mode of the layers they replace."""
+    model = UNetDecoder3d().train()
+    model.up1.eval()  # e.g. a frozen part of a model being fine-tuned
+    modes = {module: module.training for module in model.modules()}
+    result = cutlassfuse.fuse(model)
+    assert result.not_traced is None and len(result.replaced) == 3
+    assert all(module.training == training for module, training in modes.items())
+    fused_modes = {name: m.training for name, m in result.model.named_modules()}
+    assert fused_modes[""] and fused_modes["up2.0"] and fused_modes["final_up_relu_final_norm"]
+    # ("up1" itself is a container torch.fx makes anew; the modules it holds run.)
+    assert not any(training for name, training in fused_modes.items() if name.startswith("up1."))
+
+
 def test_unsupported_modules_are_not_fused():
     model = nn.Sequential(nn.ConvTranspose3d(4, 4, 2, padding_mode="zeros"), nn.LeakyReLU(), nn.GroupNorm(2, 4),
                           nn.ConvTranspose3d(4, 8, 2), nn.ReLU(), nn.GroupNorm(2, 4 * 2), nn.ConvTranspose2d(8, 8, 2),

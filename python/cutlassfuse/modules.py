@@ -98,6 +98,7 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
                              f"{conv.out_channels}")
         block = cls.__new__(cls)
         nn.Module.__init__(block)
+        block.training = conv.training  # the mode of the layers it stands in for
         block.conv_transpose = conv
         block.group_norm = norm
         block._packed = {}

@@ -52,8 +52,8 @@ def _fuse_sequentials(module: nn.Module, prefix: str, replaced: list[str]) -> No
         conv, relu, norm = (module._modules[k] for k in keys[i:i + 3])
         if _fusable(conv, relu, norm):
             module._modules[keys[i]] = ConvTranspose3dReLUGroupNorm.from_modules(conv, norm)
-            module._modules[keys[i + 1]] = nn.Identity()
-            module._modules[keys[i + 2]] = nn.Identity()
+            module._modules[keys[i + 1]] = nn.Identity().train(relu.training)
+            module._modules[keys[i + 2]] = nn.Identity().train(norm.training)
             replaced.append(_describe(f"{prefix}{keys[i]}", conv, norm))
             i += 3
         else:
@@ -99,11 +99,33 @@ def _conv_call_arguments(node: torch.fx.Node) -> tuple[tuple, dict] | None:
     return (bound["input"],), ({} if output_size is None else {"output_size": output_size})
 
 
+class _ModeDependentForward(Exception):
+    pass
+
+
+def _trace_in_either_mode(model: nn.Module) -> torch.fx.Graph:
+    """A torch.fx trace of forward() that holds in train and eval mode alike. Tracing
+    runs forward() once, so a branch on `self.training` would be frozen as traced and
+    the rewritten model would ignore later train()/eval() calls there: such models are
+    traced in both modes and refused when the graphs differ. Every module's own flag is
+    restored afterwards (a model may hold eval-mode parts while training)."""
+    flags = {module: module.training for module in model.modules()}
+    try:
+        graphs = [_Tracer().trace(model.train(mode)) for mode in (model.training, not model.training)]
+    finally:
+        for module, flag in flags.items():
+            module.training = flag
+    if str(graphs[0]) != str(graphs[1]):
+        raise _ModeDependentForward("forward() takes different paths in train and eval mode (self.training), "
+                                    "which a trace would freeze")
+    return graphs[0]
+
+
 def _fuse_graph(model: nn.Module, replaced: list[str]) -> nn.Module:
     """The same rewrite in a torch.fx trace of forward(), for chains written in code:
     conv module (called with its input and optionally output_size) -> ReLU (module,
     F.relu, torch.relu, .relu()) -> GroupNorm module, each intermediate used once."""
-    graph_module = torch.fx.GraphModule(model, _Tracer().trace(model), type(model).__name__)
+    graph_module = torch.fx.GraphModule(model, _trace_in_either_mode(model), type(model).__name__)
     modules = dict(graph_module.named_modules())
     fused_any = False
     for node in list(graph_module.graph.nodes):
@@ -141,7 +163,8 @@ def fuse(model: nn.Module, *, trace: bool = True) -> FuseResult:
     nn.Sequential chains are replaced in place (model keeps its type). With
     ``trace=True`` the forward code is then traced with torch.fx and chains written
     there are fused too; the result is then a torch.fx.GraphModule. Models torch.fx
-    cannot trace keep the Sequential rewrite, and the result says why. The fused
+    cannot trace, or whose forward() branches on train/eval mode (a trace would freeze
+    the branch taken), keep the Sequential rewrite, and the result says why. The fused
     blocks hold the original parameter objects.
     """
     replaced: list[str] = []
