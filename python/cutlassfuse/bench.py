@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .modules import ConvTranspose3dReLUGroupNorm
-from .ops import set_fused_path_enabled
+from .ops import set_fused_path_enabled, transposed_conv_output_size
 
 # Measured on H200 (docs/performance.md): fp16/bf16 dense matmul and copy bandwidth.
 TENSOR_CEILING_TFLOPS = {torch.float16: 693.0, torch.bfloat16: 716.0, torch.float32: 495.0}
@@ -42,7 +42,11 @@ class BenchShape:
     groups: int
 
     def output_size(self) -> tuple[int, ...]:
-        return tuple((i - 1) * self.stride - 2 * self.padding + self.kernel + self.output_padding for i in self.size)
+        def triple(value: int) -> tuple[int, int, int]:
+            return (value,) * 3
+
+        return tuple(transposed_conv_output_size(self.size, triple(self.kernel), triple(self.stride),
+                                                 triple(self.padding), triple(self.output_padding), triple(1)))
 
     def useful_flops(self) -> float:
         voxels = self.size[0] * self.size[1] * self.size[2]
