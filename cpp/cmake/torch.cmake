@@ -59,7 +59,11 @@ endif()
 add_library(cutlassfuse::torch INTERFACE IMPORTED)
 target_include_directories(cutlassfuse::torch SYSTEM INTERFACE ${_torch_include_dirs})
 target_compile_definitions(cutlassfuse::torch INTERFACE _GLIBCXX_USE_CXX11_ABI=${_torch_cxx11_abi})
+# Searched anew at every configure (no cache entry, and none left by older builds): a
+# cached path would outlive a change of environment in a reused build directory and
+# link the previous torch.
 foreach(_lib IN LISTS _torch_libs)
-  find_library(CUTLASSFUSE_TORCH_LIB_${_lib} ${_lib} PATHS "${_torch_lib_dir}" NO_DEFAULT_PATH REQUIRED)
+  unset(CUTLASSFUSE_TORCH_LIB_${_lib} CACHE)
+  find_library(CUTLASSFUSE_TORCH_LIB_${_lib} ${_lib} PATHS "${_torch_lib_dir}" NO_DEFAULT_PATH NO_CACHE REQUIRED)
   target_link_libraries(cutlassfuse::torch INTERFACE "${CUTLASSFUSE_TORCH_LIB_${_lib}}")
 endforeach()
