@@ -69,8 +69,6 @@ def main() -> None:
             x, w, num_groups=shape.groups, packed_weight=packed, **conv),
         "cutlassfuse, channels_last input": lambda: cutlassfuse.conv_transpose3d_relu_group_norm(
             x_cl, w, num_groups=shape.groups, packed_weight=packed, **conv),
-        "cutlassfuse, NCDHW input, finalize in the conv (set_cooperative_finalize(True))": lambda: (
-            cutlassfuse.conv_transpose3d_relu_group_norm(x, w, num_groups=shape.groups, packed_weight=packed, **conv)),
         "cuDNN conv_transpose3d alone, channels_last": lambda: F.conv_transpose3d(x_cl, w, **conv),
         "cutlassfuse fallback (fused path off), NCDHW input": lambda: cutlassfuse.conv_transpose3d_relu_group_norm(
             x, w, num_groups=shape.groups, **conv),
@@ -80,10 +78,8 @@ def main() -> None:
     print(f"{shape.name} {args.dtype}: {cutlassfuse.explain(x, w, num_groups=shape.groups, **conv)}")
     for title, fn in runs.items():
         cutlassfuse.set_fused_path_enabled("fallback" not in title)
-        cutlassfuse.set_cooperative_finalize("finalize in the conv" in title)
         times, launches = kernel_times_us(fn)
         cutlassfuse.set_fused_path_enabled(True)
-        cutlassfuse.set_cooperative_finalize(False)
         print(f"\n{title}: {sum(times.values()):.1f} us of kernels, {launches:g} launches per call")
         for name, us in times.items():
             print(f"  {us:9.1f} us  {name}")

@@ -12,7 +12,6 @@
 #        spread     benchmarks/call_spread.py (per-call percentiles, eager vs CUDA graph replay)
 #        float32    benchmarks/float32_choice.py (accuracy and time of the fp32 choices)
 #        streams    benchmarks/phase_streams.py (sub-pixel phases on 1-8 streams)
-#        finalize   benchmarks/finalize_choice.py (statistics finalized in the conv or by the finishing kernel)
 #        training   benchmarks/training_step.py
 #        examples   examples/*.py
 #        bench      python -m cutlassfuse bench (CSV, JSON, PNG)
@@ -108,11 +107,6 @@ fi
 if wanted streams; then
   step "sub-pixel phases on side streams"
   "$PYTHON" benchmarks/phase_streams.py 2>&1 | tee "$LOGS/streams.log"
-fi
-
-if wanted finalize; then
-  step "finalize in the conv kernel or in the finishing kernel"
-  "$PYTHON" benchmarks/finalize_choice.py 2>&1 | tee "$LOGS/finalize.log"
 fi
 
 if wanted training; then

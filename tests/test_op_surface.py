@@ -108,8 +108,7 @@ def test_phase_streams_knob_takes_one_to_eight():
 @pytest.mark.parametrize("switch,changed,default", [
     (cutlassfuse.set_float32_tensor_cores, True, False),
     (cutlassfuse.set_fused_path_enabled, False, True),
-    (cutlassfuse.set_cooperative_finalize, True, False),
-], ids=["float32_tensor_cores", "fused_path", "cooperative_finalize"])
+], ids=["float32_tensor_cores", "fused_path"])
 def test_path_switches_leave_the_cpu_reference(switch, changed, default):
     x, w = torch.rand(1, 8, 2, 2, 2), torch.rand(8, 8, 3, 3, 3)
     switch(changed)

@@ -29,7 +29,6 @@ namespace {
 std::atomic<bool> g_fused_path_enabled{true};
 std::atomic<int> g_phase_streams{1};
 std::atomic<bool> g_float32_tensor_cores{false};
-std::atomic<bool> g_cooperative_finalize{false};
 
 // Sub-pixel phases are independent (disjoint outputs, their own partials): with more
 // than one lane each phase is its own launch on a side stream, so one phase's last
@@ -263,9 +262,7 @@ at::Tensor filter_of(const OpArgs& a) {
 
 // The CUTLASS dgrad launches of every sub-pixel phase (one phase for stride 1 and for
 // the pixel-shuffle GEMM), each phase reading and writing its views of `operands`.
-// Phases on side streams leave the finalize to the caller (it needs all of them).
-bool launch_phases(const FusedPlan& plan, const sm90::DgradOperands& operands, ElementType element,
-                   const StatisticsFinalize* finalize, int sm_count) {
+void launch_phases(const FusedPlan& plan, const sm90::DgradOperands& operands, ElementType element, int sm_count) {
   std::vector<sm90::PhaseLaunch> launches;
   for (size_t i = 0; i < plan.subpixel.phases.size(); ++i) {
     sm90::DgradOperands phase_operands = operands;
@@ -273,37 +270,34 @@ bool launch_phases(const FusedPlan& plan, const sm90::DgradOperands& operands, E
     launches.push_back({&plan.subpixel.phases[i], phase_operands});
   }
   PhaseLanes lanes(launches.size(), at::cuda::getCurrentCUDAStream());
-  const bool finalized = with_element(element, [&](auto e) {
+  with_element(element, [&](auto e) {
     if (lanes.count() <= 1) {
-      return sm90::dgrad_fused<decltype(e)::value>(plan.config, plan.conv, launches, finalize, sm_count,
-                                                   lanes.stream_for(0));
+      sm90::dgrad_fused<decltype(e)::value>(plan.config, plan.conv, launches, sm_count, lanes.stream_for(0));
+      return;
     }
     for (size_t i = 0; i < launches.size(); ++i) {
-      sm90::dgrad_fused<decltype(e)::value>(plan.config, plan.conv, std::span(&launches[i], 1), nullptr, sm_count,
+      sm90::dgrad_fused<decltype(e)::value>(plan.config, plan.conv, std::span(&launches[i], 1), sm_count,
                                             lanes.stream_for(i));
     }
-    return false;
   });
   lanes.join();
-  return finalized;
 }
 
 // The deconvolution with its epilogue (bias, ReLU, partial statistics) of `plan`:
-// the pixel-major GEMM or the phases. Returns whether its kernel also finalized
-// `finalize` (if given).
-bool launch_deconvolution(const FusedPlan& plan, const sm90::DgradOperands& operands, ElementType element,
-                          const StatisticsFinalize* finalize, int sm_count, cudaStream_t stream) {
+// the pixel-major GEMM or the phases.
+void launch_deconvolution(const FusedPlan& plan, const sm90::DgradOperands& operands, ElementType element, int sm_count,
+                          cudaStream_t stream) {
   if (!plan.pixel_major) {
     const NvtxRange range("cutlassfuse.dgrad_bias_relu_stats");
-    return launch_phases(plan, operands, element, finalize, sm_count);
+    launch_phases(plan, operands, element, sm_count);
+    return;
   }
   const NvtxRange range("cutlassfuse.gemm_bias_relu_stats");
-  return with_element(element, [&](auto e) {
+  with_element(element, [&](auto e) {
     if constexpr (decltype(e)::value == ElementType::kFloat32) {
       TORCH_INTERNAL_ASSERT(false, "the pixel-major GEMM takes 16-bit inputs");
-      return false;
     } else {
-      return sm90::pixel_major_gemm_fused<decltype(e)::value>(plan.conv, operands, finalize, sm_count, stream);
+      sm90::pixel_major_gemm_fused<decltype(e)::value>(plan.conv, operands, sm_count, stream);
     }
   });
 }
@@ -317,8 +311,6 @@ void set_fused_path_enabled(bool enabled) { g_fused_path_enabled.store(enabled);
 void set_float32_tensor_cores(bool enabled) { g_float32_tensor_cores.store(enabled); }
 
 void set_phase_streams(int64_t lanes) { g_phase_streams.store(static_cast<int>(std::clamp<int64_t>(lanes, 1, 8))); }
-
-void set_cooperative_finalize(bool enabled) { g_cooperative_finalize.store(enabled); }
 
 std::string fused_path_unsupported_reason(const OpArgs& a, const Problem& p) {
   if (!g_fused_path_enabled.load()) return "the fused path is turned off (cutlassfuse.set_fused_path_enabled)";
@@ -437,12 +429,10 @@ at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
                                *affine_element_type(a)};
   const StatisticsFinalize finalize = statistics_finalize(partials, plan.sources, element, shape, affine,
                                                           static_cast<float>(p.eps), workspace.at(scale_shift_region));
-  const bool finalized = launch_deconvolution(plan, operands, element,
-                                              g_cooperative_finalize.load() ? &finalize : nullptr, sm_count, stream);
+  launch_deconvolution(plan, operands, element, sm_count, stream);
 
   const NvtxRange range("cutlassfuse.group_norm_finish");
-  group_norm_finish(finalize, finalized, counters, activation, plan.order, shape.spatial, channels_last, out.data_ptr(),
-                    stream);
+  group_norm_finish(finalize, counters, activation, plan.order, shape.spatial, channels_last, out.data_ptr(), stream);
   return out;
 }
 

@@ -17,6 +17,7 @@ constexpr int64_t kMaxChannels = 1024;
 // A normalize block handles whole tiles of kTile rows; NCDHW output goes through a
 // shared-memory transpose of kTile rows x kTile channels.
 constexpr int kTile = 64;
+constexpr int kFinishBlocksPerSM = 4;  // group_norm_finish_kernel's register budget, see there
 
 // Block (g, n) finalizes (sample n, group g), all its warps merging segments: thousands
 // of resident threads per SM hide the loads' latency.
@@ -95,8 +96,10 @@ __device__ void normalize_rows_channels_last(const T* activation, T* out, int64_
 // kTile rows of NCDHW output, kTile channels at a time: coalesced 16-byte loads along
 // the channels, a padded fp32 shared-memory transpose, then stores along the spatial
 // dimension, a warp covering 32 consecutive rows of one channel (64 contiguous bytes).
-// (Measured on H200: a variant with 16-byte stores from a 16-bit tile and all loads
-// hoisted ran slower, bound by registers at half occupancy.)
+// (Measured slower: on H200, 16-byte stores from a 16-bit tile with all loads hoisted,
+// bound by registers at half occupancy; on H100, runs of 2 or 4 pixels per thread
+// chosen at run time, 154.6 / 197.6 us against 138.8 us for single pixels in the same
+// build, kb61; the 2-pixel runs compiled to pairs of 2-byte stores: docs/performance.md.)
 template <class T, bool kShuffled>
 __device__ void normalize_rows_ncdhw(const T* activation, T* sample_out, int64_t row_begin, int rows, int channels,
                                      int64_t spatial, const ShuffleIndex& order, const float* scale,
@@ -137,7 +140,7 @@ struct NormalizeJob {
   ShuffleIndex order;
   int64_t spatial;
   int* groups_finalized;   // [batch], zero at the start
-  int64_t finalize_items;  // batch * groups, or 0 when the deconvolution finalized
+  int64_t finalize_items;  // batch * groups
   int64_t rows_per_block;  // a multiple of kTile
   int64_t blocks_per_sample;
 };
@@ -181,14 +184,21 @@ union FinishStorage {
 // Tickets from an atomic counter would not need that order, at an atomic on one address
 // and its round trip per block: with them (and without the L2 prefetch) the kernel took
 // 149.7 us for kb61's NCDHW output on the H100, 132.6 us without (docs/performance.md).
+// Four blocks per SM: the finalize's merge would otherwise take up to 92 registers and
+// leave two resident blocks (NCDHW output; H100, kernels per call: gan 42.4 -> 36.4 us,
+// vid 38.6 -> 33.9, kb61 unchanged at 132); five (48 registers) spill and measured
+// slower on every shape (kb61 NCDHW 186 us).
+// Blocks take samples and rows newest first: the deconvolution's last tiles (the last
+// sample's last rows) are the activation still in L2 when this kernel starts (6 % off
+// kb61's channels-last finish, 114.5 -> 107.7 us on the H100).
 template <class T, bool kChannelsLast, bool kShuffled>
-__global__ void __launch_bounds__(kThreads)
-group_norm_finish_kernel(const __grid_constant__ StatisticsFinalize finalize,
-                         const __grid_constant__ NormalizeJob job) {
+__global__ void __launch_bounds__(kThreads, kFinishBlocksPerSM)
+    group_norm_finish_kernel(const __grid_constant__ StatisticsFinalize finalize,
+                             const __grid_constant__ NormalizeJob job) {
   __shared__ FinishStorage storage;
   const int64_t block_index = blockIdx.x;
   if (block_index < job.finalize_items) {
-    const int64_t n = block_index / finalize.num_groups;
+    const int64_t n = finalize.batch - 1 - block_index / finalize.num_groups;
     finalize_group(finalize, n, static_cast<int>(block_index % finalize.num_groups), static_cast<int>(threadIdx.x / 32),
                    storage.finalize, [] { __syncthreads(); });
     __threadfence();  // this thread's scale and shift, before the count that publishes them
@@ -197,7 +207,7 @@ group_norm_finish_kernel(const __grid_constant__ StatisticsFinalize finalize,
     return;
   }
 
-  const int64_t block = block_index - job.finalize_items;
+  const int64_t block = finalize.batch * job.blocks_per_sample - 1 - (block_index - job.finalize_items);
   const int64_t n = block / job.blocks_per_sample;
   const int64_t first_row = (block - n * job.blocks_per_sample) * job.rows_per_block;
   const int64_t end_row = min(job.spatial, first_row + job.rows_per_block);
@@ -205,7 +215,7 @@ group_norm_finish_kernel(const __grid_constant__ StatisticsFinalize finalize,
   const T* sample_in = static_cast<const T*>(job.activation) + sample_offset;
   T* sample_out = static_cast<T*>(job.out) + sample_offset;
   prefetch_rows<kShuffled>(sample_in, first_row, end_row, finalize.channels, job.order);
-  if (job.finalize_items > 0 && threadIdx.x == 0) {
+  if (threadIdx.x == 0) {
     while (load_acquire(job.groups_finalized + n) < finalize.num_groups) __nanosleep(128);
   }
   __syncthreads();
@@ -284,9 +294,9 @@ void group_norm_finalize(const StatisticsFinalize& finalize, cudaStream_t stream
   check_launch("group_norm_finalize_kernel");
 }
 
-void group_norm_finish(const StatisticsFinalize& finalize, bool finalized, int* groups_finalized,
-                       const void* activation, const PixelShuffle& order, int64_t spatial, bool channels_last_output,
-                       void* output, cudaStream_t stream) {
+void group_norm_finish(const StatisticsFinalize& finalize, int* groups_finalized, const void* activation,
+                       const PixelShuffle& order, int64_t spatial, bool channels_last_output, void* output,
+                       cudaStream_t stream) {
   const bool shuffled = !order.identity();
   const int64_t rows_per_block = rows_per_normalize_block(channels_last_output);
   const NormalizeJob job{activation,
@@ -294,7 +304,7 @@ void group_norm_finish(const StatisticsFinalize& finalize, bool finalized, int* 
                          shuffled ? ShuffleIndex(order) : ShuffleIndex(),
                          spatial,
                          groups_finalized,
-                         finalized ? 0 : finalize.batch * finalize.num_groups,
+                         finalize.batch * finalize.num_groups,
                          rows_per_block,
                          ceil_div(spatial, rows_per_block)};
   switch (finalize.element) {

@@ -69,11 +69,10 @@ std::string gemm_unsupported_reason(const Problem& gemm) {
 }
 
 template <class Element>
-bool run_gemm(const Problem& gemm, const DgradOperands& ops, const StatisticsFinalize* finalize, int sm_count,
-              cudaStream_t stream) {
+void run_gemm(const Problem& gemm, const DgradOperands& ops, int sm_count, cudaStream_t stream) {
   using Kernel = typename PixelMajorGemmKernel<Element>::Kernel;
   const auto args = make_gemm_arguments<PixelMajorGemmKernel<Element>>(gemm, ops);
-  return launch_pingpong<Kernel>({Kernel::to_underlying_arguments(&args, 1)}, finalize, sm_count, stream);
+  launch_pingpong<Kernel>({Kernel::to_underlying_arguments(&args, 1)}, sm_count, stream);
 }
 
 }  // namespace
@@ -87,16 +86,14 @@ std::string pixel_major_gemm_unsupported_reason<ElementType::kBFloat16>(const Pr
   return gemm_unsupported_reason<cutlass::bfloat16_t>(gemm);
 }
 template <>
-bool pixel_major_gemm_fused<ElementType::kFloat16>(const Problem& gemm, const DgradOperands& ops,
-                                                   const StatisticsFinalize* finalize, int sm_count,
+void pixel_major_gemm_fused<ElementType::kFloat16>(const Problem& gemm, const DgradOperands& ops, int sm_count,
                                                    cudaStream_t stream) {
-  return run_gemm<cutlass::half_t>(gemm, ops, finalize, sm_count, stream);
+  run_gemm<cutlass::half_t>(gemm, ops, sm_count, stream);
 }
 template <>
-bool pixel_major_gemm_fused<ElementType::kBFloat16>(const Problem& gemm, const DgradOperands& ops,
-                                                    const StatisticsFinalize* finalize, int sm_count,
+void pixel_major_gemm_fused<ElementType::kBFloat16>(const Problem& gemm, const DgradOperands& ops, int sm_count,
                                                     cudaStream_t stream) {
-  return run_gemm<cutlass::bfloat16_t>(gemm, ops, finalize, sm_count, stream);
+  run_gemm<cutlass::bfloat16_t>(gemm, ops, sm_count, stream);
 }
 
 }  // namespace cutlassfuse::sm90

@@ -138,8 +138,6 @@ TORCH_LIBRARY(cutlassfuse, m) {
   m.def("set_float32_tensor_cores(bool enabled) -> ()", [](bool enabled) { set_float32_tensor_cores(enabled); });
   // Spreads the sub-pixel phases of one call over this many streams (1 to 8; benchmarks).
   m.def("set_phase_streams(int lanes) -> ()", [](int64_t lanes) { set_phase_streams(lanes); });
-  // The deconvolution kernel finalizes the statistics (cooperative launch) or a kernel after it.
-  m.def("set_cooperative_finalize(bool enabled) -> ()", [](bool enabled) { set_cooperative_finalize(enabled); });
   // The deconvolution alone through the stock CUTLASS kernel (benchmark baseline); the
   // GroupNorm arguments are accepted and ignored.
   m.def((std::string("conv_transpose3d_cutlass") + kArguments + " -> Tensor").c_str());

@@ -115,17 +115,6 @@ def set_phase_streams(lanes: int) -> None:
         torch.ops.cutlassfuse.set_phase_streams(int(lanes))
 
 
-def set_cooperative_finalize(enabled: bool) -> None:
-    """Whether the fused path's deconvolution kernel finalizes the GroupNorm statistics
-    after its last tile (True: the conv launched cooperatively) or leaves them to the
-    first blocks of the finishing kernel, which then normalizes (False, the default).
-    Two kernels per call either way, bitwise the same results; a cooperative launch
-    starts only once every SM it needs is free, so it does not overlap with kernels on
-    other streams (timings: docs/performance.md). No effect on a CPU-only build."""
-    if hasattr(torch.ops.cutlassfuse, "set_cooperative_finalize"):
-        torch.ops.cutlassfuse.set_cooperative_finalize(bool(enabled))
-
-
 def explain(*args, **kwargs) -> str:
     """Which implementation ``conv_transpose3d_relu_group_norm`` takes for the same
     arguments, and why: ``"fused_sm90: ..."``, ``"fallback: ..., because ..."`` or

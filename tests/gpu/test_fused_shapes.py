@@ -108,6 +108,11 @@ def named_cases() -> list[dict]:
         random_case(rng, batch=5, out_channels=64, num_groups=4, size=(8, 8, 5), **PIXEL_MAJOR),
         # 27 pixels per sample, not a multiple of 8 (TMA's row alignment): the transposed input instead
         random_case(rng, batch=2, size=(3, 3, 3), **PIXEL_MAJOR),
+        # NCDHW output of 216, 50 and 105 pixels per sample (a multiple of 4, twice an odd number,
+        # odd), each sample ending in a partial 64-row tile of the normalize's transpose
+        random_case(rng, size=(6, 6, 6), kernel=1, padding=0, channels_last=False, **unit),
+        random_case(rng, size=(5, 5, 2), kernel=1, padding=0, channels_last=False, **unit),
+        random_case(rng, size=(3, 5, 7), kernel=1, padding=0, channels_last=False, **unit),
     ]
     return cases
 

@@ -1,10 +1,8 @@
 """The fused path's launches (issue 3): two kernels, the deconvolution and the finishing
 kernel (its first blocks finalize the GroupNorm statistics, the others normalize),
-plus the one layout conversion of an NCDHW input the conv cannot read as it is. With
-set_cooperative_finalize(True) the deconvolution finalizes after its last tile instead
-(a cooperative launch), bitwise the same. Calls on concurrent streams, whose finishing
-blocks wait on one another and whose cooperative launches wait for the whole GPU, must
-all complete with their sequential results."""
+plus the one layout conversion of an NCDHW input the conv cannot read as it is. Calls
+on concurrent streams, whose finishing blocks wait on one another, must all complete
+with their sequential results."""
 
 from __future__ import annotations
 
@@ -19,22 +17,10 @@ from cutlassfuse.testing import (RELATIVE_TOLERANCE, errors, fused_path_expected
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(params=[False, True], ids=["finish_kernel_finalizes", "cooperative_finalize"])
-def finalize_in_conv(request):
-    if not fused_path_expected():
-        pytest.skip("the fused sm90 path runs on sm_90 only")
-    cutlassfuse.set_cooperative_finalize(request.param)
-    yield request.param
-    cutlassfuse.set_cooperative_finalize(False)
-
-
 @pytest.fixture
-def cooperative_finalize():
+def fused_path():
     if not fused_path_expected():
         pytest.skip("the fused sm90 path runs on sm_90 only")
-    cutlassfuse.set_cooperative_finalize(True)
-    yield
-    cutlassfuse.set_cooperative_finalize(False)
 
 
 def make(seed, batch=2, cin=64, cout=128, size=(8, 16, 16), kernel=3, stride=1, channels_last=False,
@@ -75,29 +61,15 @@ LAYOUTS = [
 
 
 @pytest.mark.parametrize("layout,kernel,stride,conversion", LAYOUTS, ids=[c[0] for c in LAYOUTS])
-def test_two_launches(layout, kernel, stride, conversion, finalize_in_conv):
+def test_two_launches(layout, kernel, stride, conversion, fused_path):
     args = make(0, kernel=kernel, stride=stride, channels_last=layout.startswith("channels_last"))
     names = device_operations(lambda: cutlassfuse.conv_transpose3d_relu_group_norm(**args))
     assert_operations(names, [*conversion, "PingpongPhasesKernel", "group_norm_finish"])
 
 
-# Items (sample, group) fewer than CTAs (eight warps each) and more (a warp each).
-@pytest.mark.parametrize("batch,stride,num_groups", [(3, 1, 8), (3, 2, 128), (16, 1, 64)],
-                         ids=["cta_per_item", "eight_phases_group_per_channel", "warp_per_item"])
-def test_cooperative_finalize_gives_the_same_bits(batch, stride, num_groups, cooperative_finalize):
-    args = make(1, batch=batch, stride=stride, channels_last=True)
-    args.update(num_groups=num_groups, norm_weight=torch.rand(128, device="cuda"),
-                norm_bias=torch.rand(128, device="cuda"))
-    finalized_in_conv = cutlassfuse.conv_transpose3d_relu_group_norm(**args)
-    cutlassfuse.set_cooperative_finalize(False)
-    expected = cutlassfuse.conv_transpose3d_relu_group_norm(**args)
-    assert torch.equal(finalized_in_conv, expected)
-
-
-def test_whole_gpu_calls_on_concurrent_streams(finalize_in_conv):
+def test_whole_gpu_calls_on_concurrent_streams(fused_path):
     """Four streams each run calls whose grids take every SM: finishing kernels whose
-    blocks wait for other blocks' finalize, cooperative launches that must wait for the
-    whole GPU; neither may deadlock by holding part of it."""
+    blocks wait for other blocks' finalize must not deadlock by holding part of it."""
     cases = [make(seed, batch=8) for seed in range(4)]
     expected = [cutlassfuse.conv_transpose3d_relu_group_norm(**c) for c in cases]
     streams = [torch.cuda.Stream() for _ in cases]
@@ -114,11 +86,9 @@ def test_whole_gpu_calls_on_concurrent_streams(finalize_in_conv):
 
 
 @pytest.mark.parametrize("layout", ["channels_last", "ncdhw"])
-def test_finishing_kernel_with_more_items_than_resident_blocks(layout):
+def test_finishing_kernel_with_more_items_than_resident_blocks(layout, fused_path):
     """64 samples x 128 groups: the finalize blocks alone outnumber the blocks the GPU
     holds at once, so normalize blocks start while later samples are still finalizing."""
-    if not fused_path_expected():
-        pytest.skip("the fused sm90 path runs on sm_90 only")
     args = make(2, batch=64, size=(4, 8, 8), channels_last=layout == "channels_last")
     args.update(num_groups=128)
     poison_cuda_allocator(64 * 128 * 6 * 10 * 10 * 2)  # the fp16 output's bytes (6 x 10 x 10 pixels)

@@ -81,10 +81,8 @@ inline int64_t pixel_major_statistics_rows(int64_t pixels) {
 }
 template <ElementType E>
 std::string pixel_major_gemm_unsupported_reason(const Problem& gemm);
-// Returns whether the launch finalized `finalize` (see dgrad_fused).
 template <ElementType E>
-bool pixel_major_gemm_fused(const Problem& gemm, const DgradOperands& operands, const StatisticsFinalize* finalize,
-                            int sm_count, cudaStream_t stream);
+void pixel_major_gemm_fused(const Problem& gemm, const DgradOperands& operands, int sm_count, cudaStream_t stream);
 
 struct PhaseLaunch {
   const PhaseProblem* phase;
@@ -92,14 +90,11 @@ struct PhaseLaunch {
 };
 
 // Launches the phases on `stream`: one launch per phase for the non-persistent
-// configurations, up to 8 phases per launch for the ping-pong ones. `finalize`, if
-// given, describes the statistics of exactly these phases: a ping-pong launch holding
-// all of them finalizes it after its last tile when the GPU takes the launch
-// cooperatively. Returns whether it did (else the caller runs group_norm_finalize).
-// Throws std::runtime_error if CUTLASS refuses or a launch fails.
+// configurations, up to 8 phases per launch for the ping-pong ones. Throws
+// std::runtime_error if CUTLASS refuses or a launch fails.
 template <ElementType E>
-bool dgrad_fused(DgradConfig config, const Problem& problem, std::span<const PhaseLaunch> phases,
-                 const StatisticsFinalize* finalize, int sm_count, cudaStream_t stream);
+void dgrad_fused(DgradConfig config, const Problem& problem, std::span<const PhaseLaunch> phases, int sm_count,
+                 cudaStream_t stream);
 
 }  // namespace cutlassfuse::sm90
 

@@ -164,7 +164,7 @@ void launch_phases(const std::vector<Arguments>& phases, int sm_count, cudaStrea
     for (size_t first = 0; first < phases.size(); first += kMaxPhasesPerLaunch) {
       const size_t count = std::min(phases.size() - first, static_cast<size_t>(kMaxPhasesPerLaunch));
       const auto params = Kernel::to_underlying_arguments(phases.data() + first, static_cast<int>(count));
-      const cudaError_t e = Kernel::launch(params, /*finalize=*/nullptr, sm_count, stream).error;
+      const cudaError_t e = Kernel::launch(params, sm_count, stream);
       throw_on_failure(e != cudaSuccess, "ping-pong launch", cudaGetErrorString(e));
     }
   } else {
@@ -221,24 +221,17 @@ class LaunchParamsCache {
   size_t next_ = 0;
 };
 
-// Launches the ping-pong kernel's `launches` (their parameters) on `stream`; one launch
-// holding every tile of the call also finalizes `finalize` if given and it can (see
-// PingpongPhasesKernel::launch). Returns whether the statistics are finalized.
+// Launches the ping-pong kernel's `launches` (their parameters) on `stream`.
 template <class Kernel>
-bool launch_pingpong(const std::vector<typename Kernel::Params>& launches, const StatisticsFinalize* finalize,
-                     int sm_count, cudaStream_t stream) {
-  bool finalized = false;
+void launch_pingpong(const std::vector<typename Kernel::Params>& launches, int sm_count, cudaStream_t stream) {
   for (const auto& params : launches) {
-    const auto launched = Kernel::launch(params, launches.size() == 1 ? finalize : nullptr, sm_count, stream);
-    throw_on_failure(launched.error != cudaSuccess, "ping-pong launch", cudaGetErrorString(launched.error));
-    finalized = launched.finalized;
+    const cudaError_t e = Kernel::launch(params, sm_count, stream);
+    throw_on_failure(e != cudaSuccess, "ping-pong launch", cudaGetErrorString(e));
   }
-  return finalized;
 }
 
 template <class Fused>
-bool run(const Problem& problem, std::span<const PhaseLaunch> phases, const StatisticsFinalize* finalize, int sm_count,
-         cudaStream_t stream) {
+void run(const Problem& problem, std::span<const PhaseLaunch> phases, int sm_count, cudaStream_t stream) {
   using Kernel = typename Fused::Kernel;
   auto arguments = [&] {
     std::vector<PhaseArguments<DgradShape, typename Fused::Mainloop, typename Fused::Epilogue>> args;
@@ -258,10 +251,9 @@ bool run(const Problem& problem, std::span<const PhaseLaunch> phases, const Stat
       }
       return params;
     });
-    return launch_pingpong<Kernel>(launches, finalize, sm_count, stream);
+    launch_pingpong<Kernel>(launches, sm_count, stream);
   } else {
     launch_phases<Kernel, false>(arguments(), sm_count, stream);
-    return false;
   }
 }
 
@@ -291,9 +283,9 @@ decltype(auto) with_kernel(DgradConfig config, F&& f) {
         config, [&](auto fused) { return unsupported_reason<decltype(fused)>(problem, phase); });                 \
   }                                                                                                               \
   template <>                                                                                                     \
-  bool dgrad_fused<ELEMENT_TYPE>(DgradConfig config, const Problem& problem, std::span<const PhaseLaunch> phases, \
-                                 const StatisticsFinalize* finalize, int sm_count, cudaStream_t stream) {         \
-    return with_kernel<CUTLASS_IN, CUTLASS_OUT>(                                                                  \
-        config, [&](auto fused) { return run<decltype(fused)>(problem, phases, finalize, sm_count, stream); });   \
+  void dgrad_fused<ELEMENT_TYPE>(DgradConfig config, const Problem& problem, std::span<const PhaseLaunch> phases, \
+                                 int sm_count, cudaStream_t stream) {                                             \
+    with_kernel<CUTLASS_IN, CUTLASS_OUT>(                                                                         \
+        config, [&](auto fused) { run<decltype(fused)>(problem, phases, sm_count, stream); });                    \
   }                                                                                                               \
   }

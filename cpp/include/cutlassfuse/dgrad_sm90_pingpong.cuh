@@ -17,16 +17,10 @@
 // Each phase has its own TMA descriptors and epilogue parameters (output view, bias,
 // partials region) in the kernel's parameters. A batched GEMM is one phase whose tiles
 // run over the batch too.
-// When a launch holds every tile of the call, it can also finalize the GroupNorm
-// statistics (group_norm_finalize.cuh) instead of the finishing kernel: launched
-// cooperatively (every CTA resident at once), its CTAs meet at a grid-wide barrier
-// after their last tile, and the consumer warpgroups then merge the partials.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
-
-#include <cooperative_groups.h>
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -35,8 +29,6 @@
 #include <cutlass/conv/detail.hpp>
 #include <cutlass/device_kernel.h>
 #include <cutlass/pipeline/pipeline.hpp>
-
-#include "cutlassfuse/group_norm_finalize.cuh"
 
 namespace cutlassfuse::sm90 {
 
@@ -177,7 +169,6 @@ class PingpongPhasesKernel {
   struct Params {
     PhaseParams phase[MaxPhases];
     PhaseTiles<MaxPhases> tiles;
-    StatisticsFinalize finalize;  // partials == nullptr: the launch does not finalize
   };
 
   // Tile counts (m, n, k) and batch entries (l) of a phase, tiled as the mainloop's
@@ -217,32 +208,11 @@ class PingpongPhasesKernel {
   }
   static dim3 get_block_shape() { return dim3(MaxThreadsPerBlock, 1, 1); }
 
-  struct Launched {
-    cudaError_t error;
-    bool finalized;  // the kernel finalizes the statistics (no group_norm_finalize to run)
-  };
-
-  // Launches `params`, finalizing `finalize` after the last tile when it is given and
-  // the GPU takes the grid at once: a cooperative launch, which the driver refuses
-  // (cudaErrorCooperativeLaunchTooLarge) when fewer CTAs fit, e.g. on a GPU partitioned
-  // by MPS or green contexts; the launch then runs without the finalize.
-  static Launched launch(Params const& params, StatisticsFinalize const* finalize, int sm_count, cudaStream_t stream) {
+  static cudaError_t launch(Params const& params, int sm_count, cudaStream_t stream) {
     const auto kernel = &cutlass::device_kernel<PingpongPhasesKernel>;
-    if (cudaError_t e = allow_shared_memory(kernel); e != cudaSuccess) return {e, false};
-    cudaLaunchAttribute cooperative{};
-    cooperative.id = cudaLaunchAttributeCooperative;
-    cooperative.val.cooperative = 1;
-    cudaLaunchConfig_t config{
-        get_grid_shape(params, sm_count), get_block_shape(), SharedStorageSize, stream, &cooperative, 1};
-    if (finalize != nullptr) {
-      Params finalizing = params;
-      finalizing.finalize = *finalize;
-      const cudaError_t e = cudaLaunchKernelEx(&config, kernel, finalizing);
-      if (e != cudaErrorCooperativeLaunchTooLarge) return {e, e == cudaSuccess};
-      (void)cudaGetLastError();  // not sticky: clear it and launch without the finalize
-    }
-    config.numAttrs = 0;  // a plain launch
-    return {cudaLaunchKernelEx(&config, kernel, params), false};
+    if (cudaError_t e = allow_shared_memory(kernel); e != cudaSuccess) return e;
+    kernel<<<get_grid_shape(params, sm_count), get_block_shape(), SharedStorageSize, stream>>>(params);
+    return cudaGetLastError();
   }
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) {
@@ -300,7 +270,6 @@ class PingpongPhasesKernel {
       consume(params, storage, mainloop_pipeline, epi_load_pipeline, epi_store_pipeline, consumer_order,
               /*second=*/warp_group == 2, group_thread);
     }
-    if (params.finalize.partials != nullptr) finalize_statistics(params.finalize, storage, warp_group);
 #else
     // Compiled for sm_90a only (the TU's architecture): other targets never launch it.
     (void)params;
@@ -376,42 +345,6 @@ class PingpongPhasesKernel {
       epi_load_state.advance(c_tiles);
       epi_store_state.advance(d_tiles);
       consumer_order.arrive();
-    }
-  }
-
-  // After every CTA's last tile (the grid barrier: every thread of every CTA, the
-  // producer warpgroup's included, reaches it, and it orders the epilogues' partials
-  // before the reads below), the consumer warps finalize the (sample, group)s: a warp
-  // each when there are more than CTAs (eight CTA-wide merges one after another
-  // measured 14 % slower on gan_k4s2p1's 1024), else the eight consumer warps of a CTA
-  // together (same bits either way, see finalize_group). The mainloop's stages are free
-  // by then and hold the scratch.
-  CUTLASS_DEVICE static void finalize_statistics(StatisticsFinalize const& finalize, SharedStorage& storage,
-                                                 int warp_group) {
-    constexpr int kConsumerWarps = 2 * cutlass::NumWarpsPerWarpGroup;
-    static_assert(kConsumerWarps * sizeof(FinalizeScratch<1>) <= sizeof(storage.tensors.mainloop));
-    cooperative_groups::this_grid().sync();
-    if (warp_group == 0) return;
-    const int warp = cutlass::canonical_warp_idx_sync() - cutlass::NumWarpsPerWarpGroup;
-    void* scratch = &storage.tensors.mainloop;
-    const int64_t items = finalize.batch * finalize.num_groups;
-    const auto finalize_item = [&](int64_t item, int item_warp, auto& item_scratch, auto&& sync) {
-      finalize_group(finalize, item / finalize.num_groups, static_cast<int>(item % finalize.num_groups), item_warp,
-                     item_scratch, sync);
-    };
-    if (items > int64_t{gridDim.x}) {
-      auto& own = static_cast<FinalizeScratch<1>*>(scratch)[warp];
-      for (int64_t item = int64_t{blockIdx.x} * kConsumerWarps + warp; item < items;
-           item += int64_t{gridDim.x} * kConsumerWarps) {
-        finalize_item(item, 0, own, [] { __syncwarp(); });
-      }
-    } else {
-      auto& shared = *static_cast<FinalizeScratch<kConsumerWarps>*>(scratch);
-      const auto consumers_sync = [] {
-        cutlass::arch::NamedBarrier::sync(kConsumerWarps * 32, cutlass::arch::ReservedNamedBarriers::FirstUserBarrier);
-      };
-      for (int64_t item = blockIdx.x; item < items; item += gridDim.x)
-        finalize_item(item, warp, shared, consumers_sync);
     }
   }
 

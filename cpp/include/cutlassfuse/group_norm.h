@@ -15,9 +15,7 @@
 // its first blocks finalize, the others normalize a sample once its groups are
 // finalized. Merging in every normalize block instead re-reads the partials thousands
 // of times and measured slower than a separate finalize launch. The fallback runs
-// group_norm_finalize, then its own normalize (group_norm_generic.h). With
-// set_cooperative_finalize(True) the ping-pong deconvolution kernel runs the finalize
-// itself after its last tile (dgrad_sm90.h) and group_norm_finish only normalizes.
+// group_norm_finalize, then its own normalize (group_norm_generic.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -102,9 +100,8 @@ const char* group_norm_unsupported_reason(const GroupNormShape& shape);
 // Bytes of the per-(sample, channel) scale and shift (float2) group_norm_finalize writes.
 int64_t group_norm_scale_shift_bytes(const GroupNormShape& shape);
 
-// What the finalize reads and writes: the arguments of group_norm_finalize, also
-// carried by the ping-pong deconvolution kernel's parameters when it finalizes after its
-// last tile (dgrad_sm90.h).
+// What the finalize reads and writes: the arguments of group_norm_finalize, and the
+// finishing kernel's.
 struct StatisticsFinalize {
   const WelfordPartial* partials = nullptr;
   StatisticsSources sources;
@@ -140,13 +137,13 @@ void group_norm_finalize(const StatisticsFinalize& finalize, cudaStream_t stream
 // the stream), so a call needs no memset.
 inline int64_t group_norm_finish_counters(int64_t batch) { return batch; }
 
-// The fused path's finishing kernel: finalizes `finalize` (unless `finalized`: the
-// deconvolution did) and normalizes the activation of `spatial` pixels per sample,
-// in `order` (NDHWC or space-to-depth), into `output` (channels-last or NCDHW), the
-// finalize's scale_shift holding the per-channel scale and shift in between. In place
-// only for NDHWC to channels-last; group_norm_unsupported_reason() empty.
-void group_norm_finish(const StatisticsFinalize& finalize, bool finalized, int* groups_finalized,
-                       const void* activation, const PixelShuffle& order, int64_t spatial, bool channels_last_output,
-                       void* output, cudaStream_t stream);
+// The fused path's finishing kernel: finalizes `finalize` and normalizes the activation
+// of `spatial` pixels per sample, in `order` (NDHWC or space-to-depth), into `output`
+// (channels-last or NCDHW), the finalize's scale_shift holding the per-channel scale
+// and shift in between. In place only for NDHWC to channels-last;
+// group_norm_unsupported_reason() empty.
+void group_norm_finish(const StatisticsFinalize& finalize, int* groups_finalized, const void* activation,
+                       const PixelShuffle& order, int64_t spatial, bool channels_last_output, void* output,
+                       cudaStream_t stream);
 
 }  // namespace cutlassfuse

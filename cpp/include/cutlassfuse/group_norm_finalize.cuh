@@ -1,9 +1,7 @@
 // The GroupNorm finalize's device code: a (sample, group)'s partial statistics merged
 // in a fixed order into the per-channel scale and shift of the normalize pass. Run by
 // the finishing kernel's first blocks (fused path) and group_norm_finalize's kernel
-// (fallback), both in group_norm.cu, and by the ping-pong deconvolution kernel after
-// its last tile when it is launched cooperatively (dgrad_sm90_pingpong.cuh): one merge,
-// so all give bitwise the same results.
+// (fallback), both in group_norm.cu: one merge, so both give bitwise the same results.
 #pragma once
 
 #include "cutlassfuse/device_utils.cuh"

@@ -57,10 +57,6 @@ void set_fused_path_enabled(bool enabled);
 void set_float32_tensor_cores(bool enabled);
 // How many streams the fused path spreads sub-pixel phases over (1, the default, to 8).
 void set_phase_streams(int64_t lanes);
-// Whether the fused path's deconvolution kernel finalizes the GroupNorm statistics
-// itself (a cooperative launch) or leaves them to the finishing kernel's first blocks
-// (the default; two kernels per call either way, docs/performance.md).
-void set_cooperative_finalize(bool enabled);
 at::Tensor fused_forward_cuda(const OpArgs& args, const Problem& problem);
 // What the fused path runs for `problem` (kernel configuration included).
 std::string fused_path_description(const OpArgs& args, const Problem& problem);
