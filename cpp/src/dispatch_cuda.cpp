@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <optional>
 #include <span>
+#include <variant>
 #include <vector>
 
 #include "cutlassfuse/dgrad_sm90.h"
@@ -235,8 +237,8 @@ int64_t regions_needed(const FusedPlan& plan) {
   return static_cast<int64_t>(plan.subpixel.phases.size()) * plan.blocks();
 }
 
-FusedPlan make_fused_plan(const Problem& p, const at::Tensor& input, ElementType element) {
-  FusedPlan plan = describe_launches(p, input, element);
+// Gives every launch's partials their region of the workspace, in launch order.
+void place_partials(FusedPlan& plan, const Problem& p) {
   TORCH_INTERNAL_ASSERT(regions_needed(plan) <= kMaxPartialsRegions);
   const sm90::TileExtent tile = plan.pixel_major ? sm90::kPixelMajorGemmTile : sm90::tile_extent(plan.config);
   for (const PhaseProblem& phase : plan.subpixel.phases) {
@@ -250,7 +252,6 @@ FusedPlan make_fused_plan(const Problem& p, const at::Tensor& input, ElementType
     plan.slots += tiles.slots(shape);
   }
   plan.sources.unreached_pixels = plan.subpixel.unreached_pixels;
-  return plan;
 }
 
 // The filter [Cin, T, R, S, Cout]: the caller's pre-packed copy when given (the module
@@ -312,7 +313,10 @@ void set_float32_tensor_cores(bool enabled) { g_float32_tensor_cores.store(enabl
 
 void set_phase_streams(int64_t lanes) { g_phase_streams.store(static_cast<int>(std::clamp<int64_t>(lanes, 1, 8))); }
 
-std::string fused_path_unsupported_reason(const OpArgs& a, const Problem& p) {
+namespace {
+
+// The call's launches, or why the fused path does not take the call.
+std::variant<FusedPlan, std::string> route(const OpArgs& a, const Problem& p) {
   if (!g_fused_path_enabled.load()) return "the fused path is turned off (cutlassfuse.set_fused_path_enabled)";
   const cudaDeviceProp* props = at::cuda::getDeviceProperties(a.input.device().index());
   if (props->major != 9 || props->minor != 0)
@@ -330,17 +334,26 @@ std::string fused_path_unsupported_reason(const OpArgs& a, const Problem& p) {
   if (!aligned_for_tma(a.input) || !aligned_for_tma(present(a.packed_weight) ? *a.packed_weight : a.weight))
     return "input or weight data not 16-byte aligned (a view at an offset; TMA needs aligned addresses)";
   if (const char* why = group_norm_unsupported_reason(group_norm_shape(p)); *why != '\0') return why;
-  const FusedPlan plan = describe_launches(p, a.input, *element);
+  FusedPlan plan = describe_launches(p, a.input, *element);
   if (plan.subpixel.phases.empty()) return "no input reaches the output (every pixel is ReLU(bias))";
   if (regions_needed(plan) > kMaxPartialsRegions) return "more than 64 sub-pixel phases (stride product above 64)";
-  if (plan.pixel_major) return {};
-  for (const PhaseProblem& phase : plan.subpixel.phases) {
-    std::string why = with_element(*element, [&](auto e) {
-      return sm90::dgrad_unsupported_reason<decltype(e)::value>(plan.config, plan.conv, phase);
-    });
-    if (!why.empty()) return why;
+  if (!plan.pixel_major) {
+    for (const PhaseProblem& phase : plan.subpixel.phases) {
+      std::string why = with_element(*element, [&](auto e) {
+        return sm90::dgrad_unsupported_reason<decltype(e)::value>(plan.config, plan.conv, phase);
+      });
+      if (!why.empty()) return why;
+    }
   }
-  return {};
+  place_partials(plan, p);
+  return plan;
+}
+
+}  // namespace
+
+std::string fused_path_unsupported_reason(const OpArgs& a, const Problem& p) {
+  auto routed = route(a, p);
+  return std::holds_alternative<std::string>(routed) ? std::get<std::string>(std::move(routed)) : std::string();
 }
 
 std::string fused_path_description(const OpArgs& a, const Problem& p) {
@@ -367,17 +380,19 @@ std::string fused_path_description(const OpArgs& a, const Problem& p) {
          " (epilogue: bias, ReLU, GroupNorm partial statistics) + normalize";
 }
 
-at::Tensor fused_forward_cuda(const OpArgs& a, const Problem& p) {
+std::optional<at::Tensor> fused_forward_cuda(const OpArgs& a, const Problem& p) {
+  auto routed = [&] {
+    const NvtxRange range("cutlassfuse.route");
+    return route(a, p);
+  }();
+  if (!std::holds_alternative<FusedPlan>(routed)) return std::nullopt;
+  FusedPlan& plan = std::get<FusedPlan>(routed);
   const NvtxRange op_range("cutlassfuse.conv_transpose3d_relu_group_norm");
   const c10::cuda::CUDAGuard device_guard(a.input.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const ElementType element = *element_type(a.input.scalar_type());
   const auto options = a.input.options();
-  FusedPlan plan = [&] {
-    const NvtxRange range("cutlassfuse.plan");
-    return make_fused_plan(p, a.input, element);
-  }();
   const Problem& c = plan.conv;
   const GroupNormShape shape = group_norm_shape(p);
   const int64_t element_bytes = a.input.element_size();

@@ -84,11 +84,7 @@ std::vector<int64_t> subpixel_plan(at::IntArrayRef input_size, at::IntArrayRef k
 at::Tensor forward_cuda(const OpArgs& args) {
   const Problem problem = validate_and_describe(args);
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  const bool fused = [&] {
-    const NvtxRange range("cutlassfuse.route");
-    return fused_path_unsupported_reason(args, problem).empty();
-  }();
-  if (fused) return fused_forward_cuda(args, problem);
+  if (std::optional<at::Tensor> fused = fused_forward_cuda(args, problem)) return *std::move(fused);
   if (fallback_unsupported_reason(args, problem).empty()) return fallback_forward_cuda(args, problem);
   const NvtxRange range("cutlassfuse.reference");
   return reference_forward(args);

@@ -57,7 +57,9 @@ void set_fused_path_enabled(bool enabled);
 void set_float32_tensor_cores(bool enabled);
 // How many streams the fused path spreads sub-pixel phases over (1, the default, to 8).
 void set_phase_streams(int64_t lanes);
-at::Tensor fused_forward_cuda(const OpArgs& args, const Problem& problem);
+// The fused sm90 path's result, or nothing when it does not take the call
+// (fused_path_unsupported_reason says why); the call's launches are planned once.
+std::optional<at::Tensor> fused_forward_cuda(const OpArgs& args, const Problem& problem);
 // What the fused path runs for `problem` (kernel configuration included).
 std::string fused_path_description(const OpArgs& args, const Problem& problem);
 // Empty when the CUDA fallback takes the call (cuDNN's convolution, then this
