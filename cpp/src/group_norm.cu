@@ -184,10 +184,11 @@ union FinishStorage {
 // Tickets from an atomic counter would not need that order, at an atomic on one address
 // and its round trip per block: with them (and without the L2 prefetch) the kernel took
 // 149.7 us for kb61's NCDHW output on the H100, 132.6 us without (docs/performance.md).
-// Four blocks per SM: the finalize's merge would otherwise take up to 92 registers and
-// leave two resident blocks (NCDHW output; H100, kernels per call: gan 42.4 -> 36.4 us,
-// vid 38.6 -> 33.9, kb61 unchanged at 132); five (48 registers) spill and measured
-// slower on every shape (kb61 NCDHW 186 us).
+// Four blocks per SM: the finalize branch's merge would otherwise take the kernel to up
+// to 92 registers and two resident blocks (NCDHW output; the normalize alone compiles to
+// 48). H100, kernels per call: gan 42.4 -> 36.4 us, vid 38.6 -> 33.9, kb61 unchanged at
+// 132; five blocks (48 registers for both branches) spill and measured slower on every
+// shape (kb61 NCDHW 186 us).
 // Blocks take samples and rows newest first: the deconvolution's last tiles (the last
 // sample's last rows) are the activation still in L2 when this kernel starts (6 % off
 // kb61's channels-last finish, 114.5 -> 107.7 us on the H100).
