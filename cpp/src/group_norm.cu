@@ -140,7 +140,6 @@ struct NormalizeJob {
   ShuffleIndex order;
   int64_t spatial;
   int* groups_finalized;   // [batch], zero at the start
-  int64_t finalize_items;  // batch * groups
   int64_t rows_per_block;  // a multiple of kTile
   int64_t blocks_per_sample;
 };
@@ -176,7 +175,7 @@ union FinishStorage {
   } normalize;
 };
 
-// Blocks 0 .. finalize_items - 1 finalize a (sample, group) each (eight warps, the
+// Blocks 0 .. batch x groups - 1 finalize a (sample, group) each (eight warps, the
 // same merge as group_norm_finalize) and count it for its sample; the other blocks
 // normalize rows_per_block rows of one sample once all its groups are counted. A
 // normalize block only waits for blocks of lower index, which the GPU starts first
@@ -198,7 +197,8 @@ __global__ void __launch_bounds__(kThreads, kFinishBlocksPerSM)
                              const __grid_constant__ NormalizeJob job) {
   __shared__ FinishStorage storage;
   const int64_t block_index = blockIdx.x;
-  if (block_index < job.finalize_items) {
+  const int64_t finalize_items = finalize.batch * finalize.num_groups;
+  if (block_index < finalize_items) {
     const int64_t n = finalize.batch - 1 - block_index / finalize.num_groups;
     finalize_group(finalize, n, static_cast<int>(block_index % finalize.num_groups), static_cast<int>(threadIdx.x / 32),
                    storage.finalize, [] { __syncthreads(); });
@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, kFinishBlocksPerSM)
     return;
   }
 
-  const int64_t block = finalize.batch * job.blocks_per_sample - 1 - (block_index - job.finalize_items);
+  const int64_t block = finalize.batch * job.blocks_per_sample - 1 - (block_index - finalize_items);
   const int64_t n = block / job.blocks_per_sample;
   const int64_t first_row = (block - n * job.blocks_per_sample) * job.rows_per_block;
   const int64_t end_row = min(job.spatial, first_row + job.rows_per_block);
@@ -243,7 +243,7 @@ int64_t rows_per_normalize_block(bool channels_last_output) { return kTile * (ch
 
 template <class T, bool kChannelsLast, bool kShuffled>
 void launch_finish(const StatisticsFinalize& finalize, const NormalizeJob& job, cudaStream_t stream) {
-  const auto blocks = static_cast<unsigned>(job.finalize_items + finalize.batch * job.blocks_per_sample);
+  const auto blocks = static_cast<unsigned>(finalize.batch * (finalize.num_groups + job.blocks_per_sample));
   group_norm_finish_kernel<T, kChannelsLast, kShuffled><<<blocks, kThreads, 0, stream>>>(finalize, job);
   check_launch("group_norm_finish_kernel");
 }
@@ -305,7 +305,6 @@ void group_norm_finish(const StatisticsFinalize& finalize, int* groups_finalized
                          shuffled ? ShuffleIndex(order) : ShuffleIndex(),
                          spatial,
                          groups_finalized,
-                         finalize.batch * finalize.num_groups,
                          rows_per_block,
                          ceil_div(spatial, rows_per_block)};
   switch (finalize.element) {

@@ -156,17 +156,32 @@ void run_non_persistent(const Arguments& phase, int sm_count, cudaStream_t strea
   throw_on_failure(status != cutlass::Status::kSuccess, "launch", cutlass::cutlassGetStatusString(status));
 }
 
+// The ping-pong kernel's parameters of `phases`: up to kMaxPhasesPerLaunch per launch.
+template <class Kernel, class Arguments>
+std::vector<typename Kernel::Params> pingpong_launch_params(const std::vector<Arguments>& phases) {
+  std::vector<typename Kernel::Params> params;
+  for (size_t first = 0; first < phases.size(); first += kMaxPhasesPerLaunch) {
+    const size_t count = std::min(phases.size() - first, static_cast<size_t>(kMaxPhasesPerLaunch));
+    params.push_back(Kernel::to_underlying_arguments(phases.data() + first, static_cast<int>(count)));
+  }
+  return params;
+}
+
+// Launches the ping-pong kernel's `launches` (their parameters) on `stream`.
+template <class Kernel>
+void launch_pingpong(const std::vector<typename Kernel::Params>& launches, int sm_count, cudaStream_t stream) {
+  for (const auto& params : launches) {
+    const cudaError_t e = Kernel::launch(params, sm_count, stream);
+    throw_on_failure(e != cudaSuccess, "ping-pong launch", cudaGetErrorString(e));
+  }
+}
+
 // The phases through either kernel layer: one launch per phase for CUTLASS's, up to
 // kMaxPhasesPerLaunch per launch for the ping-pong kernel.
 template <class Kernel, bool kPingpong, class Arguments>
 void launch_phases(const std::vector<Arguments>& phases, int sm_count, cudaStream_t stream) {
   if constexpr (kPingpong) {
-    for (size_t first = 0; first < phases.size(); first += kMaxPhasesPerLaunch) {
-      const size_t count = std::min(phases.size() - first, static_cast<size_t>(kMaxPhasesPerLaunch));
-      const auto params = Kernel::to_underlying_arguments(phases.data() + first, static_cast<int>(count));
-      const cudaError_t e = Kernel::launch(params, sm_count, stream);
-      throw_on_failure(e != cudaSuccess, "ping-pong launch", cudaGetErrorString(e));
-    }
+    launch_pingpong<Kernel>(pingpong_launch_params<Kernel>(phases), sm_count, stream);
   } else {
     for (const Arguments& phase : phases) run_non_persistent<Kernel>(phase, sm_count, stream);
   }
@@ -221,15 +236,6 @@ class LaunchParamsCache {
   size_t next_ = 0;
 };
 
-// Launches the ping-pong kernel's `launches` (their parameters) on `stream`.
-template <class Kernel>
-void launch_pingpong(const std::vector<typename Kernel::Params>& launches, int sm_count, cudaStream_t stream) {
-  for (const auto& params : launches) {
-    const cudaError_t e = Kernel::launch(params, sm_count, stream);
-    throw_on_failure(e != cudaSuccess, "ping-pong launch", cudaGetErrorString(e));
-  }
-}
-
 template <class Fused>
 void run(const Problem& problem, std::span<const PhaseLaunch> phases, int sm_count, cudaStream_t stream) {
   using Kernel = typename Fused::Kernel;
@@ -242,15 +248,7 @@ void run(const Problem& problem, std::span<const PhaseLaunch> phases, int sm_cou
   };
   if constexpr (Fused::Config::kPingpong) {
     thread_local LaunchParamsCache<typename Kernel::Params> cache;
-    const auto& launches = cache.get(problem, phases, [&] {
-      const auto args = arguments();
-      std::vector<typename Kernel::Params> params;
-      for (size_t first = 0; first < args.size(); first += kMaxPhasesPerLaunch) {
-        const size_t count = std::min(args.size() - first, static_cast<size_t>(kMaxPhasesPerLaunch));
-        params.push_back(Kernel::to_underlying_arguments(args.data() + first, static_cast<int>(count)));
-      }
-      return params;
-    });
+    const auto& launches = cache.get(problem, phases, [&] { return pingpong_launch_params<Kernel>(arguments()); });
     launch_pingpong<Kernel>(launches, sm_count, stream);
   } else {
     launch_phases<Kernel, false>(arguments(), sm_count, stream);
