@@ -21,7 +21,8 @@ from cutlassfuse.testing import KernelBenchModel
 
 SHAPES = {"kb61": (16, 64, 128, (32, 32, 32)), "kb61_v0": (16, 64, 128, (8, 16, 16))}
 COMPILE = "torch.compile (default)"
-CONFIGS = ["128x128_cluster1x1", "128x64_cluster1x1", "128x128_pingpong", "128x64_pingpong"]
+CONFIGS = ["128x128_cluster1x1", "128x64_cluster1x1", "128x128_pingpong", "128x64_pingpong",
+           "128x128_pingpong_cluster2x1"]
 
 
 def time_ms(fn) -> float:

@@ -8,6 +8,8 @@
 #        demo       the KernelBench level2/61 demo
 #        breakdown  per-kernel times and launch counts, every baselines.md shape
 #        baselines  benchmarks/fused_vs_baselines.py (kb61, tile configurations)
+#        configs    per-kernel times of every baselines.md shape under each ping-pong
+#                   configuration of 128x128 tiles (clusters of 1 and 2), fp16
 #        host       benchmarks/host_overhead.py (host vs device time per call)
 #        spread     benchmarks/call_spread.py (per-call percentiles, eager vs CUDA graph replay)
 #        float32    benchmarks/float32_choice.py (accuracy and time of the fp32 choices)
@@ -85,6 +87,16 @@ if wanted baselines; then
   "$PYTHON" benchmarks/fused_vs_baselines.py --no-compile 2>&1 | tee "$LOGS/bench.log"
 fi
 
+if wanted configs; then
+  step "ping-pong configurations, clusters of 1 and 2"
+  for shape in kb61 kb61_v0 unet_k2s2 gan_k4s2p1 vid_k3s2p1op1; do
+    for config in 128x128_pingpong 128x128_pingpong_cluster2x1; do
+      echo "--- $shape $config"
+      "$PYTHON" benchmarks/kernel_breakdown.py --shape "$shape" --config "$config"
+    done
+  done 2>&1 | tee "$LOGS/configs.log"
+fi
+
 if wanted host; then
   step "host cost per call"
   "$PYTHON" benchmarks/host_overhead.py --table kb61_v0 2>&1 | tee "$LOGS/host.log"
@@ -154,6 +166,7 @@ printf '%s\n' "${status[@]}"
 show demo.log sed -n '/^dtype/,$p' "$LOGS/demo.log"
 show bench.log grep -E "^kb61|fused\(CL in\)" "$LOGS/bench.log"
 show breakdown.log grep -E "launches per call|: fused_sm90|: fallback|: reference" "$LOGS/breakdown.log"
+show configs.log grep -E "^--- |^cutlassfuse, channels_last|PingpongPhasesKernel" "$LOGS/configs.log"
 show host.log head -7 "$LOGS/host.log"
 show float32.log cat "$LOGS/float32.log"
 show streams.log cat "$LOGS/streams.log"

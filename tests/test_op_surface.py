@@ -85,9 +85,10 @@ def test_module_packs_nothing_on_cpu():
 
 @pytest.mark.skipif(not cutlassfuse.info()["cuda_kernels"], reason="CPU-only build has no sm90 configurations")
 def test_set_dgrad_config_checks_names():
-    with pytest.raises(ValueError, match="unknown dgrad config.*128x128_pingpong"):
-        cutlassfuse.set_dgrad_config("128x128_cluster2x1")  # replaced by the ping-pong configurations
-    for name in ["128x128_pingpong", "128x64_pingpong", "128x128_cluster1x1", "128x64_cluster1x1"]:
+    with pytest.raises(ValueError, match="unknown dgrad config.*128x128_pingpong_cluster2x1"):
+        cutlassfuse.set_dgrad_config("128x128_cluster2x1")  # clusters of two run on the ping-pong kernel only
+    for name in ["128x128_pingpong", "128x64_pingpong", "128x128_pingpong_cluster2x1", "128x128_cluster1x1",
+                 "128x64_cluster1x1"]:
         cutlassfuse.set_dgrad_config(name)
     cutlassfuse.set_dgrad_config(None)
 

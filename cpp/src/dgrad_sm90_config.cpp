@@ -21,6 +21,7 @@ const char* config_name(DgradConfig config) {
     case DgradConfig::k128x64_cluster1x1: return "128x64_cluster1x1";
     case DgradConfig::k128x128_pingpong: return "128x128_pingpong";
     case DgradConfig::k128x64_pingpong: return "128x64_pingpong";
+    case DgradConfig::k128x128_pingpong_cluster2x1: return "128x128_pingpong_cluster2x1";
     default: return "128x128_cluster1x1";
   }
 }

@@ -1,6 +1,7 @@
 // The fused family's kernel layers with CUTLASS's stock epilogue (a plain store, no
 // bias, ReLU or statistics): the baseline for measuring what the fused epilogue costs.
-// 128x128 tiles, through CUTLASS's non-persistent kernel or the ping-pong kernel.
+// 128x128 tiles, through CUTLASS's non-persistent kernel or the ping-pong kernel (clusters
+// of one or two CTAs).
 #include "cutlassfuse/dgrad_sm90_launch.cuh"
 
 namespace cutlassfuse::sm90 {
@@ -48,10 +49,12 @@ void run_plain(const Problem& problem, std::span<const PhaseLaunch> phases, int 
 template <class Element>
 void run_plain_config(DgradConfig config, const Problem& problem, std::span<const PhaseLaunch> phases, int sm_count,
                       cudaStream_t stream) {
-  if (plain_config(config) == DgradConfig::k128x128_pingpong) {
-    run_plain<Element, TileConfig<128, 128, 1, Schedule::kPingpong>>(problem, phases, sm_count, stream);
-  } else {
-    run_plain<Element, TileConfig<128, 128, 1>>(problem, phases, sm_count, stream);
+  switch (plain_config(config)) {
+    case DgradConfig::k128x128_pingpong_cluster2x1:
+      return run_plain<Element, TileConfig<128, 128, 2, Schedule::kPingpong>>(problem, phases, sm_count, stream);
+    case DgradConfig::k128x128_pingpong:
+      return run_plain<Element, TileConfig<128, 128, 1, Schedule::kPingpong>>(problem, phases, sm_count, stream);
+    default: return run_plain<Element, TileConfig<128, 128, 1>>(problem, phases, sm_count, stream);
   }
 }
 

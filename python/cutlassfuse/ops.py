@@ -82,9 +82,11 @@ def pack_bias(bias: Tensor, stride: IntOrTriple) -> Tensor:
 
 def set_dgrad_config(name: str | None) -> None:
     """Pins the sm90 kernel's configuration (for benchmarking); None restores the
-    heuristic. Names (CTA tile and kernel layer): "128x128_pingpong", "128x64_pingpong"
-    (this project's persistent ping-pong kernel, the heuristic's choices),
-    "128x128_cluster1x1", "128x64_cluster1x1" (CUTLASS's non-persistent conv kernel)."""
+    heuristic. Names (CTA tile, kernel layer, cluster): "128x128_pingpong",
+    "128x64_pingpong", "128x128_pingpong_cluster2x1" (this project's persistent
+    ping-pong kernel; the last in clusters of two CTAs along M sharing the filter tile
+    through TMA multicast), "128x128_cluster1x1", "128x64_cluster1x1" (CUTLASS's
+    non-persistent conv kernel)."""
     torch.ops.cutlassfuse.set_dgrad_config(name or "")
 
 

@@ -138,6 +138,10 @@ def case_id(c: dict) -> str:
             + ("-cl" if c["channels_last"] else ""))
 
 
+def output_numel(c: dict) -> int:
+    return c["batch"] * c["out_channels"] * torch.Size(c["output_size"]).numel()
+
+
 def make_inputs(c: dict, dtype: torch.dtype) -> dict:
     g = torch.Generator(device="cuda").manual_seed(zlib.crc32(case_id(c).encode()))
     k = c["kernel"]
@@ -165,7 +169,7 @@ def test_fused_path_matches_float64(case: dict, dtype: torch.dtype, float32_on_t
     if fused_path_expected():
         path = cutlassfuse.explain(**inputs)
         assert path.startswith("fused_sm90"), path
-    numel = case["batch"] * case["out_channels"] * torch.Size(case["output_size"]).numel()
+    numel = output_numel(case)
     poison_bytes = 8 * numel * dtype.itemsize
     poison_cuda_allocator(poison_bytes)
     out = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
@@ -192,9 +196,10 @@ def test_pixel_shuffle_gemm_reads_ncdhw_input_as_it_is(size, reads_as_is: bool, 
 
 
 # Every kernel configuration, whichever the heuristic picks: both kernel layers (the
-# ping-pong kernel's multi-phase launches, CUTLASS's one launch per phase) and both
-# tiles, on the named edge cases.
-CONFIGS = ["128x128_pingpong", "128x64_pingpong", "128x128_cluster1x1", "128x64_cluster1x1"]
+# ping-pong kernel's multi-phase launches, CUTLASS's one launch per phase), both tiles
+# and both cluster sizes, on the named edge cases.
+CONFIGS = ["128x128_pingpong", "128x64_pingpong", "128x128_pingpong_cluster2x1", "128x128_cluster1x1",
+           "128x64_cluster1x1"]
 
 
 @pytest.fixture(params=CONFIGS)
@@ -209,10 +214,32 @@ def test_every_config_matches_float64(case: dict, dgrad_config: str):
     inputs = make_inputs(case, torch.float16)
     if torch.cuda.get_device_capability() == (9, 0):
         assert dgrad_config in cutlassfuse.explain(**inputs)
-    poison_cuda_allocator(8 * 2 * case["batch"] * case["out_channels"] * torch.Size(case["output_size"]).numel())
+    poison_cuda_allocator(8 * 2 * output_numel(case))
     out = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all(), "unwritten (poisoned) or non-finite output elements"
     err = errors(out, reference_float64(**inputs))
     assert err.relative <= RELATIVE[torch.float16] and err.max_abs <= MAX_ABS[torch.float16], err
     assert torch.equal(out, cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)), "two runs differ"
+
+
+# Clusters change who loads the filter tile (each CTA of a pair loads half, multicast to
+# both), not one product or sum: the 2x1 kernel must match the 1x1 kernel bit for bit,
+# including the pairs whose second tile lies past the problem (an odd number of M tiles).
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("case", NAMED_CASES[:3] + NAMED_CASES[10:14], ids=case_id)
+def test_cluster_2x1_equals_cluster_1x1_bitwise(case: dict, dtype: torch.dtype):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm90 configurations run on sm_90 only")
+    inputs = make_inputs(case, dtype)
+    outputs = {}
+    try:
+        for config in ["128x128_pingpong", "128x128_pingpong_cluster2x1"]:
+            cutlassfuse.set_dgrad_config(config)
+            assert f"{config} (epilogue" in cutlassfuse.explain(**inputs)
+            poison_cuda_allocator(8 * 2 * output_numel(case))
+            outputs[config] = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
+    finally:
+        cutlassfuse.set_dgrad_config(None)
+    assert torch.isfinite(outputs["128x128_pingpong_cluster2x1"]).all()
+    assert torch.equal(outputs["128x128_pingpong"], outputs["128x128_pingpong_cluster2x1"])

@@ -28,12 +28,21 @@
 
 namespace cutlassfuse::sm90 {
 
-// CTA tile (M pixels x N channels, K = 64) and kernel layer: CUTLASS's non-persistent
-// conv kernel (one launch per phase, cluster 1x1), or the persistent ping-pong kernel
-// (dgrad_sm90_pingpong.cuh: up to 8 phases per launch, epilogues overlapped with MMAs).
-enum class DgradConfig { k128x128_cluster1x1, k128x64_cluster1x1, k128x128_pingpong, k128x64_pingpong };
+// CTA tile (M pixels x N channels, K = 64), kernel layer and cluster: CUTLASS's
+// non-persistent conv kernel (one launch per phase, cluster 1x1), or the persistent
+// ping-pong kernel (dgrad_sm90_pingpong.cuh: up to 8 phases per launch, epilogues
+// overlapped with MMAs), with clusters of 1 or 2 CTAs along M (the pair's filter tile
+// loaded once, multicast to both).
+enum class DgradConfig {
+  k128x128_cluster1x1,
+  k128x64_cluster1x1,
+  k128x128_pingpong,
+  k128x64_pingpong,
+  k128x128_pingpong_cluster2x1
+};
 inline constexpr DgradConfig kDgradConfigs[] = {DgradConfig::k128x128_cluster1x1, DgradConfig::k128x64_cluster1x1,
-                                                DgradConfig::k128x128_pingpong, DgradConfig::k128x64_pingpong};
+                                                DgradConfig::k128x128_pingpong, DgradConfig::k128x64_pingpong,
+                                                DgradConfig::k128x128_pingpong_cluster2x1};
 
 struct TileExtent {
   int m;
@@ -100,14 +109,18 @@ void dgrad_fused(DgradConfig config, const Problem& problem, std::span<const Pha
 
 namespace cutlassfuse::sm90 {
 
-// The 128x128 kernel of `config`'s layer (CUTLASS's non-persistent one, or the
-// ping-pong one for the ping-pong configurations) with CUTLASS's stock epilogue: a plain
-// store of the convolution, no bias, ReLU or statistics. The baseline the fused
+// The 128x128 kernel of `config`'s layer and cluster (CUTLASS's non-persistent one, or
+// the ping-pong one for the ping-pong configurations) with CUTLASS's stock epilogue: a
+// plain store of the convolution, no bias, ReLU or statistics. The baseline the fused
 // epilogue is measured against (benchmarks), not a path of the op. Operands' bias and
 // partials are unused.
 inline DgradConfig plain_config(DgradConfig config) {
-  const bool pingpong = config == DgradConfig::k128x128_pingpong || config == DgradConfig::k128x64_pingpong;
-  return pingpong ? DgradConfig::k128x128_pingpong : DgradConfig::k128x128_cluster1x1;
+  switch (config) {
+    case DgradConfig::k128x128_pingpong_cluster2x1: return config;
+    case DgradConfig::k128x128_pingpong:
+    case DgradConfig::k128x64_pingpong: return DgradConfig::k128x128_pingpong;
+    default: return DgradConfig::k128x128_cluster1x1;
+  }
 }
 template <ElementType E>
 void dgrad_plain(DgradConfig config, const Problem& problem, std::span<const PhaseLaunch> phases, int sm_count,

@@ -264,6 +264,8 @@ decltype(auto) with_kernel(DgradConfig config, F&& f) {
       return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 128, 1, Schedule::kPingpong>>{});
     case DgradConfig::k128x64_pingpong:
       return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 64, 1, Schedule::kPingpong>>{});
+    case DgradConfig::k128x128_pingpong_cluster2x1:
+      return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 128, 2, Schedule::kPingpong>>{});
     default: return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 128, 1>>{});
   }
 }

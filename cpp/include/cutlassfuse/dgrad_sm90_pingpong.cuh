@@ -9,6 +9,8 @@
 // partial last wave. This kernel keeps CUTLASS's mainloop and epilogue collectives and
 // replaces the kernel layer around them:
 //   - one CTA per SM walks a static list of tiles (PhaseTiles), phase after phase;
+//     in a cluster of CTAs along M, the CTAs walk the list in step, one tile each per
+//     unit, and each loads a slice of the shared filter tile, multicast to all;
 //   - warpgroup 0 is the producer: its first warp issues the TMA loads of every tile
 //     into one shared-memory pipeline, running ahead across tile and phase boundaries;
 //   - warpgroups 1 and 2 are consumers taking alternate tiles. An ordered barrier lets
@@ -32,18 +34,32 @@
 
 namespace cutlassfuse::sm90 {
 
-// The tiles of one launch: phase p owns tiles [first_tile[p], first_tile[p + 1]),
-// numbered with the N tiles of an M tile adjacent (they share their input rows in L2),
-// then M tiles, then batch entries (L; 1 for a convolution).
-template <int MaxPhases>
+// The work of one launch, in units of one cluster's tiles: ClusterM M-adjacent tiles of
+// one N tile (the cluster's CTAs share, through TMA multicast, the filter tile they all
+// read). Phase p owns units [first_unit[p], first_unit[p + 1]), numbered with the N
+// units of an M unit adjacent (they share their input rows in L2), then M units, then
+// batch entries (L; 1 for a convolution). When ClusterM does not divide a phase's M
+// tiles, its last M unit has tiles past the problem: their CTAs run the mainloop (the
+// multicast needs both CTAs' loads) and skip the epilogue.
+template <int MaxPhases, int ClusterM>
 struct PhaseTiles {
   int phases = 0;
+  int tiles_m[MaxPhases] = {};
   int tiles_n[MaxPhases] = {};
-  int tiles_mn[MaxPhases] = {};
+  int units_mn[MaxPhases] = {};
   int k_tiles[MaxPhases] = {};  // K blocks per tile (the mainloop's trip count)
-  int first_tile[MaxPhases + 1] = {};
+  int first_unit[MaxPhases + 1] = {};
 
-  CUTLASS_HOST_DEVICE int total() const { return first_tile[phases]; }
+  void append_phase(int m_tiles, int n_tiles, int k_blocks, int batch) {
+    tiles_m[phases] = m_tiles;
+    tiles_n[phases] = n_tiles;
+    units_mn[phases] = (m_tiles + ClusterM - 1) / ClusterM * n_tiles;
+    k_tiles[phases] = k_blocks;
+    first_unit[phases + 1] = first_unit[phases] + units_mn[phases] * batch;
+    ++phases;
+  }
+
+  CUTLASS_HOST_DEVICE int total() const { return first_unit[phases]; }
 
   struct Work {
     int phase;
@@ -51,16 +67,24 @@ struct PhaseTiles {
     int n;
     int l;
     int k_tiles;
+    bool in_problem;  // false: a tile past the problem's M extent (see above)
   };
-  CUTLASS_DEVICE Work locate(int tile) const {
+  // The tile of `unit` that the CTA of rank `rank_in_cluster` computes.
+  CUTLASS_DEVICE Work locate(int unit, int rank_in_cluster) const {
     int phase = 0;
-    while (tile >= first_tile[phase + 1]) ++phase;
-    const int local = tile - first_tile[phase];
-    const int l = local / tiles_mn[phase];
-    const int mn = local - l * tiles_mn[phase];
-    return {phase, mn / tiles_n[phase], mn % tiles_n[phase], l, k_tiles[phase]};
+    while (unit >= first_unit[phase + 1]) ++phase;
+    const int local = unit - first_unit[phase];
+    const int l = local / units_mn[phase];
+    const int mn = local - l * units_mn[phase];
+    const int m = mn / tiles_n[phase] * ClusterM + rank_in_cluster;
+    return {phase, m, mn % tiles_n[phase], l, k_tiles[phase], m < tiles_m[phase]};
   }
-  CUTLASS_DEVICE int k_tiles_of(int tile) const { return tile < total() ? locate(tile).k_tiles : 0; }
+  CUTLASS_DEVICE int k_tiles_of(int unit) const {
+    if (unit >= total()) return 0;
+    int phase = 0;
+    while (unit >= first_unit[phase + 1]) ++phase;
+    return k_tiles[phase];
+  }
 };
 
 using DgradShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kDgrad, 3>;
@@ -136,8 +160,9 @@ class PingpongPhasesKernel {
   static constexpr uint32_t MaxThreadsPerBlock = 3 * cutlass::NumThreadsPerWarpGroup;
   static constexpr uint32_t MinBlocksPerMultiprocessor = 1;
   static_assert(cute::size(TiledMma{}) == cutlass::NumThreadsPerWarpGroup, "one warpgroup per tile");
-  static_assert(cute::size(typename CollectiveMainloop::DispatchPolicy::ClusterShape{}) == 1,
-                "the phases' tile lists are per CTA: no clusters");
+  using ClusterShape = typename CollectiveMainloop::DispatchPolicy::ClusterShape;
+  static constexpr int kClusterM = cute::size<0>(ClusterShape{});
+  static_assert(cute::size(ClusterShape{}) == kClusterM, "clusters along M only (PhaseTiles' units)");
   // The producer needs few registers; the consumers hold a 128x128 fp32 accumulator.
   static constexpr uint32_t kProducerRegisters = 40;
   static constexpr uint32_t kConsumerRegisters = 232;
@@ -168,7 +193,7 @@ class PingpongPhasesKernel {
 
   struct Params {
     PhaseParams phase[MaxPhases];
-    PhaseTiles<MaxPhases> tiles;
+    PhaseTiles<MaxPhases, kClusterM> tiles;
   };
 
   // Tile counts (m, n, k) and batch entries (l) of a phase, tiled as the mainloop's
@@ -186,7 +211,6 @@ class PingpongPhasesKernel {
   // `count` <= MaxPhases phases of one launch.
   static Params to_underlying_arguments(PhaseArguments const* phases, int count) {
     Params params{};
-    params.tiles.phases = count;
     for (int p = 0; p < count; ++p) {
       const ProblemShape& shape = phases[p].shape;
       params.phase[p] = {
@@ -194,26 +218,46 @@ class PingpongPhasesKernel {
           CollectiveMainloop::to_underlying_arguments(shape, phases[p].mainloop, nullptr),
           CollectiveEpilogue::to_underlying_arguments(Extents::epilogue(shape), phases[p].epilogue, nullptr)};
       const auto [tiles_m, tiles_n, k_tiles, batch] = tile_counts(shape);
-      params.tiles.tiles_n[p] = tiles_n;
-      params.tiles.tiles_mn[p] = tiles_m * tiles_n;
-      params.tiles.k_tiles[p] = k_tiles;
-      params.tiles.first_tile[p + 1] = params.tiles.first_tile[p] + tiles_m * tiles_n * batch;
+      params.tiles.append_phase(tiles_m, tiles_n, k_tiles, batch);
     }
     return params;
   }
 
-  // One CTA per SM (or per tile, when there are fewer), each walking its tiles.
-  static dim3 get_grid_shape(Params const& params, int sm_count) {
-    return dim3(static_cast<unsigned>(cute::max(1, cute::min(params.tiles.total(), sm_count))), 1, 1);
+  // One cluster per kClusterM SMs, as many as fit at once (or one per unit, when there
+  // are fewer); with clusters, the GPCs' shapes may leave some SMs idle.
+  static dim3 get_grid_shape(Params const& params, int resident_clusters) {
+    const int clusters = cute::max(1, cute::min(params.tiles.total(), resident_clusters));
+    return dim3(static_cast<unsigned>(clusters * kClusterM), 1, 1);
   }
   static dim3 get_block_shape() { return dim3(MaxThreadsPerBlock, 1, 1); }
 
   static cudaError_t launch(Params const& params, int sm_count, cudaStream_t stream) {
     const auto kernel = &cutlass::device_kernel<PingpongPhasesKernel>;
-    if (cudaError_t e = allow_shared_memory(kernel); e != cudaSuccess) return e;
-    kernel<<<get_grid_shape(params, sm_count), get_block_shape(), SharedStorageSize, stream>>>(params);
-    return cudaGetLastError();
+    int resident_clusters = 0;
+    if (cudaError_t e = prepare_device(kernel, sm_count, resident_clusters); e != cudaSuccess) return e;
+    ClusterLaunch launch(get_grid_shape(params, resident_clusters), stream);
+    return cudaLaunchKernelEx(&launch.config, kernel, params);
   }
+
+  // A launch configuration of `grid` CTAs in clusters of kClusterM along x.
+  struct ClusterLaunch {
+    cudaLaunchAttribute cluster{};
+    cudaLaunchConfig_t config{};
+
+    ClusterLaunch(dim3 grid, cudaStream_t stream) {
+      cluster.id = cudaLaunchAttributeClusterDimension;
+      cluster.val.clusterDim.x = kClusterM;
+      cluster.val.clusterDim.y = 1;
+      cluster.val.clusterDim.z = 1;
+      config.gridDim = grid;
+      config.blockDim = get_block_shape();
+      config.dynamicSmemBytes = SharedStorageSize;
+      config.stream = stream;
+      config.attrs = &cluster;
+      config.numAttrs = 1;
+    }
+    ClusterLaunch(const ClusterLaunch&) = delete;  // config points at cluster
+  };
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -238,7 +282,7 @@ class PingpongPhasesKernel {
     mainloop_params.num_consumers = cutlass::NumThreadsPerWarpGroup;  // one consumer warpgroup per stage
     mainloop_params.num_producers = 1;                                // one elected thread issues a stage's TMA loads
     mainloop_params.transaction_bytes = params.phase[0].mainloop.tma_transaction_bytes;  // the same for every phase
-    MainloopPipeline mainloop_pipeline(storage.pipelines.mainloop, mainloop_params, Shape<_1, _1, _1>{});
+    MainloopPipeline mainloop_pipeline(storage.pipelines.mainloop, mainloop_params, ClusterShape{});
 
     // The source C is void: the load pipeline exists for the collective's interface only.
     typename EpiLoadPipeline::Params epi_load_params;
@@ -260,7 +304,14 @@ class PingpongPhasesKernel {
     order_params.group_size = cutlass::NumThreadsPerWarpGroup;
     ConsumerOrderBarrier consumer_order(storage.pipelines.consumer_order, order_params);
 
-    __syncthreads();  // barrier initialization visible to every warp
+    // Barrier initialization visible to every warp, and in a cluster to the other CTAs'
+    // multicast loads and releases.
+    if constexpr (kClusterM > 1) {
+      cute::cluster_arrive_relaxed();
+      cute::cluster_wait();
+    } else {
+      __syncthreads();
+    }
 
     if (warp_group == 0) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
@@ -278,18 +329,24 @@ class PingpongPhasesKernel {
   }
 
  private:
+  // The cluster's units in the order its CTAs walk them in step: the first unit and the
+  // stride between units.
+  CUTLASS_DEVICE static int first_unit() { return int(blockIdx.x) / kClusterM; }
+  CUTLASS_DEVICE static int unit_stride() { return int(gridDim.x) / kClusterM; }
+
   // The producer warp: every tile's TMA loads, in the CTA's tile order, into one pipeline.
   CUTLASS_DEVICE static void produce(Params const& params, SharedStorage& storage, MainloopPipeline pipeline) {
     using namespace cute;
     CollectiveMainloop mainloop;
     auto state = cutlass::make_producer_start_state<MainloopPipeline>();
-    for (int tile = int(blockIdx.x); tile < params.tiles.total(); tile += int(gridDim.x)) {
-      const auto work = params.tiles.locate(tile);
+    const int rank = int(cute::block_rank_in_cluster());
+    for (int unit = first_unit(); unit < params.tiles.total(); unit += unit_stride()) {
+      const auto work = params.tiles.locate(unit, rank);
       const PhaseParams& phase = params.phase[work.phase];
       auto inputs = mainloop.load_init(phase.mnkl, phase.mainloop);
       mainloop.load(phase.mainloop, pipeline, state, inputs, make_coord(work.m, work.n, _, work.l),
                     cute::make_coord_iterator(shape<3>(get<0>(inputs))), work.k_tiles, cutlass::canonical_lane_idx(),
-                    0u, storage.tensors.mainloop);
+                    uint32_t(rank), storage.tensors.mainloop);
       state.advance(work.k_tiles);
     }
     mainloop.load_tail(pipeline, state);
@@ -297,7 +354,7 @@ class PingpongPhasesKernel {
 
   // A consumer warpgroup: every other tile of the CTA (the second consumer starts at the
   // CTA's second tile), its MMAs and then its epilogue, each in turn with the other
-  // consumer's.
+  // consumer's. A tile past the problem (PhaseTiles) has no epilogue.
   CUTLASS_DEVICE static void consume(Params const& params, SharedStorage& storage, MainloopPipeline mainloop_pipeline,
                                      EpiLoadPipeline epi_load_pipeline, EpiStorePipeline epi_store_pipeline,
                                      ConsumerOrderBarrier& consumer_order, bool second, int group_thread) {
@@ -305,21 +362,22 @@ class PingpongPhasesKernel {
     constexpr auto c_tiles = CollectiveEpilogue::get_load_pipe_increment(TileShape{});
     constexpr auto d_tiles = CollectiveEpilogue::get_store_pipe_increment(TileShape{});
     const int total = params.tiles.total();
-    const int stride = int(gridDim.x);
+    const int stride = unit_stride();
+    const int rank = int(cute::block_rank_in_cluster());
     CollectiveMainloop mainloop;
     typename CollectiveMainloop::PipelineState read_state;
     typename CollectiveEpilogue::LoadPipelineState epi_load_state;
     auto epi_store_state = cutlass::make_producer_start_state<EpiStorePipeline>();
-    int tile = int(blockIdx.x);
+    int unit = first_unit();
     if (second) {
-      read_state.advance(params.tiles.k_tiles_of(tile));  // the first consumer's stages
+      read_state.advance(params.tiles.k_tiles_of(unit));  // the first consumer's stages
       epi_load_state.advance(c_tiles);
       epi_store_state.advance(d_tiles);
-      tile += stride;
+      unit += stride;
     }
     TiledMma tiled_mma;
-    for (; tile < total; tile += 2 * stride) {
-      const auto work = params.tiles.locate(tile);
+    for (; unit < total; unit += 2 * stride) {
+      const auto work = params.tiles.locate(unit, rank);
       const PhaseParams& phase = params.phase[work.phase];
       Tensor accumulators = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
 
@@ -329,38 +387,56 @@ class PingpongPhasesKernel {
       consumer_order.arrive();
       mainloop.mma_tail(mainloop_pipeline, read_state, work.k_tiles);
       // Skip the stages of the other consumer's next tile.
-      read_state.advance(work.k_tiles + params.tiles.k_tiles_of(tile + stride));
+      read_state.advance(work.k_tiles + params.tiles.k_tiles_of(unit + stride));
 
       consumer_order.wait();
-      CollectiveEpilogue epilogue(phase.epilogue, storage.tensors.epilogue);
-      auto [load_next, store_next] = epilogue.store(
-          epi_load_pipeline, epi_load_state, epi_store_pipeline, epi_store_state, phase.mnkl, TileShape{},
-          make_coord(work.m, work.n, _, work.l), accumulators, tiled_mma, group_thread, storage.tensors.epilogue);
-      // The TMA stores must have read the staging buffers before the other consumer's
-      // epilogue reuses them.
-      auto [load_after, store_after] =
-          epilogue.store_tail(epi_load_pipeline, load_next, epi_store_pipeline, store_next);
-      epi_load_state = load_after;
-      epi_store_state = store_after;
+      if (work.in_problem) {
+        CollectiveEpilogue epilogue(phase.epilogue, storage.tensors.epilogue);
+        auto [load_next, store_next] = epilogue.store(
+            epi_load_pipeline, epi_load_state, epi_store_pipeline, epi_store_state, phase.mnkl, TileShape{},
+            make_coord(work.m, work.n, _, work.l), accumulators, tiled_mma, group_thread, storage.tensors.epilogue);
+        // The TMA stores must have read the staging buffers before the other consumer's
+        // epilogue reuses them.
+        auto [load_after, store_after] =
+            epilogue.store_tail(epi_load_pipeline, load_next, epi_store_pipeline, store_next);
+        epi_load_state = load_after;
+        epi_store_state = store_after;
+      } else {
+        epi_load_state.advance(c_tiles);
+        epi_store_state.advance(d_tiles);
+      }
       epi_load_state.advance(c_tiles);
       epi_store_state.advance(d_tiles);
       consumer_order.arrive();
     }
   }
 
-  // The opt-in to more than 48 KB of dynamic shared memory holds per function and
-  // device: one driver call per device, not per launch (several microseconds of host
-  // time in a call whose kernels may take tens).
+  // Per function and device, once (driver calls cost several microseconds of host time
+  // in a call whose kernels may take tens): the opt-in to more than 48 KB of dynamic
+  // shared memory, then how many of the kernel's clusters the device holds at once.
   template <class Kernel>
-  static cudaError_t allow_shared_memory(Kernel kernel) {
-    static std::atomic<uint64_t> allowed_devices{0};
+  static cudaError_t prepare_device(Kernel kernel, int sm_count, int& resident_clusters) {
+    constexpr int kDevices = 64;
+    static std::atomic<int> clusters_of_device[kDevices] = {};  // 0: not prepared yet
     int device = 0;
     if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-    const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
-    if (bit != 0 && (allowed_devices.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SharedStorageSize);
-    if (e == cudaSuccess) allowed_devices.fetch_or(bit, std::memory_order_relaxed);
-    return e;
+    std::atomic<int>* known = device < kDevices ? &clusters_of_device[device] : nullptr;
+    if (known && (resident_clusters = known->load(std::memory_order_relaxed)) > 0) return cudaSuccess;
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SharedStorageSize);
+        e != cudaSuccess) {
+      return e;
+    }
+    resident_clusters = sm_count;  // one CTA per SM
+    if constexpr (kClusterM > 1) {
+      const ClusterLaunch one_cluster(dim3(kClusterM, 1, 1), nullptr);
+      if (cudaError_t e = cudaOccupancyMaxActiveClusters(&resident_clusters, kernel, &one_cluster.config);
+          e != cudaSuccess) {
+        return e;
+      }
+    }
+    resident_clusters = cute::max(1, resident_clusters);
+    if (known) known->store(resident_clusters, std::memory_order_relaxed);
+    return cudaSuccess;
   }
 };
 
