@@ -8,8 +8,8 @@
 #        demo       the KernelBench level2/61 demo
 #        breakdown  per-kernel times and launch counts, every baselines.md shape
 #        baselines  benchmarks/fused_vs_baselines.py (kb61, tile configurations)
-#        configs    per-kernel times of every baselines.md shape under each ping-pong
-#                   configuration of 128x128 tiles (clusters of 1 and 2), fp16
+#        configs    benchmarks/cluster_choice.py (128x128 ping-pong tiles in clusters of
+#                   1 and 2, alternating rounds; the cluster rule's data)
 #        host       benchmarks/host_overhead.py (host vs device time per call)
 #        spread     benchmarks/call_spread.py (per-call percentiles, eager vs CUDA graph replay)
 #        float32    benchmarks/float32_choice.py (accuracy and time of the fp32 choices)
@@ -88,13 +88,10 @@ if wanted baselines; then
 fi
 
 if wanted configs; then
-  step "ping-pong configurations, clusters of 1 and 2"
-  for shape in kb61 kb61_v0 unet_k2s2 gan_k4s2p1 vid_k3s2p1op1; do
-    for config in 128x128_pingpong 128x128_pingpong_cluster2x1; do
-      echo "--- $shape $config"
-      "$PYTHON" benchmarks/kernel_breakdown.py --shape "$shape" --config "$config"
-    done
-  done 2>&1 | tee "$LOGS/configs.log"
+  step "ping-pong 128x128 tiles in clusters of 1 and 2"
+  { "$PYTHON" benchmarks/cluster_choice.py --shape kb61 --shape kb61_v0 --shape unet_k2s2 --shape gan_k4s2p1 \
+      --shape vid_k3s2p1op1 --shape 4,128,256,24,24,24,3,1,0,0,16 --shape 2,256,128,48,48,48,3,1,1,0,8
+    "$PYTHON" benchmarks/cluster_choice.py --shape kb61 --dtype bfloat16; } 2>&1 | tee "$LOGS/configs.log"
 fi
 
 if wanted host; then
@@ -166,7 +163,7 @@ printf '%s\n' "${status[@]}"
 show demo.log sed -n '/^dtype/,$p' "$LOGS/demo.log"
 show bench.log grep -E "^kb61|fused\(CL in\)" "$LOGS/bench.log"
 show breakdown.log grep -E "launches per call|: fused_sm90|: fallback|: reference" "$LOGS/breakdown.log"
-show configs.log grep -E "^--- |^cutlassfuse, channels_last|PingpongPhasesKernel" "$LOGS/configs.log"
+show configs.log cat "$LOGS/configs.log"
 show host.log head -7 "$LOGS/host.log"
 show float32.log cat "$LOGS/float32.log"
 show streams.log cat "$LOGS/streams.log"
