@@ -37,12 +37,21 @@ void set_config_override(std::optional<DgradConfig> config) {
   g_override.store(config ? static_cast<int>(*config) : -1);
 }
 
+std::optional<DgradConfig> config_override() {
+  const int pinned = g_override.load();
+  return pinned >= 0 ? std::optional(static_cast<DgradConfig>(pinned)) : std::nullopt;
+}
+
 DgradConfig choose_config(const Problem& problem) {
-  if (const int pinned = g_override.load(); pinned >= 0) return static_cast<DgradConfig>(pinned);
+  if (const auto pinned = config_override()) return *pinned;
   // The ping-pong kernel hides each tile's epilogue behind the other consumer's MMAs
   // and runs all sub-pixel phases in one launch. A 128-channel tile would compute half
   // zeros for 64 or fewer output channels.
   if (problem.out_channels <= 64) return DgradConfig::k128x64_pingpong;
+  // Pairs of CTAs sharing the filter tile: measured 4 % faster with two or more N tiles,
+  // within 1 % with one (kb61, unet's channels-last GEMM), 2-3 % slower on gan and
+  // kb61_v0 (benchmarks/cluster_choice.py; docs/performance.md, fourteenth session).
+  if (problem.out_channels > 128) return DgradConfig::k128x128_pingpong_cluster2x1;
   return DgradConfig::k128x128_pingpong;
 }
 

@@ -219,11 +219,12 @@ FusedPlan describe_launches(const Problem& p, const at::Tensor& input, ElementTy
   plan.conv = is_pixel_shuffle_gemm(p) ? pixel_shuffle_gemm_problem(p) : p;
   if (element == ElementType::kFloat32) plan.conv.in_channels *= float32_split::kProducts;
   plan.subpixel = plan_subpixel(plan.conv);
-  plan.config = sm90::choose_config(plan.conv);
-  // The pixel-major GEMM is the 128x128 ping-pong configuration for NCDHW input: a
-  // pinned configuration (set_dgrad_config) other than that runs as pinned.
-  plan.pixel_major = is_pixel_shuffle_gemm(p) && plan.config == sm90::DgradConfig::k128x128_pingpong &&
+  // The pixel-major GEMM is the 128x128 ping-pong configuration (clusters of one) for
+  // NCDHW input: a pinned configuration (set_dgrad_config) other than that runs as pinned.
+  const auto pinned = sm90::config_override();
+  plan.pixel_major = is_pixel_shuffle_gemm(p) && (!pinned || *pinned == sm90::DgradConfig::k128x128_pingpong) &&
                      reads_pixel_major(input, element, plan.conv);
+  plan.config = plan.pixel_major ? sm90::DgradConfig::k128x128_pingpong : sm90::choose_config(plan.conv);
   if (plan.conv.out_channels != p.out_channels) {
     for (int i = 0; i < 3; ++i) {
       plan.order.block[i] = static_cast<int>(p.stride[i]);

@@ -243,3 +243,14 @@ def test_cluster_2x1_equals_cluster_1x1_bitwise(case: dict, dtype: torch.dtype):
         cutlassfuse.set_dgrad_config(None)
     assert torch.isfinite(outputs["128x128_pingpong_cluster2x1"]).all()
     assert torch.equal(outputs["128x128_pingpong"], outputs["128x128_pingpong_cluster2x1"])
+
+
+@pytest.mark.parametrize(("out_channels", "config"), [(64, "128x64_pingpong"), (128, "128x128_pingpong"),
+                                                      (136, "128x128_pingpong_cluster2x1"),
+                                                      (256, "128x128_pingpong_cluster2x1")])
+def test_heuristic_pairs_ctas_beyond_one_n_tile(out_channels: int, config: str):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm90 configurations run on sm_90 only")
+    case = random_case(random.Random(11), out_channels=out_channels, num_groups=8, kernel=3,
+                       stride=(1, 1, 1), output_padding=(0, 0, 0))
+    assert f"{config} (epilogue" in cutlassfuse.explain(**make_inputs(case, torch.float16))

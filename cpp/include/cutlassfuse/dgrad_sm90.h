@@ -55,6 +55,7 @@ std::optional<DgradConfig> config_from_name(std::string_view name);
 // The heuristic (dgrad_sm90_config.cpp), unless set_config_override() pinned one.
 DgradConfig choose_config(const Problem& problem);
 void set_config_override(std::optional<DgradConfig> config);
+std::optional<DgradConfig> config_override();
 
 // Whole tensors; a phase's views (offsets, strides) apply inside.
 struct DgradOperands {
