@@ -8,8 +8,10 @@
 #        demo       the KernelBench level2/61 demo
 #        breakdown  per-kernel times and launch counts, every baselines.md shape
 #        baselines  benchmarks/fused_vs_baselines.py (kb61, tile configurations)
-#        configs    benchmarks/cluster_choice.py (128x128 ping-pong tiles in clusters of
-#                   1 and 2, alternating rounds; the cluster rule's data)
+#        configs    benchmarks/variant_choice.py clusters (128x128 ping-pong tiles in
+#                   clusters of 1 and 2, alternating rounds; the cluster rule's data)
+#        taps       benchmarks/variant_choice.py border-taps (every tap vs the taps
+#                   reaching each tile, alternating rounds)
 #        host       benchmarks/host_overhead.py (host vs device time per call)
 #        spread     benchmarks/call_spread.py (per-call percentiles, eager vs CUDA graph replay)
 #        float32    benchmarks/float32_choice.py (accuracy and time of the fp32 choices)
@@ -89,11 +91,20 @@ fi
 
 if wanted configs; then
   step "ping-pong 128x128 tiles in clusters of 1 and 2"
-  { "$PYTHON" benchmarks/cluster_choice.py --shape kb61 --shape kb61_v0 --shape unet_k2s2 --shape gan_k4s2p1 \
+  { "$PYTHON" benchmarks/variant_choice.py clusters --shape kb61 --shape kb61_v0 --shape unet_k2s2 --shape gan_k4s2p1 \
       --shape vid_k3s2p1op1 --shape 4,128,256,24,24,24,3,1,0,0,16 --shape 2,256,128,48,48,48,3,1,1,0,8 \
       --shape 16,64,256,16,16,16,3,1,0,0,8 --shape 8,64,192,24,24,24,3,1,0,0,8 --shape 4,128,512,16,16,16,3,1,1,0,32 \
       --shape 2,64,256,8,8,8,3,1,0,0,8
-    "$PYTHON" benchmarks/cluster_choice.py --shape kb61 --dtype bfloat16; } 2>&1 | tee "$LOGS/configs.log"
+    "$PYTHON" benchmarks/variant_choice.py clusters --shape kb61 --dtype bfloat16; } 2>&1 | tee "$LOGS/configs.log"
+fi
+
+if wanted taps; then
+  step "border taps: every K block vs the taps reaching each tile"
+  { "$PYTHON" benchmarks/variant_choice.py border-taps --shape kb61 --shape kb61_v0 --shape gan_k4s2p1 \
+      --shape vid_k3s2p1op1 --shape 2,256,128,48,48,48,3,1,1,0,8 --shape 4,128,256,24,24,24,3,1,0,0,16 \
+      --shape 16,64,128,16,16,16,5,1,0,0,8 --shape 8,64,64,12,12,12,3,1,1,0,8
+    "$PYTHON" benchmarks/variant_choice.py border-taps --shape kb61 --shape kb61_v0 --dtype bfloat16; } 2>&1 |
+    tee "$LOGS/taps.log"
 fi
 
 if wanted host; then
@@ -166,6 +177,7 @@ show demo.log sed -n '/^dtype/,$p' "$LOGS/demo.log"
 show bench.log grep -E "^kb61|fused\(CL in\)" "$LOGS/bench.log"
 show breakdown.log grep -E "launches per call|: fused_sm90|: fallback|: reference" "$LOGS/breakdown.log"
 show configs.log cat "$LOGS/configs.log"
+show taps.log cat "$LOGS/taps.log"
 show host.log head -7 "$LOGS/host.log"
 show float32.log cat "$LOGS/float32.log"
 show streams.log cat "$LOGS/streams.log"

@@ -8,6 +8,7 @@ namespace {
 
 // -1: no override. Set through torch.ops.cutlassfuse.set_dgrad_config for benchmarks.
 std::atomic<int> g_override{-1};
+std::atomic<bool> g_skip_border_taps{true};
 
 }  // namespace
 
@@ -41,6 +42,10 @@ std::optional<DgradConfig> config_override() {
   const int pinned = g_override.load();
   return pinned >= 0 ? std::optional(static_cast<DgradConfig>(pinned)) : std::nullopt;
 }
+
+void set_skip_border_taps(bool enabled) { g_skip_border_taps.store(enabled); }
+
+bool skip_border_taps() { return g_skip_border_taps.load(); }
 
 DgradConfig choose_config(const Problem& problem) {
   if (const auto pinned = config_override()) return *pinned;

@@ -128,6 +128,9 @@ TORCH_LIBRARY(cutlassfuse, m) {
       &subpixel_plan);
 #if CUTLASSFUSE_WITH_CUDA
   m.def("set_dgrad_config(str name) -> ()", [](c10::string_view name) { set_dgrad_config(name); });
+  // Off: the ping-pong kernel runs the K blocks of taps reaching none of a tile's pixels
+  // too (the measurement of what skipping them saves; benchmarks).
+  m.def("set_skip_border_taps(bool enabled) -> ()", [](bool enabled) { sm90::set_skip_border_taps(enabled); });
   // Turns the fused sm90 path off or on, so CUDA calls take the fallback (benchmarks).
   m.def("set_fused_path_enabled(bool enabled) -> ()", [](bool enabled) { set_fused_path_enabled(enabled); });
   // float32 on the fused path as bfloat16 piece products (faster, less accurate; off by default).

@@ -90,6 +90,16 @@ def set_dgrad_config(name: str | None) -> None:
     torch.ops.cutlassfuse.set_dgrad_config(name or "")
 
 
+def set_skip_border_taps(enabled: bool) -> None:
+    """On (the default), the ping-pong kernel's tiles skip the filter taps that read
+    outside the input for every pixel of the tile (a deconvolution's border planes),
+    whose K blocks the im2col loads fill with zeros; off runs them too, for measuring
+    what skipping saves. The output does not depend on it. No effect on a CPU-only
+    build."""
+    if hasattr(torch.ops.cutlassfuse, "set_skip_border_taps"):
+        torch.ops.cutlassfuse.set_skip_border_taps(bool(enabled))
+
+
 def set_fused_path_enabled(enabled: bool) -> None:
     """Turns the sm90 fused path off (False) or back on (True) for this process, so
     that CUDA calls take the fallback: for benchmarking the fallback on a Hopper GPU,

@@ -3,7 +3,8 @@ straddle samples (output D*H*W of 1, 7, not a multiple of the tile, above 2^16),
 groups of one channel, of Cout/8 channels, of all channels, groups crossing an N-tile
 boundary, padding 0-2, kernels 1-5, dilation 1-2, per-dimension strides 1-3 (sub-pixel
 phases, pixels no input reaches), output_padding, batch 1 and 32, bias and affine on
-and off."""
+and off; every kernel configuration; and outputs that do not change when tiles skip
+the taps reaching none of their pixels."""
 
 from __future__ import annotations
 
@@ -254,3 +255,52 @@ def test_heuristic_pairs_ctas_beyond_one_n_tile(out_channels: int, config: str):
     case = random_case(random.Random(11), out_channels=out_channels, num_groups=8, kernel=3,
                        stride=(1, 1, 1), output_padding=(0, 0, 0))
     assert f"{config} (epilogue" in cutlassfuse.explain(**make_inputs(case, torch.float16))
+
+
+# Skipping the K blocks of taps that reach none of a tile's pixels (tap_window.h) drops
+# only blocks the im2col loads fill with zeros, and walks the rest in the same order:
+# the output must not change by one bit. kb61_v0's layer (output 10x18x18 from a 3x3x3
+# kernel) skips a sixth of its K blocks; the named cases add dilation, padding 2,
+# kernels 1-5, sub-pixel phases and their unreached pixels.
+KB61_V0 = dict(batch=16, in_channels=64, out_channels=128, size=(8, 16, 16), output_size=(10, 18, 18), kernel=3,
+               stride=(1, 1, 1), padding=0, output_padding=(0, 0, 0), dilation=1, num_groups=8, bias=False,
+               affine=True, channels_last=False)
+PINGPONG_CONFIGS = ["128x128_pingpong", "128x64_pingpong", "128x128_pingpong_cluster2x1"]
+
+
+def outputs_with_and_without_skipping(inputs: dict, numel: int) -> list[torch.Tensor]:
+    outputs = []
+    try:
+        for skip in (True, False):
+            cutlassfuse.set_skip_border_taps(skip)
+            poison_cuda_allocator(8 * inputs["input"].element_size() * numel)
+            outputs.append(cutlassfuse.conv_transpose3d_relu_group_norm(**inputs))
+    finally:
+        cutlassfuse.set_skip_border_taps(True)
+    return outputs
+
+
+@pytest.mark.parametrize("config", PINGPONG_CONFIGS)
+@pytest.mark.parametrize("case", NAMED_CASES + [KB61_V0], ids=case_id)
+def test_skipping_border_taps_changes_no_bit(case: dict, config: str):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm90 configurations run on sm_90 only")
+    inputs = make_inputs(case, torch.float16)
+    try:
+        cutlassfuse.set_dgrad_config(config)
+        skipped, every_tap = outputs_with_and_without_skipping(inputs, output_numel(case))
+    finally:
+        cutlassfuse.set_dgrad_config(None)
+    assert torch.isfinite(skipped).all(), "unwritten (poisoned) or non-finite output elements"
+    assert torch.equal(skipped, every_tap)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("case", NAMED_CASES[8:14] + [KB61_V0], ids=case_id)
+def test_skipping_border_taps_changes_no_bit_in_other_dtypes(case: dict, dtype: torch.dtype,
+                                                             float32_on_tensor_cores):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm90 configurations run on sm_90 only")
+    skipped, every_tap = outputs_with_and_without_skipping(make_inputs(case, dtype), output_numel(case))
+    assert torch.isfinite(skipped).all(), "unwritten (poisoned) or non-finite output elements"
+    assert torch.equal(skipped, every_tap)

@@ -156,13 +156,15 @@ void run_non_persistent(const Arguments& phase, int sm_count, cudaStream_t strea
   throw_on_failure(status != cutlass::Status::kSuccess, "launch", cutlass::cutlassGetStatusString(status));
 }
 
-// The ping-pong kernel's parameters of `phases`: up to kMaxPhasesPerLaunch per launch.
+// The ping-pong kernel's parameters of `phases`: up to kMaxPhasesPerLaunch per launch,
+// skipping the K blocks of border taps unless set_skip_border_taps(false) said not to.
 template <class Kernel, class Arguments>
 std::vector<typename Kernel::Params> pingpong_launch_params(const std::vector<Arguments>& phases) {
   std::vector<typename Kernel::Params> params;
   for (size_t first = 0; first < phases.size(); first += kMaxPhasesPerLaunch) {
     const size_t count = std::min(phases.size() - first, static_cast<size_t>(kMaxPhasesPerLaunch));
-    params.push_back(Kernel::to_underlying_arguments(phases.data() + first, static_cast<int>(count)));
+    params.push_back(
+        Kernel::to_underlying_arguments(phases.data() + first, static_cast<int>(count), skip_border_taps()));
   }
   return params;
 }
@@ -192,8 +194,8 @@ void launch_phases(const std::vector<Arguments>& phases, int sm_count, cudaStrea
 // microseconds, eight times over for 3-D stride 2, which left multi-phase calls with
 // half as much host time as GPU time; a layer's calls repeat its problem and, through
 // the caching allocator, its tensors' addresses. The parameters are a function of the
-// device, the problem and each launched phase with its operands: the key. A few entries
-// per thread and kernel type, replaced round-robin.
+// device, the problem, each launched phase with its operands, and the border-tap switch:
+// the key. A few entries per thread and kernel type, replaced round-robin.
 template <class Params>
 class LaunchParamsCache {
  public:
@@ -201,12 +203,13 @@ class LaunchParamsCache {
   const std::vector<Params>& get(const Problem& problem, std::span<const PhaseLaunch> phases, Build&& build) {
     int device = -1;
     cudaGetDevice(&device);
+    const bool skipping = skip_border_taps();
     for (const Entry& entry : entries_) {
-      if (entry.matches(device, problem, phases)) return entry.params;
+      if (entry.matches(device, skipping, problem, phases)) return entry.params;
     }
     // Built before the entry is touched: a build that throws leaves no entry whose key
     // promises parameters it does not hold.
-    Entry fresh{device, problem, {}, build()};
+    Entry fresh{device, skipping, problem, {}, build()};
     for (const PhaseLaunch& launch : phases) fresh.phases.push_back({*launch.phase, launch.operands});
     Entry& entry = entries_[next_++ % entries_.size()];
     entry = std::move(fresh);
@@ -220,12 +223,14 @@ class LaunchParamsCache {
   };
   struct Entry {
     int device = -1;
+    bool skip_border_taps = true;
     Problem problem;
     std::vector<LaunchedPhase> phases;
     std::vector<Params> params;
 
-    bool matches(int on_device, const Problem& p, std::span<const PhaseLaunch> launches) const {
-      if (device != on_device || !(problem == p) || phases.size() != launches.size()) return false;
+    bool matches(int on_device, bool skipping, const Problem& p, std::span<const PhaseLaunch> launches) const {
+      if (device != on_device || skip_border_taps != skipping || !(problem == p) || phases.size() != launches.size())
+        return false;
       for (size_t i = 0; i < launches.size(); ++i) {
         if (!(phases[i].phase == *launches[i].phase) || !(phases[i].operands == launches[i].operands)) return false;
       }

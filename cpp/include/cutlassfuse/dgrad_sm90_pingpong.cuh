@@ -32,6 +32,8 @@
 #include <cutlass/device_kernel.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include "cutlassfuse/tap_window.h"
+
 namespace cutlassfuse::sm90 {
 
 // The work of one launch, in units of one cluster's tiles: ClusterM M-adjacent tiles of
@@ -40,21 +42,23 @@ namespace cutlassfuse::sm90 {
 // units of an M unit adjacent (they share their input rows in L2), then M units, then
 // batch entries (L; 1 for a convolution). When ClusterM does not divide a phase's M
 // tiles, its last M unit has tiles past the problem: their CTAs run the mainloop (the
-// multicast needs both CTAs' loads) and skip the epilogue.
-template <int MaxPhases, int ClusterM>
+// multicast needs both CTAs' loads) and skip the epilogue. A unit's K blocks are the
+// taps reaching any of its pixels (tap_window.h): the same for the cluster's CTAs,
+// which load each K block's filter tile together.
+template <int MaxPhases, int ClusterM, int TileM>
 struct PhaseTiles {
   int phases = 0;
   int tiles_m[MaxPhases] = {};
   int tiles_n[MaxPhases] = {};
   int units_mn[MaxPhases] = {};
-  int k_tiles[MaxPhases] = {};  // K blocks per tile (the mainloop's trip count)
+  TapGeometry taps[MaxPhases] = {};
   int first_unit[MaxPhases + 1] = {};
 
-  void append_phase(int m_tiles, int n_tiles, int k_blocks, int batch) {
+  void append_phase(int m_tiles, int n_tiles, int batch, TapGeometry const& geometry) {
     tiles_m[phases] = m_tiles;
     tiles_n[phases] = n_tiles;
     units_mn[phases] = (m_tiles + ClusterM - 1) / ClusterM * n_tiles;
-    k_tiles[phases] = k_blocks;
+    taps[phases] = geometry;
     first_unit[phases + 1] = first_unit[phases] + units_mn[phases] * batch;
     ++phases;
   }
@@ -66,7 +70,7 @@ struct PhaseTiles {
     int m;
     int n;
     int l;
-    int k_tiles;
+    TapBox k_blocks;  // the mainloop's K blocks
     bool in_problem;  // false: a tile past the problem's M extent (see above)
   };
   // The tile of `unit` that the CTA of rank `rank_in_cluster` computes.
@@ -76,14 +80,19 @@ struct PhaseTiles {
     const int local = unit - first_unit[phase];
     const int l = local / units_mn[phase];
     const int mn = local - l * units_mn[phase];
-    const int m = mn / tiles_n[phase] * ClusterM + rank_in_cluster;
-    return {phase, m, mn % tiles_n[phase], l, k_tiles[phase], m < tiles_m[phase]};
+    const int first_m = mn / tiles_n[phase] * ClusterM;
+    const int m = first_m + rank_in_cluster;
+    return {phase, m, mn % tiles_n[phase], l, unit_k_blocks(phase, first_m), m < tiles_m[phase]};
   }
-  CUTLASS_DEVICE int k_tiles_of(int unit) const {
-    if (unit >= total()) return 0;
-    int phase = 0;
-    while (unit >= first_unit[phase + 1]) ++phase;
-    return k_tiles[phase];
+  // K blocks of `unit`'s tiles; 0 past the last unit.
+  CUTLASS_DEVICE int k_tiles_of(int unit) const { return unit < total() ? locate(unit, 0).k_blocks.k_tiles() : 0; }
+
+ private:
+  CUTLASS_DEVICE TapBox unit_k_blocks(int phase, int first_m) const {
+    const TapGeometry& geometry = taps[phase];
+    const int first_pixel = first_m * TileM;
+    const int last_pixel = cute::min((first_m + ClusterM) * TileM, geometry.pixels) - 1;
+    return TapBox::reaching(geometry, first_pixel, last_pixel);
   }
 };
 
@@ -93,6 +102,7 @@ using BatchedGemmShape = cute::Shape<int, int, int, int>;  // (M, N, K, L)
 // A problem's GEMM extents (M, N, K, L) as the collectives see them. A dgrad's come
 // from CUTLASS's conv helpers (the mainloop's M linear over the output pixels, the
 // epilogue's hierarchical); a batched GEMM's are the shape itself.
+// The taps of its K blocks (tap_window.h): a GEMM's K has none, every K block runs.
 template <class ProblemShape>
 struct GemmExtents {
   template <class CollectiveMainloop>
@@ -100,6 +110,11 @@ struct GemmExtents {
     return shape;
   }
   static BatchedGemmShape epilogue(ProblemShape const& shape) { return shape; }
+  static TapGeometry taps(ProblemShape const&, int k_tiles, bool /*skip_border_taps*/) {
+    TapGeometry every_block;
+    every_block.channel_blocks = k_tiles;
+    return every_block;
+  }
 };
 
 template <>
@@ -110,6 +125,25 @@ struct GemmExtents<DgradShape> {
   }
   static auto epilogue(DgradShape const& shape) {
     return cutlass::conv::detail::get_transformed_problem_shape_MNKL(shape);
+  }
+  // CUTLASS's shapes are (n, d, h, w, c) and its per-dimension arrays (d, h, w):
+  // reversed into the K mode's (s = w, r = h, t = d).
+  static TapGeometry taps(DgradShape const& shape, int k_tiles, bool skip_border_taps) {
+    TapGeometry g;
+    int taps_per_block = 1;
+    for (int i = 0; i < 3; ++i) {
+      const int dim = 2 - i;
+      g.output[i] = shape.shape_C[dim + 1];
+      g.input[i] = shape.shape_A[dim + 1];
+      g.taps[i] = shape.shape_B[dim + 1];
+      g.lower_padding[i] = shape.lower_padding[dim];
+      g.dilation[i] = shape.dilation[dim];
+      taps_per_block *= g.taps[i];
+    }
+    g.pixels = shape.shape_C[0] * g.output[0] * g.output[1] * g.output[2];
+    g.channel_blocks = k_tiles / taps_per_block;
+    g.every_tap = !skip_border_taps;
+    return g;
   }
 };
 
@@ -193,7 +227,7 @@ class PingpongPhasesKernel {
 
   struct Params {
     PhaseParams phase[MaxPhases];
-    PhaseTiles<MaxPhases, kClusterM> tiles;
+    PhaseTiles<MaxPhases, kClusterM, cute::size<0>(TileShape{})> tiles;
   };
 
   // Tile counts (m, n, k) and batch entries (l) of a phase, tiled as the mainloop's
@@ -208,8 +242,9 @@ class PingpongPhasesKernel {
     return cute::make_tuple(int(size<2>(a_tiles)), int(size<2>(b_tiles)), int(size<3>(a_tiles)), int(L));
   }
 
-  // `count` <= MaxPhases phases of one launch.
-  static Params to_underlying_arguments(PhaseArguments const* phases, int count) {
+  // `count` <= MaxPhases phases of one launch; `skip_border_taps` false runs every K
+  // block of every tile (the benchmark's baseline for tap_window.h).
+  static Params to_underlying_arguments(PhaseArguments const* phases, int count, bool skip_border_taps) {
     Params params{};
     for (int p = 0; p < count; ++p) {
       const ProblemShape& shape = phases[p].shape;
@@ -218,7 +253,7 @@ class PingpongPhasesKernel {
           CollectiveMainloop::to_underlying_arguments(shape, phases[p].mainloop, nullptr),
           CollectiveEpilogue::to_underlying_arguments(Extents::epilogue(shape), phases[p].epilogue, nullptr)};
       const auto [tiles_m, tiles_n, k_tiles, batch] = tile_counts(shape);
-      params.tiles.append_phase(tiles_m, tiles_n, k_tiles, batch);
+      params.tiles.append_phase(tiles_m, tiles_n, batch, Extents::taps(shape, k_tiles, skip_border_taps));
     }
     return params;
   }
@@ -344,10 +379,11 @@ class PingpongPhasesKernel {
       const auto work = params.tiles.locate(unit, rank);
       const PhaseParams& phase = params.phase[work.phase];
       auto inputs = mainloop.load_init(phase.mnkl, phase.mainloop);
+      const int k_tiles = work.k_blocks.k_tiles();
       mainloop.load(phase.mainloop, pipeline, state, inputs, make_coord(work.m, work.n, _, work.l),
-                    cute::make_coord_iterator(shape<3>(get<0>(inputs))), work.k_tiles, cutlass::canonical_lane_idx(),
-                    uint32_t(rank), storage.tensors.mainloop);
-      state.advance(work.k_tiles);
+                    TapBoxIterator(work.k_blocks), k_tiles, cutlass::canonical_lane_idx(), uint32_t(rank),
+                    storage.tensors.mainloop);
+      state.advance(k_tiles);
     }
     mainloop.load_tail(pipeline, state);
   }
@@ -379,15 +415,16 @@ class PingpongPhasesKernel {
     for (; unit < total; unit += 2 * stride) {
       const auto work = params.tiles.locate(unit, rank);
       const PhaseParams& phase = params.phase[work.phase];
+      const int k_tiles = work.k_blocks.k_tiles();
       Tensor accumulators = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
 
       consumer_order.wait();
-      mainloop.mma(mainloop_pipeline, read_state, accumulators, work.k_tiles, group_thread, storage.tensors.mainloop,
+      mainloop.mma(mainloop_pipeline, read_state, accumulators, k_tiles, group_thread, storage.tensors.mainloop,
                    phase.mainloop);
       consumer_order.arrive();
-      mainloop.mma_tail(mainloop_pipeline, read_state, work.k_tiles);
+      mainloop.mma_tail(mainloop_pipeline, read_state, k_tiles);
       // Skip the stages of the other consumer's next tile.
-      read_state.advance(work.k_tiles + params.tiles.k_tiles_of(unit + stride));
+      read_state.advance(k_tiles + params.tiles.k_tiles_of(unit + stride));
 
       consumer_order.wait();
       if (work.in_problem) {

@@ -1,0 +1,91 @@
+"""Two variants of the sm90 kernel, per shape: the fused call and the same kernel with
+a plain store, channels_last input (no layout conversion), timed in alternating rounds
+so that clock and host drift fall on both variants alike.
+
+    python benchmarks/variant_choice.py clusters [--rounds 7] [--shape kb61 --shape 4,128,256,24,24,24,3,1,0,0,16]
+    python benchmarks/variant_choice.py border-taps [--shape kb61_v0]
+
+clusters: the 128x128 ping-pong kernel in clusters of one or two CTAs (the data behind
+choose_config's cluster rule). border-taps: the heuristic's configuration running every
+K block of every tile, or skipping the taps that reach none of a tile's pixels
+(tap_window.h).
+
+Per shape and variant: the median over rounds of each round's median of CUDA-event
+times; the ratio second / first with the spread of the per-round ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+import cutlassfuse
+from cutlassfuse.bench import DEFAULT_SHAPES, parse_shape
+from cutlassfuse.benchmarking import median_ms
+
+# Per comparison: (name, switch) of each variant, and the switch restoring the defaults.
+VARIANTS = {
+    "clusters": ([("1x1", lambda: cutlassfuse.set_dgrad_config("128x128_pingpong")),
+                  ("2x1", lambda: cutlassfuse.set_dgrad_config("128x128_pingpong_cluster2x1"))],
+                 lambda: cutlassfuse.set_dgrad_config(None)),
+    "border-taps": ([("every tap", lambda: cutlassfuse.set_skip_border_taps(False)),
+                     ("skipped", lambda: cutlassfuse.set_skip_border_taps(True))],
+                    lambda: cutlassfuse.set_skip_border_taps(True)),
+}
+
+
+def calls(shape, dtype: torch.dtype) -> dict[str, object]:
+    x = torch.rand(shape.batch, shape.in_channels, *shape.size, device="cuda", dtype=dtype)
+    x = x.contiguous(memory_format=torch.channels_last_3d)
+    k = shape.kernel
+    w = torch.randn(shape.in_channels, shape.out_channels, k, k, k, device="cuda", dtype=dtype) * 0.05
+    packed = cutlassfuse.pack_weight(w)
+    conv = dict(stride=shape.stride, padding=shape.padding, output_padding=shape.output_padding)
+    triple = [shape.stride] * 3, [shape.padding] * 3, [shape.output_padding] * 3
+    return {
+        "fused": lambda: cutlassfuse.conv_transpose3d_relu_group_norm(x, w, num_groups=shape.groups,
+                                                                      packed_weight=packed, **conv),
+        "plain store": lambda: torch.ops.cutlassfuse.conv_transpose3d_cutlass(
+            x, w, None, None, None, shape.groups, 1e-5, *triple, 1, [1] * 3, None),
+    }
+
+
+def compare(shape, dtype: torch.dtype, rounds: int, comparison: str) -> None:
+    variants, restore = VARIANTS[comparison]
+    (first, _), (second, _) = variants
+    for name, fn in calls(shape, dtype).items():
+        times = {variant: [] for variant, _ in variants}
+        try:
+            for _ in range(rounds):
+                for variant, switch in variants:
+                    switch()
+                    times[variant].append(median_ms(fn, cuda=True, warmup=5, repeats=30))
+        except RuntimeError as error:  # the plain CUTLASS conv refusing a problem
+            print(f"{shape.name:28s} {name}: skipped ({str(error).splitlines()[0]})")
+            continue
+        finally:
+            restore()
+        ratios = sorted(b / a for a, b in zip(*times.values(), strict=True))
+        a, b = (statistics.median(times[v]) for v in (first, second))
+        print(f"{shape.name:28s} {str(dtype).removeprefix('torch.'):9s} {name:12s} {first} {a:8.4f} ms  "
+              f"{second} {b:8.4f} ms  {second}/{first} {statistics.median(ratios):.3f} "
+              f"({ratios[0]:.3f}-{ratios[-1]:.3f})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("comparison", choices=sorted(VARIANTS))
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--shape", action="append", help="a baselines.md name or N,Cin,Cout,D,H,W,k,s,p,op,groups")
+    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    args = parser.parse_args()
+    shapes = [parse_shape(s) for s in args.shape] if args.shape else list(DEFAULT_SHAPES)
+    with torch.no_grad():
+        for shape in shapes:
+            compare(shape, getattr(torch, args.dtype), args.rounds, args.comparison)
+
+
+if __name__ == "__main__":
+    main()
