@@ -115,6 +115,10 @@ struct GemmExtents {
     every_block.channel_blocks = k_tiles;
     return every_block;
   }
+  template <class KBlockShape>
+  CUTLASS_DEVICE static auto k_block_iterator(KBlockShape const& k_blocks, TapBox const&) {
+    return cute::make_coord_iterator(k_blocks);
+  }
 };
 
 template <>
@@ -135,7 +139,7 @@ struct GemmExtents<DgradShape> {
       const int dim = 2 - i;
       g.output[i] = shape.shape_C[dim + 1];
       g.input[i] = shape.shape_A[dim + 1];
-      g.taps[i] = shape.shape_B[dim + 1];
+      g.taps[i] = shape.shape_B[dim + 1];  // < 32 (CUTLASS's can_implement): TapBoxIterator's bytes
       g.lower_padding[i] = shape.lower_padding[dim];
       g.dilation[i] = shape.dilation[dim];
       taps_per_block *= g.taps[i];
@@ -144,6 +148,12 @@ struct GemmExtents<DgradShape> {
     g.channel_blocks = k_tiles / taps_per_block;
     g.every_tap = !skip_border_taps;
     return g;
+  }
+  // The mainloop's K-block mode is (channel block, s, r, t).
+  template <class KBlockShape>
+  CUTLASS_DEVICE static TapBoxIterator k_block_iterator(KBlockShape const&, TapBox const& box) {
+    static_assert(cute::rank(KBlockShape{}) == 4, "K blocks of a 3-D dgrad: (channel block, s, r, t)");
+    return TapBoxIterator(box);
   }
 };
 
@@ -381,8 +391,8 @@ class PingpongPhasesKernel {
       auto inputs = mainloop.load_init(phase.mnkl, phase.mainloop);
       const int k_tiles = work.k_blocks.k_tiles();
       mainloop.load(phase.mainloop, pipeline, state, inputs, make_coord(work.m, work.n, _, work.l),
-                    TapBoxIterator(work.k_blocks), k_tiles, cutlass::canonical_lane_idx(), uint32_t(rank),
-                    storage.tensors.mainloop);
+                    Extents::k_block_iterator(shape<3>(get<0>(inputs)), work.k_blocks), k_tiles,
+                    cutlass::canonical_lane_idx(), uint32_t(rank), storage.tensors.mainloop);
       state.advance(k_tiles);
     }
     mainloop.load_tail(pipeline, state);
@@ -416,6 +426,8 @@ class PingpongPhasesKernel {
       const auto work = params.tiles.locate(unit, rank);
       const PhaseParams& phase = params.phase[work.phase];
       const int k_tiles = work.k_blocks.k_tiles();
+      // Counted before the accumulators hold values: the registers are the consumer's.
+      const int other_k_tiles = params.tiles.k_tiles_of(unit + stride);
       Tensor accumulators = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
 
       consumer_order.wait();
@@ -424,7 +436,7 @@ class PingpongPhasesKernel {
       consumer_order.arrive();
       mainloop.mma_tail(mainloop_pipeline, read_state, k_tiles);
       // Skip the stages of the other consumer's next tile.
-      read_state.advance(k_tiles + params.tiles.k_tiles_of(unit + stride));
+      read_state.advance(k_tiles + other_k_tiles);
 
       consumer_order.wait();
       if (work.in_problem) {
