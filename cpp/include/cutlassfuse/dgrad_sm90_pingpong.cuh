@@ -70,30 +70,38 @@ struct PhaseTiles {
     int m;
     int n;
     int l;
-    TapBox k_blocks;  // the mainloop's K blocks
     bool in_problem;  // false: a tile past the problem's M extent (see above)
   };
   // The tile of `unit` that the CTA of rank `rank_in_cluster` computes.
   CUTLASS_DEVICE Work locate(int unit, int rank_in_cluster) const {
-    int phase = 0;
-    while (unit >= first_unit[phase + 1]) ++phase;
+    const int phase = phase_of(unit);
     const int local = unit - first_unit[phase];
     const int l = local / units_mn[phase];
     const int mn = local - l * units_mn[phase];
-    const int first_m = mn / tiles_n[phase] * ClusterM;
-    const int m = first_m + rank_in_cluster;
-    return {phase, m, mn % tiles_n[phase], l, unit_k_blocks(phase, first_m), m < tiles_m[phase]};
+    const int m = first_m(mn, phase) + rank_in_cluster;
+    return {phase, m, mn % tiles_n[phase], l, m < tiles_m[phase]};
   }
-  // K blocks of `unit`'s tiles; 0 past the last unit.
-  CUTLASS_DEVICE int k_tiles_of(int unit) const { return unit < total() ? locate(unit, 0).k_blocks.k_tiles() : 0; }
-
- private:
-  CUTLASS_DEVICE TapBox unit_k_blocks(int phase, int first_m) const {
+  // The K blocks of `unit`'s tiles.
+  CUTLASS_DEVICE TapBox k_blocks(int unit) const {
+    const int phase = phase_of(unit);
     const TapGeometry& geometry = taps[phase];
-    const int first_pixel = first_m * TileM;
-    const int last_pixel = cute::min((first_m + ClusterM) * TileM, geometry.pixels) - 1;
+    const int local = unit - first_unit[phase];
+    const int m = first_m(local % units_mn[phase], phase);
+    const int first_pixel = m * TileM;
+    const int last_pixel = cute::min((m + ClusterM) * TileM, geometry.pixels) - 1;
     return TapBox::reaching(geometry, first_pixel, last_pixel);
   }
+  // Their number; 0 past the last unit.
+  CUTLASS_DEVICE int k_tiles_of(int unit) const { return unit < total() ? k_blocks(unit).k_tiles() : 0; }
+
+ private:
+  CUTLASS_DEVICE int phase_of(int unit) const {
+    int phase = 0;
+    while (unit >= first_unit[phase + 1]) ++phase;
+    return phase;
+  }
+  // The first M tile of a unit (`mn` within its batch entry).
+  CUTLASS_DEVICE int first_m(int mn, int phase) const { return mn / tiles_n[phase] * ClusterM; }
 };
 
 using DgradShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kDgrad, 3>;
@@ -137,14 +145,14 @@ struct GemmExtents<DgradShape> {
     int taps_per_block = 1;
     for (int i = 0; i < 3; ++i) {
       const int dim = 2 - i;
-      g.output[i] = shape.shape_C[dim + 1];
+      g.output[i] = cutlass::FastDivmod(shape.shape_C[dim + 1]);
       g.input[i] = shape.shape_A[dim + 1];
       g.taps[i] = shape.shape_B[dim + 1];  // < 32 (CUTLASS's can_implement): TapBoxIterator's bytes
       g.lower_padding[i] = shape.lower_padding[dim];
-      g.dilation[i] = shape.dilation[dim];
+      g.dilation[i] = cutlass::FastDivmod(shape.dilation[dim]);
       taps_per_block *= g.taps[i];
     }
-    g.pixels = shape.shape_C[0] * g.output[0] * g.output[1] * g.output[2];
+    g.pixels = shape.shape_C[0] * shape.shape_C[1] * shape.shape_C[2] * shape.shape_C[3];
     g.channel_blocks = k_tiles / taps_per_block;
     g.every_tap = !skip_border_taps;
     return g;
@@ -389,9 +397,10 @@ class PingpongPhasesKernel {
       const auto work = params.tiles.locate(unit, rank);
       const PhaseParams& phase = params.phase[work.phase];
       auto inputs = mainloop.load_init(phase.mnkl, phase.mainloop);
-      const int k_tiles = work.k_blocks.k_tiles();
+      const TapBox k_blocks = params.tiles.k_blocks(unit);
+      const int k_tiles = k_blocks.k_tiles();
       mainloop.load(phase.mainloop, pipeline, state, inputs, make_coord(work.m, work.n, _, work.l),
-                    Extents::k_block_iterator(shape<3>(get<0>(inputs)), work.k_blocks), k_tiles,
+                    Extents::k_block_iterator(shape<3>(get<0>(inputs)), k_blocks), k_tiles,
                     cutlass::canonical_lane_idx(), uint32_t(rank), storage.tensors.mainloop);
       state.advance(k_tiles);
     }
@@ -421,13 +430,11 @@ class PingpongPhasesKernel {
       epi_store_state.advance(d_tiles);
       unit += stride;
     }
+    int k_tiles = params.tiles.k_tiles_of(unit);
     TiledMma tiled_mma;
     for (; unit < total; unit += 2 * stride) {
       const auto work = params.tiles.locate(unit, rank);
       const PhaseParams& phase = params.phase[work.phase];
-      const int k_tiles = work.k_blocks.k_tiles();
-      // Counted before the accumulators hold values: the registers are the consumer's.
-      const int other_k_tiles = params.tiles.k_tiles_of(unit + stride);
       Tensor accumulators = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
 
       consumer_order.wait();
@@ -435,8 +442,11 @@ class PingpongPhasesKernel {
                    phase.mainloop);
       consumer_order.arrive();
       mainloop.mma_tail(mainloop_pipeline, read_state, k_tiles);
-      // Skip the stages of the other consumer's next tile.
-      read_state.advance(k_tiles + other_k_tiles);
+      // Counted while the other consumer's epilogue runs (off the tensor cores' path when
+      // a tile's MMAs are shorter than its epilogue): the other consumer's next tile,
+      // whose stages this one skips, and this one's next tile.
+      read_state.advance(k_tiles + params.tiles.k_tiles_of(unit + stride));
+      k_tiles = params.tiles.k_tiles_of(unit + 2 * stride);
 
       consumer_order.wait();
       if (work.in_problem) {

@@ -20,17 +20,21 @@
 #include <cute/int_tuple.hpp>
 #include <cute/numeric/integral_constant.hpp>
 #include <cutlass/cutlass.h>
+#include <cutlass/fast_math.h>
 
 namespace cutlassfuse::sm90 {
 
 // A phase's unit-stride dgrad as the tap test needs it: output pixel o takes tap s
-// from input pixel o + lower_padding - s * dilation, which must lie in [0, input).
+// from input pixel o + lower_padding - s * dilation, which must lie in [0, input). The
+// divisors are FastDivmod (a multiply and a shift): every CTA's producer and consumers
+// run the test once per tile, between tiles, where a few hundred instructions of
+// integer division measured as a microsecond per tile.
 struct TapGeometry {
-  int output[3] = {1, 1, 1};  // the output view; M runs over (w, h, d, n)
+  cutlass::FastDivmod output[3];  // the output view's extent; M runs over (w, h, d, n)
   int input[3] = {1, 1, 1};
   int taps[3] = {1, 1, 1};
   int lower_padding[3] = {};
-  int dilation[3] = {1, 1, 1};
+  cutlass::FastDivmod dilation[3];
   int pixels = 0;          // M: output pixels of all samples
   int channel_blocks = 1;  // K blocks per tap
   bool every_tap = true;   // a GEMM: no spatial structure, every K block
@@ -64,8 +68,8 @@ struct TapBox {
       // Tap s reaches o iff o + pad - input + 1 <= s * dilation <= o + pad, for some o
       // in [lo, hi].
       const int below = lo[i] + g.lower_padding[i] - g.input[i] + 1;
-      const int first = below > 0 ? (below + g.dilation[i] - 1) / g.dilation[i] : 0;
-      const int last = cute::min(g.taps[i] - 1, (hi[i] + g.lower_padding[i]) / g.dilation[i]);
+      const int first = below > 0 ? g.dilation[i].div(below + g.dilation[i].divisor - 1) : 0;
+      const int last = cute::min(g.taps[i] - 1, g.dilation[i].div(hi[i] + g.lower_padding[i]));
       none = none || last < first;
       box.first[i] = first;
       box.count[i] = last - first + 1;
@@ -81,16 +85,14 @@ struct TapBox {
     int first_at[3], last_at[3];
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < 3; ++i) {
-      first_at[i] = first % g.output[i];
-      first /= g.output[i];
-      last_at[i] = last % g.output[i];
-      last /= g.output[i];
+      g.output[i](first, first_at[i], first);
+      g.output[i](last, last_at[i], last);
     }
     bool same_outside = first == last;  // the sample
     CUTLASS_PRAGMA_UNROLL
     for (int i = 2; i >= 0; --i) {
       lo[i] = same_outside ? first_at[i] : 0;
-      hi[i] = same_outside ? last_at[i] : g.output[i] - 1;
+      hi[i] = same_outside ? last_at[i] : g.output[i].divisor - 1;
       same_outside = same_outside && first_at[i] == last_at[i];
     }
   }
