@@ -7,7 +7,7 @@ so that clock and host drift fall on both variants alike.
 
 clusters: the 128x128 ping-pong kernel in clusters of one or two CTAs (the data behind
 choose_config's cluster rule). border-taps: the heuristic's configuration running every
-K block of every tile, or skipping the taps that reach none of a tile's pixels
+K block of every tile, or skipping the depth taps that reach none of a tile's pixels
 (tap_window.h).
 
 Per shape and variant: the median over rounds of each round's median of CUDA-event

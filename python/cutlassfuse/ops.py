@@ -91,7 +91,7 @@ def set_dgrad_config(name: str | None) -> None:
 
 
 def set_skip_border_taps(enabled: bool) -> None:
-    """On (the default), the ping-pong kernel's tiles skip the filter taps that read
+    """On (the default), the ping-pong kernel's tiles skip the filter's depth taps that read
     outside the input for every pixel of the tile (a deconvolution's border planes),
     whose K blocks the im2col loads fill with zeros; off runs them too, for measuring
     what skipping saves. The output does not depend on it. No effect on a CPU-only

@@ -257,7 +257,7 @@ def test_heuristic_pairs_ctas_beyond_one_n_tile(out_channels: int, config: str):
     assert f"{config} (epilogue" in cutlassfuse.explain(**make_inputs(case, torch.float16))
 
 
-# Skipping the K blocks of taps that reach none of a tile's pixels (tap_window.h) drops
+# Skipping the K blocks of depth taps that reach none of a tile's pixels (tap_window.h) drops
 # only blocks the im2col loads fill with zeros, and walks the rest in the same order:
 # the output must not change by one bit. kb61_v0's layer (output 10x18x18 from a 3x3x3
 # kernel) skips a sixth of its K blocks; the named cases add dilation, padding 2,

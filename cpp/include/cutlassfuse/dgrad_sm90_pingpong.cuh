@@ -51,14 +51,14 @@ struct PhaseTiles {
   int tiles_m[MaxPhases] = {};
   int tiles_n[MaxPhases] = {};
   int units_mn[MaxPhases] = {};
-  TapGeometry taps[MaxPhases] = {};
+  TapWindow taps[MaxPhases] = {};
   int first_unit[MaxPhases + 1] = {};
 
-  void append_phase(int m_tiles, int n_tiles, int batch, TapGeometry const& geometry) {
+  void append_phase(int m_tiles, int n_tiles, int batch, TapWindow const& window) {
     tiles_m[phases] = m_tiles;
     tiles_n[phases] = n_tiles;
     units_mn[phases] = (m_tiles + ClusterM - 1) / ClusterM * n_tiles;
-    taps[phases] = geometry;
+    taps[phases] = window;
     first_unit[phases + 1] = first_unit[phases] + units_mn[phases] * batch;
     ++phases;
   }
@@ -81,18 +81,17 @@ struct PhaseTiles {
     const int m = first_m(mn, phase) + rank_in_cluster;
     return {phase, m, mn % tiles_n[phase], l, m < tiles_m[phase]};
   }
-  // The K blocks of `unit`'s tiles.
-  CUTLASS_DEVICE TapBox k_blocks(int unit) const {
+  // The depth taps of `unit`'s tiles, and their number of K blocks (0 past the last unit).
+  CUTLASS_DEVICE TapRange k_blocks(int unit) const {
     const int phase = phase_of(unit);
-    const TapGeometry& geometry = taps[phase];
+    const TapWindow& window = taps[phase];
     const int local = unit - first_unit[phase];
     const int m = first_m(local % units_mn[phase], phase);
     const int first_pixel = m * TileM;
-    const int last_pixel = cute::min((m + ClusterM) * TileM, geometry.pixels) - 1;
-    return TapBox::reaching(geometry, first_pixel, last_pixel);
+    const int last_pixel = cute::min((m + ClusterM) * TileM, window.pixels) - 1;
+    return TapRange::reaching(window, first_pixel, last_pixel);
   }
-  // Their number; 0 past the last unit.
-  CUTLASS_DEVICE int k_tiles_of(int unit) const { return unit < total() ? k_blocks(unit).k_tiles() : 0; }
+  CUTLASS_DEVICE int k_tiles_of(int unit) const { return unit < total() ? k_blocks(unit).k_tiles : 0; }
 
  private:
   CUTLASS_DEVICE int phase_of(int unit) const {
@@ -110,7 +109,7 @@ using BatchedGemmShape = cute::Shape<int, int, int, int>;  // (M, N, K, L)
 // A problem's GEMM extents (M, N, K, L) as the collectives see them. A dgrad's come
 // from CUTLASS's conv helpers (the mainloop's M linear over the output pixels, the
 // epilogue's hierarchical); a batched GEMM's are the shape itself.
-// The taps of its K blocks (tap_window.h): a GEMM's K has none, every K block runs.
+// The depth taps of its K blocks (tap_window.h): a GEMM's K has none, every K block runs.
 template <class ProblemShape>
 struct GemmExtents {
   template <class CollectiveMainloop>
@@ -118,13 +117,13 @@ struct GemmExtents {
     return shape;
   }
   static BatchedGemmShape epilogue(ProblemShape const& shape) { return shape; }
-  static TapGeometry taps(ProblemShape const&, int k_tiles, bool /*skip_border_taps*/) {
-    TapGeometry every_block;
-    every_block.channel_blocks = k_tiles;
+  static TapWindow taps(ProblemShape const&, int k_tiles, bool /*skip_border_taps*/) {
+    TapWindow every_block;
+    every_block.blocks_per_tap = k_tiles;
     return every_block;
   }
   template <class KBlockShape>
-  CUTLASS_DEVICE static auto k_block_iterator(KBlockShape const& k_blocks, TapBox const&) {
+  CUTLASS_DEVICE static auto k_block_iterator(KBlockShape const& k_blocks, TapRange) {
     return cute::make_coord_iterator(k_blocks);
   }
 };
@@ -138,30 +137,26 @@ struct GemmExtents<DgradShape> {
   static auto epilogue(DgradShape const& shape) {
     return cutlass::conv::detail::get_transformed_problem_shape_MNKL(shape);
   }
-  // CUTLASS's shapes are (n, d, h, w, c) and its per-dimension arrays (d, h, w):
-  // reversed into the K mode's (s = w, r = h, t = d).
-  static TapGeometry taps(DgradShape const& shape, int k_tiles, bool skip_border_taps) {
-    TapGeometry g;
-    int taps_per_block = 1;
-    for (int i = 0; i < 3; ++i) {
-      const int dim = 2 - i;
-      g.output[i] = cutlass::FastDivmod(shape.shape_C[dim + 1]);
-      g.input[i] = shape.shape_A[dim + 1];
-      g.taps[i] = shape.shape_B[dim + 1];  // < 32 (CUTLASS's can_implement): TapBoxIterator's bytes
-      g.lower_padding[i] = shape.lower_padding[dim];
-      g.dilation[i] = cutlass::FastDivmod(shape.dilation[dim]);
-      taps_per_block *= g.taps[i];
-    }
-    g.pixels = shape.shape_C[0] * shape.shape_C[1] * shape.shape_C[2] * shape.shape_C[3];
-    g.channel_blocks = k_tiles / taps_per_block;
-    g.every_tap = !skip_border_taps;
-    return g;
+  // CUTLASS's shapes are (n, d, h, w, c) and its per-dimension arrays (d, h, w).
+  static TapWindow taps(DgradShape const& shape, int k_tiles, bool skip_border_taps) {
+    TapWindow w;
+    w.plane = cutlass::FastDivmod(shape.shape_C[2] * shape.shape_C[3]);
+    w.depth = cutlass::FastDivmod(shape.shape_C[1]);
+    w.dilation = cutlass::FastDivmod(shape.dilation[0]);
+    w.input_depth = shape.shape_A[1];
+    w.taps = shape.shape_B[1];
+    w.lower_padding = shape.lower_padding[0];
+    w.pixels = shape.shape_C[0] * shape.shape_C[1] * shape.shape_C[2] * shape.shape_C[3];
+    w.blocks_per_tap = k_tiles / w.taps;
+    w.every_tap = !skip_border_taps;
+    return w;
   }
-  // The mainloop's K-block mode is (channel block, s, r, t).
+  // The mainloop's K-block mode is (channel block, s, r, t): a range of depth taps is
+  // the blocks from (0, 0, 0, first) on.
   template <class KBlockShape>
-  CUTLASS_DEVICE static TapBoxIterator k_block_iterator(KBlockShape const&, TapBox const& box) {
+  CUTLASS_DEVICE static auto k_block_iterator(KBlockShape const& k_blocks, TapRange taps) {
     static_assert(cute::rank(KBlockShape{}) == 4, "K blocks of a 3-D dgrad: (channel block, s, r, t)");
-    return TapBoxIterator(box);
+    return cute::make_coord_iterator(cute::make_coord(0, 0, 0, taps.first_tap), k_blocks);
   }
 };
 
@@ -397,8 +392,8 @@ class PingpongPhasesKernel {
       const auto work = params.tiles.locate(unit, rank);
       const PhaseParams& phase = params.phase[work.phase];
       auto inputs = mainloop.load_init(phase.mnkl, phase.mainloop);
-      const TapBox k_blocks = params.tiles.k_blocks(unit);
-      const int k_tiles = k_blocks.k_tiles();
+      const TapRange k_blocks = params.tiles.k_blocks(unit);
+      const int k_tiles = k_blocks.k_tiles;
       mainloop.load(phase.mainloop, pipeline, state, inputs, make_coord(work.m, work.n, _, work.l),
                     Extents::k_block_iterator(shape<3>(get<0>(inputs)), k_blocks), k_tiles,
                     cutlass::canonical_lane_idx(), uint32_t(rank), storage.tensors.mainloop);
