@@ -30,6 +30,7 @@
 #include <cutlass/conv/convnd_problem_shape.hpp>
 #include <cutlass/conv/detail.hpp>
 #include <cutlass/device_kernel.h>
+#include <cutlass/fast_math.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "cutlassfuse/tap_window.h"
@@ -47,19 +48,22 @@ namespace cutlassfuse::sm90 {
 // which load each K block's filter tile together.
 template <int MaxPhases, int ClusterM, int TileM>
 struct PhaseTiles {
+  // Divisors as FastDivmod (a multiply and a shift): the producer warp locates every
+  // tile before its loads, with 40 registers.
   int phases = 0;
   int tiles_m[MaxPhases] = {};
-  int tiles_n[MaxPhases] = {};
-  int units_mn[MaxPhases] = {};
+  cutlass::FastDivmod tiles_n[MaxPhases] = {};
+  cutlass::FastDivmod units_mn[MaxPhases] = {};
   TapWindow taps[MaxPhases] = {};
   int first_unit[MaxPhases + 1] = {};
 
   void append_phase(int m_tiles, int n_tiles, int batch, TapWindow const& window) {
+    const int units = (m_tiles + ClusterM - 1) / ClusterM * n_tiles;
     tiles_m[phases] = m_tiles;
-    tiles_n[phases] = n_tiles;
-    units_mn[phases] = (m_tiles + ClusterM - 1) / ClusterM * n_tiles;
+    tiles_n[phases] = cutlass::FastDivmod(n_tiles);
+    units_mn[phases] = cutlass::FastDivmod(units);
     taps[phases] = window;
-    first_unit[phases + 1] = first_unit[phases] + units_mn[phases] * batch;
+    first_unit[phases + 1] = first_unit[phases] + units * batch;
     ++phases;
   }
 
@@ -67,6 +71,7 @@ struct PhaseTiles {
 
   struct Work {
     int phase;
+    int unit_m;  // the unit's first M tile
     int m;
     int n;
     int l;
@@ -74,33 +79,24 @@ struct PhaseTiles {
   };
   // The tile of `unit` that the CTA of rank `rank_in_cluster` computes.
   CUTLASS_DEVICE Work locate(int unit, int rank_in_cluster) const {
-    const int phase = phase_of(unit);
-    const int local = unit - first_unit[phase];
-    const int l = local / units_mn[phase];
-    const int mn = local - l * units_mn[phase];
-    const int m = first_m(mn, phase) + rank_in_cluster;
-    return {phase, m, mn % tiles_n[phase], l, m < tiles_m[phase]};
-  }
-  // The depth taps of `unit`'s tiles, and their number of K blocks (0 past the last unit).
-  CUTLASS_DEVICE TapRange k_blocks(int unit) const {
-    const int phase = phase_of(unit);
-    const TapWindow& window = taps[phase];
-    const int local = unit - first_unit[phase];
-    const int m = first_m(local % units_mn[phase], phase);
-    const int first_pixel = m * TileM;
-    const int last_pixel = cute::min((m + ClusterM) * TileM, window.pixels) - 1;
-    return TapRange::reaching(window, first_pixel, last_pixel);
-  }
-  CUTLASS_DEVICE int k_tiles_of(int unit) const { return unit < total() ? k_blocks(unit).k_tiles : 0; }
-
- private:
-  CUTLASS_DEVICE int phase_of(int unit) const {
     int phase = 0;
     while (unit >= first_unit[phase + 1]) ++phase;
-    return phase;
+    int l, mn, unit_m, n;
+    units_mn[phase](l, mn, unit - first_unit[phase]);
+    tiles_n[phase](unit_m, n, mn);
+    unit_m *= ClusterM;
+    const int m = unit_m + rank_in_cluster;
+    return {phase, unit_m, m, n, l, m < tiles_m[phase]};
   }
-  // The first M tile of a unit (`mn` within its batch entry).
-  CUTLASS_DEVICE int first_m(int mn, int phase) const { return mn / tiles_n[phase] * ClusterM; }
+  // The depth taps of a unit's tiles, and their number of K blocks.
+  CUTLASS_DEVICE TapRange k_blocks(Work const& work) const {
+    const TapWindow& window = taps[work.phase];
+    const int first_pixel = work.unit_m * TileM;
+    const int last_pixel = cute::min((work.unit_m + ClusterM) * TileM, window.pixels) - 1;
+    return TapRange::reaching(window, first_pixel, last_pixel);
+  }
+  // 0 past the last unit.
+  CUTLASS_DEVICE int k_tiles_of(int unit) const { return unit < total() ? k_blocks(locate(unit, 0)).k_tiles : 0; }
 };
 
 using DgradShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kDgrad, 3>;
@@ -392,7 +388,7 @@ class PingpongPhasesKernel {
       const auto work = params.tiles.locate(unit, rank);
       const PhaseParams& phase = params.phase[work.phase];
       auto inputs = mainloop.load_init(phase.mnkl, phase.mainloop);
-      const TapRange k_blocks = params.tiles.k_blocks(unit);
+      const TapRange k_blocks = params.tiles.k_blocks(work);
       const int k_tiles = k_blocks.k_tiles;
       mainloop.load(phase.mainloop, pipeline, state, inputs, make_coord(work.m, work.n, _, work.l),
                     Extents::k_block_iterator(shape<3>(get<0>(inputs)), k_blocks), k_tiles,
