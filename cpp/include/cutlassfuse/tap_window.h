@@ -50,8 +50,12 @@ struct TapRange {
     w.depth(first_sample, first_plane, w.plane.div(first_pixel));
     w.depth(last_sample, last_plane, w.plane.div(last_pixel));
     if (first_sample != last_sample) return every(w);  // a tile across samples spans every plane
-    // Tap t reaches plane o iff o + pad - input + 1 <= t * dilation <= o + pad; planes
-    // first_plane .. last_plane take an interval of taps.
+    return reaching_planes(w, first_plane, last_plane);
+  }
+
+  // Tap t reaches plane o iff o + pad - input + 1 <= t * dilation <= o + pad: planes
+  // first_plane .. last_plane take an interval of taps.
+  CUTLASS_HOST_DEVICE static TapRange reaching_planes(TapWindow const& w, int first_plane, int last_plane) {
     const int below = first_plane + w.lower_padding - w.input_depth + 1;
     const int first = below > 0 ? w.dilation.div(below + w.dilation.divisor - 1) : 0;
     const int last = cute::min(w.taps - 1, w.dilation.div(last_plane + w.lower_padding));
