@@ -57,9 +57,10 @@ DgradConfig choose_config(const Problem& problem);
 void set_config_override(std::optional<DgradConfig> config);
 std::optional<DgradConfig> config_override();
 
-// Whether the ping-pong kernel's tiles skip the K blocks of taps that read outside the
-// input for all of their pixels (tap_window.h). On unless a benchmark turns it off to
-// measure what it saves; the output is the same either way.
+// Whether the ping-pong kernel's tiles skip the K blocks of depth taps that read outside
+// the input for all of their pixels (tap_window.h), in the phases whose tiles skip more
+// than one block on average. On unless a benchmark turns it off to measure what it
+// saves; the output is the same either way.
 void set_skip_border_taps(bool enabled);
 bool skip_border_taps();
 

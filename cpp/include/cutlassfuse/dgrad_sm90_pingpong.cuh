@@ -44,9 +44,9 @@ namespace cutlassfuse::sm90 {
 // units of an M unit adjacent (they share their input rows in L2), then M units, then
 // batch entries (L; 1 for a convolution). When ClusterM does not divide a phase's M
 // tiles, its last M unit has tiles past the problem: their CTAs run the mainloop (the
-// multicast needs both CTAs' loads) and skip the epilogue. A unit's K blocks are the
-// taps reaching any of its pixels (tap_window.h): the same for the cluster's CTAs,
-// which load each K block's filter tile together.
+// multicast needs both CTAs' loads) and skip the epilogue. A unit's K blocks are those
+// of the depth taps reaching any of its pixels (tap_window.h): the same for the
+// cluster's CTAs, which load each K block's filter tile together.
 template <int MaxPhases, int ClusterM, int TileM>
 struct PhaseTiles {
   // Divisors as FastDivmod (a multiply and a shift): the producer warp locates every
