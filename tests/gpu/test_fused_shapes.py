@@ -260,12 +260,41 @@ def test_heuristic_pairs_ctas_beyond_one_n_tile(out_channels: int, config: str):
 # Skipping the K blocks of depth taps that reach none of a tile's pixels (tap_window.h) drops
 # only blocks the im2col loads fill with zeros, and walks the rest in the same order:
 # the output must not change by one bit. kb61_v0's layer (output 10x18x18 from a 3x3x3
-# kernel) skips a sixth of its K blocks; the named cases add dilation, padding 2,
-# kernels 1-5, sub-pixel phases and their unreached pixels.
+# kernel) skips a sixth of its K blocks; the border cases skip with dilation, padding,
+# kernel 5, ragged channel blocks and sub-pixel phases; the named cases (mostly planes
+# too small to skip) check that the host's rule leaves the rest alone.
 KB61_V0 = dict(batch=16, in_channels=64, out_channels=128, size=(8, 16, 16), output_size=(10, 18, 18), kernel=3,
                stride=(1, 1, 1), padding=0, output_padding=(0, 0, 0), dilation=1, num_groups=8, bias=False,
                affine=True, channels_last=False)
 PINGPONG_CONFIGS = ["128x128_pingpong", "128x64_pingpong", "128x128_pingpong_cluster2x1"]
+
+
+def border_cases() -> list[dict]:
+    """Layers whose tiles skip (the host tests where a sample's tiles skip more than one K block
+    on average): planes of more than 128 pixels, several depth taps."""
+    rng = random.Random(15)
+    unit = dict(stride=(1, 1, 1), output_padding=(0, 0, 0))
+    return [
+        KB61_V0,
+        # kernel 5, dilation 2, padding 2: 43 of 125 K blocks skipped per tile
+        random_case(rng, batch=2, in_channels=64, out_channels=64, num_groups=8, size=(10, 12, 12), kernel=5,
+                    padding=2, dilation=2, **unit),
+        # dilation 2, a channel block half empty (32 input channels)
+        random_case(rng, batch=3, in_channels=32, out_channels=96, num_groups=12, size=(12, 12, 12), kernel=3,
+                    padding=0, dilation=2, **unit),
+        # 136 channels: a ragged third channel block, two N tiles (clusters of two by default)
+        random_case(rng, batch=2, in_channels=136, out_channels=136, num_groups=17, size=(6, 16, 16), kernel=3,
+                    padding=1, dilation=1, **unit),
+        # sub-pixel phases that skip (every phase of kernel 4, stride 2; 256 input channels)
+        random_case(rng, batch=2, in_channels=256, out_channels=128, num_groups=32, size=(8, 12, 12), kernel=4,
+                    stride=(2, 2, 2), padding=1, dilation=1, output_padding=(0, 0, 0)),
+        # phases of one launch that skip and that do not (kernel 3, stride 2, output_padding 1)
+        random_case(rng, batch=2, in_channels=256, out_channels=64, num_groups=16, size=(8, 12, 12), kernel=3,
+                    stride=(2, 2, 2), padding=1, dilation=1, output_padding=(1, 1, 1)),
+    ]
+
+
+BORDER_CASES = border_cases()
 
 
 def outputs_with_and_without_skipping(inputs: dict, numel: int) -> list[torch.Tensor]:
@@ -281,7 +310,7 @@ def outputs_with_and_without_skipping(inputs: dict, numel: int) -> list[torch.Te
 
 
 @pytest.mark.parametrize("config", PINGPONG_CONFIGS)
-@pytest.mark.parametrize("case", NAMED_CASES + [KB61_V0], ids=case_id)
+@pytest.mark.parametrize("case", NAMED_CASES + BORDER_CASES, ids=case_id)
 def test_skipping_border_taps_changes_no_bit(case: dict, config: str):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the sm90 configurations run on sm_90 only")
@@ -296,7 +325,7 @@ def test_skipping_border_taps_changes_no_bit(case: dict, config: str):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=lambda d: str(d).removeprefix("torch."))
-@pytest.mark.parametrize("case", NAMED_CASES[8:14] + [KB61_V0], ids=case_id)
+@pytest.mark.parametrize("case", NAMED_CASES[8:14] + BORDER_CASES, ids=case_id)
 def test_skipping_border_taps_changes_no_bit_in_other_dtypes(case: dict, dtype: torch.dtype,
                                                              float32_on_tensor_cores):
     if torch.cuda.get_device_capability() != (9, 0):
