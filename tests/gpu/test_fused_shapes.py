@@ -246,14 +246,21 @@ def test_cluster_2x1_equals_cluster_1x1_bitwise(case: dict, dtype: torch.dtype):
     assert torch.equal(outputs["128x128_pingpong"], outputs["128x128_pingpong_cluster2x1"])
 
 
-@pytest.mark.parametrize(("out_channels", "config"), [(64, "128x64_pingpong"), (128, "128x128_pingpong"),
-                                                      (136, "128x128_pingpong_cluster2x1"),
-                                                      (256, "128x128_pingpong_cluster2x1")])
-def test_heuristic_pairs_ctas_beyond_one_n_tile(out_channels: int, config: str):
+# Clusters of two CTAs beyond one N tile, and on one N tile for stride-1 layers of at
+# least 2^16 output pixels (kb61; small layers and sub-pixel phases measured slower).
+@pytest.mark.parametrize(("out_channels", "batch", "size", "stride", "config"), [
+    (64, 2, (30, 30, 30), 1, "128x64_pingpong"),
+    (128, 2, (6, 6, 6), 1, "128x128_pingpong"),
+    (128, 2, (29, 30, 30), 1, "128x128_pingpong"),  # 63,488 output pixels
+    (128, 2, (30, 30, 30), 1, "128x128_pingpong_cluster2x1"),  # 65,536
+    (128, 2, (16, 16, 16), 2, "128x128_pingpong"),
+    (136, 2, (6, 6, 6), 1, "128x128_pingpong_cluster2x1"),
+    (256, 2, (6, 6, 6), 2, "128x128_pingpong_cluster2x1")])
+def test_heuristic_pairs_ctas(out_channels: int, batch: int, size: tuple, stride: int, config: str):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the sm90 configurations run on sm_90 only")
-    case = random_case(random.Random(11), out_channels=out_channels, num_groups=8, kernel=3,
-                       stride=(1, 1, 1), output_padding=(0, 0, 0))
+    case = random_case(random.Random(11), out_channels=out_channels, batch=batch, size=size, num_groups=8, kernel=3,
+                       padding=0, dilation=1, stride=(stride,) * 3, output_padding=(0, 0, 0))
     assert f"{config} (epilogue" in cutlassfuse.explain(**make_inputs(case, torch.float16))
 
 
