@@ -53,10 +53,10 @@ DgradConfig choose_config(const Problem& problem) {
   // and runs all sub-pixel phases in one launch. A 128-channel tile would compute half
   // zeros for 64 or fewer output channels.
   if (problem.out_channels <= 64) return DgradConfig::k128x64_pingpong;
-  // Pairs of CTAs sharing the filter tile: 2-8 % faster with two or more N tiles; with
-  // one, 0.5-1.9 % faster on kb61 in three sessions' alternating rounds once the border
-  // taps are skipped, within noise on a 48^3 stride-1 layer, and 2-3 % slower on small
-  // layers (kb61_v0, 51,840 output pixels) and on sub-pixel phases (gan)
+  // Pairs of CTAs sharing the filter tile: 0.2-7.6 % faster with two or more N tiles;
+  // with one, 0.5-1.9 % faster on kb61 (fp16 and bf16, three sessions' alternating
+  // rounds), within noise on a 48^3 stride-1 layer, and 2-3 % slower on small layers
+  // (kb61_v0, 51,840 output pixels) and on sub-pixel phases (gan)
   // (benchmarks/variant_choice.py clusters; docs/performance.md, seventeenth session).
   constexpr int64_t kLargeLayerPixels = int64_t{1} << 16;
   const bool stride_one = problem.stride[0] == 1 && problem.stride[1] == 1 && problem.stride[2] == 1;
