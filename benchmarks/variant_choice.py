@@ -4,14 +4,19 @@ so that clock and host drift fall on both variants alike.
 
     python benchmarks/variant_choice.py clusters [--rounds 7] [--shape kb61 --shape 4,128,256,24,24,24,3,1,0,0,16]
     python benchmarks/variant_choice.py border-taps [--shape kb61_v0]
+    python benchmarks/variant_choice.py tile-schedule [--graph]
 
 clusters: the 128x128 ping-pong kernel in clusters of one or two CTAs (the data behind
 choose_config's cluster rule). border-taps: the heuristic's configuration running every
 K block of every tile, or skipping the depth taps that reach none of a tile's pixels
-(tap_window.h).
+(tap_window.h). tile-schedule: the heuristic's configuration with each CTA walking a
+static list of tiles, or drawing them as it reaches them (unit_schedule.cuh; clusters of
+two always walk statically).
 
 Per shape and variant: the median over rounds of each round's median of CUDA-event
-times; the ratio second / first with the spread of the per-round ratios.
+times; the ratio second / first with the spread of the per-round ratios. --graph times
+replays of a CUDA graph of 10 calls per variant (captured with the variant's switch
+set), per call: the kernels' time without the host's, which bounds calls below ~0.1 ms.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ VARIANTS = {
     "border-taps": ([("every tap", lambda: cutlassfuse.set_skip_border_taps(False)),
                      ("skipped", lambda: cutlassfuse.set_skip_border_taps(True))],
                     lambda: cutlassfuse.set_skip_border_taps(True)),
+    "tile-schedule": ([("static", lambda: cutlassfuse.set_drawn_tile_schedule(False)),
+                       ("drawn", lambda: cutlassfuse.set_drawn_tile_schedule(True))],
+                      lambda: cutlassfuse.set_drawn_tile_schedule(True)),
 }
 
 
@@ -52,16 +60,32 @@ def calls(shape, dtype: torch.dtype) -> dict[str, object]:
     }
 
 
-def compare(shape, dtype: torch.dtype, rounds: int, comparison: str) -> None:
+GRAPH_CALLS = 10
+
+
+def graphed(fn, switch):
+    """GRAPH_CALLS calls of fn in one CUDA graph, captured with `switch` applied."""
+    switch()
+    fn()  # warm-up outside the capture (launch parameters, allocator)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    return graph.replay
+
+
+def compare(shape, dtype: torch.dtype, rounds: int, comparison: str, graph: bool) -> None:
     variants, restore = VARIANTS[comparison]
     (first, _), (second, _) = variants
     for name, fn in calls(shape, dtype).items():
         times = {variant: [] for variant, _ in variants}
         try:
+            runs = {variant: (graphed(fn, switch) if graph else fn, switch) for variant, switch in variants}
+            per_call = GRAPH_CALLS if graph else 1
             for _ in range(rounds):
-                for variant, switch in variants:
+                for variant, (run, switch) in runs.items():
                     switch()
-                    times[variant].append(median_ms(fn, cuda=True, warmup=5, repeats=30))
+                    times[variant].append(median_ms(run, cuda=True, warmup=5, repeats=30) / per_call)
         except RuntimeError as error:  # the plain CUTLASS conv refusing a problem
             print(f"{shape.name:28s} {name}: skipped ({str(error).splitlines()[0]})")
             continue
@@ -80,11 +104,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--shape", action="append", help="a baselines.md name or N,Cin,Cout,D,H,W,k,s,p,op,groups")
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    parser.add_argument("--graph", action="store_true", help="time CUDA graph replays (no host time per call)")
     args = parser.parse_args()
     shapes = [parse_shape(s) for s in args.shape] if args.shape else list(DEFAULT_SHAPES)
     with torch.no_grad():
         for shape in shapes:
-            compare(shape, getattr(torch, args.dtype), args.rounds, args.comparison)
+            compare(shape, getattr(torch, args.dtype), args.rounds, args.comparison, args.graph)
 
 
 if __name__ == "__main__":

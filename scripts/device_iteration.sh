@@ -12,6 +12,8 @@
 #                   clusters of 1 and 2, alternating rounds; the cluster rule's data)
 #        taps       benchmarks/variant_choice.py border-taps (every tap vs the taps
 #                   reaching each tile, alternating rounds)
+#        schedule   benchmarks/variant_choice.py tile-schedule (static tile walk vs
+#                   tiles drawn from a counter, alternating rounds)
 #        host       benchmarks/host_overhead.py (host vs device time per call)
 #        spread     benchmarks/call_spread.py (per-call percentiles, eager vs CUDA graph replay)
 #        float32    benchmarks/float32_choice.py (accuracy and time of the fp32 choices)
@@ -107,6 +109,15 @@ if wanted taps; then
     tee "$LOGS/taps.log"
 fi
 
+if wanted schedule; then
+  step "tile schedule: static walk vs tiles drawn as CTAs reach them"
+  { "$PYTHON" benchmarks/variant_choice.py tile-schedule --graph --shape kb61 --shape kb61_v0 --shape gan_k4s2p1 \
+      --shape vid_k3s2p1op1 --shape unet_k2s2 --shape 2,256,128,48,48,48,3,1,1,0,8 \
+      --shape 16,64,128,16,16,16,5,1,0,0,8 --shape 8,64,64,12,12,12,3,1,1,0,8
+    "$PYTHON" benchmarks/variant_choice.py tile-schedule --graph --shape kb61 --shape kb61_v0 --dtype bfloat16; } 2>&1 |
+    tee "$LOGS/schedule.log"
+fi
+
 if wanted host; then
   step "host cost per call"
   "$PYTHON" benchmarks/host_overhead.py --table kb61_v0 2>&1 | tee "$LOGS/host.log"
@@ -178,6 +189,7 @@ show bench.log grep -E "^kb61|fused\(CL in\)" "$LOGS/bench.log"
 show breakdown.log grep -E "launches per call|: fused_sm90|: fallback|: reference" "$LOGS/breakdown.log"
 show configs.log cat "$LOGS/configs.log"
 show taps.log cat "$LOGS/taps.log"
+show schedule.log cat "$LOGS/schedule.log"
 show host.log head -7 "$LOGS/host.log"
 show float32.log cat "$LOGS/float32.log"
 show streams.log cat "$LOGS/streams.log"

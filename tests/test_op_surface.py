@@ -110,7 +110,8 @@ def test_phase_streams_knob_takes_one_to_eight():
     (cutlassfuse.set_float32_tensor_cores, True, False),
     (cutlassfuse.set_fused_path_enabled, False, True),
     (cutlassfuse.set_skip_border_taps, False, True),
-], ids=["float32_tensor_cores", "fused_path", "border_taps"])
+    (cutlassfuse.set_drawn_tile_schedule, False, True),
+], ids=["float32_tensor_cores", "fused_path", "border_taps", "drawn_tile_schedule"])
 def test_path_switches_leave_the_cpu_reference(switch, changed, default):
     x, w = torch.rand(1, 8, 2, 2, 2), torch.rand(8, 8, 3, 3, 3)
     switch(changed)

@@ -9,6 +9,7 @@ namespace {
 // -1: no override. Set through torch.ops.cutlassfuse.set_dgrad_config for benchmarks.
 std::atomic<int> g_override{-1};
 std::atomic<bool> g_skip_border_taps{true};
+std::atomic<bool> g_drawn_tile_schedule{true};
 
 }  // namespace
 
@@ -47,21 +48,25 @@ void set_skip_border_taps(bool enabled) { g_skip_border_taps.store(enabled); }
 
 bool skip_border_taps() { return g_skip_border_taps.load(); }
 
+void set_drawn_tile_schedule(bool enabled) { g_drawn_tile_schedule.store(enabled); }
+
+bool drawn_tile_schedule() { return g_drawn_tile_schedule.load(); }
+
 DgradConfig choose_config(const Problem& problem) {
   if (const auto pinned = config_override()) return *pinned;
   // The ping-pong kernel hides each tile's epilogue behind the other consumer's MMAs
   // and runs all sub-pixel phases in one launch. A 128-channel tile would compute half
   // zeros for 64 or fewer output channels.
   if (problem.out_channels <= 64) return DgradConfig::k128x64_pingpong;
-  // Pairs of CTAs sharing the filter tile: 0.2-7.6 % faster with two or more N tiles;
-  // with one, 0.5-1.9 % faster on kb61 (fp16 and bf16, three sessions' alternating
-  // rounds), within noise on a 48^3 stride-1 layer, and 2-3 % slower on small layers
-  // (kb61_v0, 51,840 output pixels) and on sub-pixel phases (gan)
-  // (benchmarks/variant_choice.py clusters; docs/performance.md, seventeenth session).
-  constexpr int64_t kLargeLayerPixels = int64_t{1} << 16;
+  // Stride-1 layers: clusters of one, whose CTAs draw their tiles (unit_schedule.cuh),
+  // which the border planes' lighter tiles make uneven. Against pairs of CTAs sharing
+  // the filter tile (static walk), kernel time: 2.7 % faster on kb61 (fp16 and bf16),
+  // 6.9 % on 4,128,256,24^3, 2.5 % on 2,256,128,48^3 p1, 1.9 % slower on 8,64,192,24^3
+  // (benchmarks/variant_choice.py clusters --graph; docs/performance.md, eighteenth
+  // session). Sub-pixel phases beyond one N tile keep the pairs (0.2-7.6 % faster than
+  // clusters of one, seventeenth session).
   const bool stride_one = problem.stride[0] == 1 && problem.stride[1] == 1 && problem.stride[2] == 1;
-  if (problem.out_channels > 128 || (stride_one && problem.batch * problem.output_spatial() >= kLargeLayerPixels))
-    return DgradConfig::k128x128_pingpong_cluster2x1;
+  if (!stride_one && problem.out_channels > 128) return DgradConfig::k128x128_pingpong_cluster2x1;
   return DgradConfig::k128x128_pingpong;
 }
 

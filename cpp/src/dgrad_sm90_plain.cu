@@ -43,7 +43,8 @@ void run_plain(const Problem& problem, std::span<const PhaseLaunch> phases, int 
     args.push_back({shape, {ptr.input, ptr.filter}, {{}, nullptr, stride_d, ptr.output, stride_d}});
     if (std::string why = phase_rejection(*launch.phase, args.back()); !why.empty()) reject(why);
   }
-  launch_phases<typename Plain::Kernel, Config::kPingpong>(args, sm_count, stream);
+  launch_phases<typename Plain::Kernel, Config::kPingpong>(args, phases.front().operands.unit_counter, sm_count,
+                                                           stream);
 }
 
 template <class Element>

@@ -269,6 +269,7 @@ void launch_phases(const FusedPlan& plan, const sm90::DgradOperands& operands, E
   for (size_t i = 0; i < plan.subpixel.phases.size(); ++i) {
     sm90::DgradOperands phase_operands = operands;
     phase_operands.partials += plan.sources.regions[i * plan.blocks()].first_slot;
+    phase_operands.unit_counter += i;
     launches.push_back({&plan.subpixel.phases[i], phase_operands});
   }
   PhaseLanes lanes(launches.size(), at::cuda::getCurrentCUDAStream());
@@ -305,6 +306,10 @@ void launch_deconvolution(const FusedPlan& plan, const sm90::DgradOperands& oper
 }
 
 bool aligned_for_tma(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+// The ping-pong launches' unit counters (unit_schedule.cuh): one per phase, the most a
+// call has, so that every launch of a call (phase streams run them at once) has its own.
+int64_t unit_counters_bytes() { return kMaxPartialsRegions * static_cast<int64_t>(sizeof(sm90::UnitCounter)); }
 
 }  // namespace
 
@@ -415,6 +420,7 @@ std::optional<at::Tensor> fused_forward_cuda(const OpArgs& a, const Problem& p) 
   const auto scale_shift_region = workspace.reserve(group_norm_scale_shift_bytes(shape));
   const auto counters_region =
       workspace.reserve(group_norm_finish_counters(p.batch) * static_cast<int64_t>(sizeof(int)));
+  const auto unit_counters_region = workspace.reserve(unit_counters_bytes());
   // The GEMM's columns are blocks of Cout channels: each needs the bias (repeated here
   // unless the caller passed it repeated).
   const bool block_bias = present(a.bias) && plan.blocks() > 1 && !present(a.packed_bias);
@@ -440,7 +446,9 @@ std::optional<at::Tensor> fused_forward_cuda(const OpArgs& a, const Problem& p) 
     fill_unreached_pixels(element, activation, plan.sources.bias, p, stream);
   }
   auto* counters = workspace.at<int>(counters_region);
-  const sm90::DgradOperands operands{input, filter.data_ptr(), epilogue_bias, activation, partials, counters};
+  auto* unit_counters = workspace.at<sm90::UnitCounter>(unit_counters_region);
+  const sm90::DgradOperands operands{input,    filter.data_ptr(), epilogue_bias, activation,
+                                     partials, counters,          unit_counters};
   const GroupNormAffine affine{data_or_null(a.norm_weight, gamma), data_or_null(a.norm_bias, beta),
                                *affine_element_type(a)};
   const StatisticsFinalize finalize = statistics_finalize(partials, plan.sources, element, shape, affine,
@@ -460,12 +468,16 @@ at::Tensor cutlass_dgrad_plain(const OpArgs& a, const Problem& p) {
                    "cutlassfuse: the plain CUTLASS dgrad takes float16 or bfloat16");
   const c10::cuda::CUDAGuard device_guard(a.input.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const SubpixelPlan plan = plan_subpixel(p);
+  TORCH_CHECK_VALUE(static_cast<int64_t>(plan.phases.size()) <= kMaxPartialsRegions,
+                    "cutlassfuse: the plain CUTLASS dgrad takes at most 64 sub-pixel phases");
   CallWorkspace workspace;
   const LeftOperand left(a.input, *element, p, /*pixel_major=*/false, workspace);
+  const auto unit_counters_region = workspace.reserve(unit_counters_bytes());
   workspace.allocate(a.input.options());
+  auto* unit_counters = workspace.at<sm90::UnitCounter>(unit_counters_region);
   const void* input = left.prepare(workspace, stream);
   const at::Tensor filter = filter_of(a);
-  const SubpixelPlan plan = plan_subpixel(p);
   const auto options = a.input.options().memory_format(at::MemoryFormat::ChannelsLast3d);
   const std::vector<int64_t> size{p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]};
   // Pixels no input reaches are zeros of the convolution (it has no bias here).
@@ -473,7 +485,9 @@ at::Tensor cutlass_dgrad_plain(const OpArgs& a, const Problem& p) {
   const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   std::vector<sm90::PhaseLaunch> launches;
   for (const PhaseProblem& phase : plan.phases) {
-    launches.push_back({&phase, {input, filter.data_ptr(), nullptr, out.data_ptr(), nullptr}});
+    const sm90::DgradOperands operands{
+        input, filter.data_ptr(), nullptr, out.data_ptr(), nullptr, nullptr, unit_counters + launches.size()};
+    launches.push_back({&phase, operands});
   }
   const sm90::DgradConfig config = sm90::choose_config(p);
   if (*element == ElementType::kBFloat16) {

@@ -72,7 +72,9 @@ template <class Element>
 void run_gemm(const Problem& gemm, const DgradOperands& ops, int sm_count, cudaStream_t stream) {
   using Kernel = typename PixelMajorGemmKernel<Element>::Kernel;
   const auto args = make_gemm_arguments<PixelMajorGemmKernel<Element>>(gemm, ops);
-  launch_pingpong<Kernel>({Kernel::to_underlying_arguments(&args, 1, /*skip_border_taps=*/false)}, sm_count, stream);
+  // One phase of uniform tiles, no border taps: the static walk balances them.
+  launch_pingpong<Kernel>({Kernel::to_underlying_arguments(&args, 1, /*skip_border_taps=*/false, /*counter=*/nullptr)},
+                          sm_count, stream);
 }
 
 }  // namespace

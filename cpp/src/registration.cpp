@@ -131,6 +131,9 @@ TORCH_LIBRARY(cutlassfuse, m) {
   // Off: the ping-pong kernel runs the K blocks of taps reaching none of a tile's pixels
   // too (the measurement of what skipping them saves; benchmarks).
   m.def("set_skip_border_taps(bool enabled) -> ()", [](bool enabled) { sm90::set_skip_border_taps(enabled); });
+  // Off: the ping-pong kernel's CTAs walk their tiles statically instead of drawing them
+  // (the measurement of what drawing saves; benchmarks).
+  m.def("set_drawn_tile_schedule(bool enabled) -> ()", [](bool enabled) { sm90::set_drawn_tile_schedule(enabled); });
   // Turns the fused sm90 path off or on, so CUDA calls take the fallback (benchmarks).
   m.def("set_fused_path_enabled(bool enabled) -> ()", [](bool enabled) { set_fused_path_enabled(enabled); });
   // float32 on the fused path as bfloat16 piece products (faster, less accurate; off by default).

@@ -25,6 +25,7 @@ from .ops import (  # noqa: E402
     set_float32_tensor_cores,
     set_fused_path_enabled,
     set_phase_streams,
+    set_drawn_tile_schedule,
     set_skip_border_taps,
 )
 from .rewrite import FuseResult, fuse  # noqa: E402
@@ -42,6 +43,7 @@ __all__ = [
     "set_float32_tensor_cores",
     "set_fused_path_enabled",
     "set_phase_streams",
+    "set_drawn_tile_schedule",
     "set_skip_border_taps",
     "__version__",
 ]

@@ -100,6 +100,16 @@ def set_skip_border_taps(enabled: bool) -> None:
         torch.ops.cutlassfuse.set_skip_border_taps(bool(enabled))
 
 
+def set_drawn_tile_schedule(enabled: bool) -> None:
+    """On (the default), the CTAs of the ping-pong kernel (clusters of one) take their first
+    two tiles statically and draw the rest from a counter as they reach them, so that CTAs
+    whose tiles skip more border taps take more tiles; off, each CTA walks a static list
+    (every grid-size-th tile), for measuring what drawing saves. The output does not
+    depend on it. No effect on a CPU-only build."""
+    if hasattr(torch.ops.cutlassfuse, "set_drawn_tile_schedule"):
+        torch.ops.cutlassfuse.set_drawn_tile_schedule(bool(enabled))
+
+
 def set_fused_path_enabled(enabled: bool) -> None:
     """Turns the sm90 fused path off (False) or back on (True) for this process, so
     that CUDA calls take the fallback: for benchmarking the fallback on a Hopper GPU,

@@ -246,15 +246,16 @@ def test_cluster_2x1_equals_cluster_1x1_bitwise(case: dict, dtype: torch.dtype):
     assert torch.equal(outputs["128x128_pingpong"], outputs["128x128_pingpong_cluster2x1"])
 
 
-# Clusters of two CTAs beyond one N tile, and on one N tile for stride-1 layers of at
-# least 2^16 output pixels (kb61; small layers and sub-pixel phases measured slower).
+# Clusters of two CTAs for sub-pixel phases beyond one N tile; clusters of one, drawing
+# their tiles, for stride-1 layers (kb61 and layers of two N tiles measured faster).
 @pytest.mark.parametrize(("out_channels", "batch", "size", "stride", "config"), [
     (64, 2, (30, 30, 30), 1, "128x64_pingpong"),
     (128, 2, (6, 6, 6), 1, "128x128_pingpong"),
-    (128, 2, (29, 30, 30), 1, "128x128_pingpong"),  # 63,488 output pixels
-    (128, 2, (30, 30, 30), 1, "128x128_pingpong_cluster2x1"),  # 65,536
+    (128, 2, (30, 30, 30), 1, "128x128_pingpong"),
     (128, 2, (16, 16, 16), 2, "128x128_pingpong"),
-    (136, 2, (6, 6, 6), 1, "128x128_pingpong_cluster2x1"),
+    (136, 2, (6, 6, 6), 1, "128x128_pingpong"),
+    (256, 2, (16, 16, 16), 1, "128x128_pingpong"),
+    (136, 2, (6, 6, 6), 2, "128x128_pingpong_cluster2x1"),
     (256, 2, (6, 6, 6), 2, "128x128_pingpong_cluster2x1")])
 def test_heuristic_pairs_ctas(out_channels: int, batch: int, size: tuple, stride: int, config: str):
     if torch.cuda.get_device_capability() != (9, 0):
@@ -304,16 +305,23 @@ def border_cases() -> list[dict]:
 BORDER_CASES = border_cases()
 
 
-def outputs_with_and_without_skipping(inputs: dict, numel: int) -> list[torch.Tensor]:
+def same_output_on_and_off(switch, inputs: dict, numel: int, config: str | None = None) -> torch.Tensor:
+    """The op's output with a kernel switch (on by default) on, checked equal bit for bit
+    to the output with it off, each call writing into poisoned memory; `config` pinned."""
     outputs = []
     try:
-        for skip in (True, False):
-            cutlassfuse.set_skip_border_taps(skip)
+        cutlassfuse.set_dgrad_config(config)
+        for enabled in (True, False):
+            switch(enabled)
             poison_cuda_allocator(8 * inputs["input"].element_size() * numel)
             outputs.append(cutlassfuse.conv_transpose3d_relu_group_norm(**inputs))
     finally:
-        cutlassfuse.set_skip_border_taps(True)
-    return outputs
+        switch(True)
+        cutlassfuse.set_dgrad_config(None)
+    on, off = outputs
+    assert torch.isfinite(on).all(), "unwritten (poisoned) or non-finite output elements"
+    assert torch.equal(on, off)
+    return on
 
 
 @pytest.mark.parametrize("config", PINGPONG_CONFIGS)
@@ -321,14 +329,8 @@ def outputs_with_and_without_skipping(inputs: dict, numel: int) -> list[torch.Te
 def test_skipping_border_taps_changes_no_bit(case: dict, config: str):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the sm90 configurations run on sm_90 only")
-    inputs = make_inputs(case, torch.float16)
-    try:
-        cutlassfuse.set_dgrad_config(config)
-        skipped, every_tap = outputs_with_and_without_skipping(inputs, output_numel(case))
-    finally:
-        cutlassfuse.set_dgrad_config(None)
-    assert torch.isfinite(skipped).all(), "unwritten (poisoned) or non-finite output elements"
-    assert torch.equal(skipped, every_tap)
+    same_output_on_and_off(cutlassfuse.set_skip_border_taps, make_inputs(case, torch.float16), output_numel(case),
+                           config)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=lambda d: str(d).removeprefix("torch."))
@@ -337,6 +339,84 @@ def test_skipping_border_taps_changes_no_bit_in_other_dtypes(case: dict, dtype: 
                                                              float32_on_tensor_cores):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the sm90 configurations run on sm_90 only")
-    skipped, every_tap = outputs_with_and_without_skipping(make_inputs(case, dtype), output_numel(case))
-    assert torch.isfinite(skipped).all(), "unwritten (poisoned) or non-finite output elements"
-    assert torch.equal(skipped, every_tap)
+    same_output_on_and_off(cutlassfuse.set_skip_border_taps, make_inputs(case, dtype), output_numel(case))
+
+
+# Drawn tile schedule (unit_schedule.cuh): the CTAs of clusters of one draw their third
+# and later tiles from a counter in the call's workspace, which no launch zeroes, where a
+# launch's tiles skip border taps and outnumber two per CTA. Which CTA computes a tile
+# must change no bit; launches running at once (phase streams) need counters of their
+# own; a CUDA graph replaying the launches (same counter, same epoch) must find the
+# counter ready again every time.
+def drawing_cases() -> list[dict]:
+    rng = random.Random(18)
+    unit = dict(stride=(1, 1, 1), output_padding=(0, 0, 0), dilation=1, kernel=3)
+    return [
+        KB61_V0,  # 405 tiles of 3,240-pixel samples (tiles straddle samples)
+        # two N tiles: 294 units
+        random_case(rng, batch=8, in_channels=64, out_channels=256, num_groups=16, size=(10, 12, 12), padding=0,
+                    **unit),
+        # a ragged second N tile (136 channels), padding 1: 490 units
+        random_case(rng, batch=16, in_channels=64, out_channels=136, num_groups=17, size=(10, 14, 14), padding=1,
+                    **unit),
+        # 64 output channels (128x64 tiles by default): 405 units
+        random_case(rng, batch=16, in_channels=32, out_channels=64, num_groups=8, size=(8, 16, 16), padding=0,
+                    **unit),
+    ]
+
+
+DRAWING_CASES = drawing_cases()
+# Eight sub-pixel phases (kernel 4, stride 2, padding 1) of 288 tiles each that skip taps.
+DRAWING_PHASES = random_case(random.Random(19), batch=18, in_channels=256, out_channels=128, num_groups=32,
+                             size=(8, 16, 16), kernel=4, stride=(2, 2, 2), padding=1, dilation=1,
+                             output_padding=(0, 0, 0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("config", [None, "128x128_pingpong", "128x64_pingpong"])
+@pytest.mark.parametrize("case", DRAWING_CASES + [DRAWING_PHASES], ids=case_id)
+def test_drawn_tile_schedule_changes_no_bit(case: dict, config: str | None, dtype: torch.dtype):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm90 configurations run on sm_90 only")
+    inputs = make_inputs(case, dtype)
+    drawn = same_output_on_and_off(cutlassfuse.set_drawn_tile_schedule, inputs, output_numel(case), config)
+    if config is None:
+        tolerance = 2e-2 if dtype == torch.bfloat16 else 5e-3
+        assert errors(drawn, reference_float64(**inputs)).relative <= tolerance
+
+
+def test_drawn_tile_schedule_on_phase_streams():
+    """Each phase its own launch on one of four streams, all drawing at once."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm90 configurations run on sm_90 only")
+    inputs = make_inputs(DRAWING_PHASES, torch.float16)
+    drawn = same_output_on_and_off(cutlassfuse.set_drawn_tile_schedule, inputs, output_numel(DRAWING_PHASES))
+    try:
+        cutlassfuse.set_phase_streams(4)
+        on_streams = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
+    finally:
+        cutlassfuse.set_phase_streams(1)
+    assert torch.equal(on_streams, drawn)
+
+
+@pytest.mark.parametrize("case", DRAWING_CASES[:2] + [DRAWING_PHASES], ids=case_id)
+def test_drawn_tile_schedule_in_cuda_graph_replays(case: dict):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm90 configurations run on sm_90 only")
+    inputs = make_inputs(case, torch.float16)
+    static_input = inputs["input"].clone()
+    captured = dict(inputs, input=static_input)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        cutlassfuse.conv_transpose3d_relu_group_norm(**captured)  # warm-up off the graph
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            replayed = cutlassfuse.conv_transpose3d_relu_group_norm(**captured)
+    torch.cuda.current_stream().wait_stream(stream)
+    for replay in range(3):
+        static_input.copy_(torch.randn_like(static_input))
+        replayed.fill_(float("nan"))
+        graph.replay()
+        expected = cutlassfuse.conv_transpose3d_relu_group_norm(**dict(inputs, input=static_input))
+        assert torch.equal(replayed, expected), f"replay {replay}"

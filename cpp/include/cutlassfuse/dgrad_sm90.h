@@ -64,6 +64,19 @@ std::optional<DgradConfig> config_override();
 void set_skip_border_taps(bool enabled);
 bool skip_border_taps();
 
+// Whether the ping-pong kernel's CTAs (clusters of one) draw their units from a counter
+// as they reach them (unit_schedule.cuh) or walk a static list. On unless a benchmark
+// turns it off to measure what drawing saves; the output is the same either way.
+void set_drawn_tile_schedule(bool enabled);
+bool drawn_tile_schedule();
+
+// A ping-pong launch's count of the units its CTAs drew (unit_schedule.cuh): in the
+// call's workspace, one per launch, and it needs no zeroing before the launch.
+struct UnitCounter {
+  uint64_t epoch;
+  int drawn;
+};
+
 // Whole tensors; a phase's views (offsets, strides) apply inside.
 struct DgradOperands {
   const void* input;               // [N, D, H, W, Cin] (NDHWC, packed)
@@ -72,6 +85,9 @@ struct DgradOperands {
   void* activation;                // [N, Do, Ho, Wo, Cout] (NDHWC, packed)
   WelfordPartial* partials;        // the phase's region (PartialsRegion): TilePartials::slots(...) entries
   int* finish_counters = nullptr;  // group_norm_finish_counters(batch), zeroed by the epilogue's first tile
+  // The counter of the launch that starts with this phase (a launch per phase stream,
+  // per kMaxPhasesPerLaunch phases); nullptr: every CTA walks its units statically.
+  UnitCounter* unit_counter = nullptr;
 
   bool operator==(const DgradOperands&) const = default;
 };

@@ -158,13 +158,16 @@ void run_non_persistent(const Arguments& phase, int sm_count, cudaStream_t strea
 
 // The ping-pong kernel's parameters of `phases`: up to kMaxPhasesPerLaunch per launch,
 // skipping the K blocks of border taps unless set_skip_border_taps(false) said not to.
+// `counters`: one UnitCounter per phase (a launch takes its first phase's), or nullptr
+// for the static walk.
 template <class Kernel, class Arguments>
-std::vector<typename Kernel::Params> pingpong_launch_params(const std::vector<Arguments>& phases) {
+std::vector<typename Kernel::Params> pingpong_launch_params(const std::vector<Arguments>& phases,
+                                                            UnitCounter* counters) {
   std::vector<typename Kernel::Params> params;
   for (size_t first = 0; first < phases.size(); first += kMaxPhasesPerLaunch) {
     const size_t count = std::min(phases.size() - first, static_cast<size_t>(kMaxPhasesPerLaunch));
-    params.push_back(
-        Kernel::to_underlying_arguments(phases.data() + first, static_cast<int>(count), skip_border_taps()));
+    params.push_back(Kernel::to_underlying_arguments(phases.data() + first, static_cast<int>(count), skip_border_taps(),
+                                                     counters ? counters + first : nullptr));
   }
   return params;
 }
@@ -179,11 +182,12 @@ void launch_pingpong(const std::vector<typename Kernel::Params>& launches, int s
 }
 
 // The phases through either kernel layer: one launch per phase for CUTLASS's, up to
-// kMaxPhasesPerLaunch per launch for the ping-pong kernel.
+// kMaxPhasesPerLaunch per launch for the ping-pong kernel (`counters` as
+// pingpong_launch_params takes them).
 template <class Kernel, bool kPingpong, class Arguments>
-void launch_phases(const std::vector<Arguments>& phases, int sm_count, cudaStream_t stream) {
+void launch_phases(const std::vector<Arguments>& phases, UnitCounter* counters, int sm_count, cudaStream_t stream) {
   if constexpr (kPingpong) {
-    launch_pingpong<Kernel>(pingpong_launch_params<Kernel>(phases), sm_count, stream);
+    launch_pingpong<Kernel>(pingpong_launch_params<Kernel>(phases, counters), sm_count, stream);
   } else {
     for (const Arguments& phase : phases) run_non_persistent<Kernel>(phase, sm_count, stream);
   }
@@ -253,10 +257,12 @@ void run(const Problem& problem, std::span<const PhaseLaunch> phases, int sm_cou
   };
   if constexpr (Fused::Config::kPingpong) {
     thread_local LaunchParamsCache<typename Kernel::Params> cache;
-    const auto& launches = cache.get(problem, phases, [&] { return pingpong_launch_params<Kernel>(arguments()); });
+    const auto& launches = cache.get(problem, phases, [&] {
+      return pingpong_launch_params<Kernel>(arguments(), phases.front().operands.unit_counter);
+    });
     launch_pingpong<Kernel>(launches, sm_count, stream);
   } else {
-    launch_phases<Kernel, false>(arguments(), sm_count, stream);
+    launch_phases<Kernel, false>(arguments(), nullptr, sm_count, stream);
   }
 }
 

@@ -8,9 +8,11 @@
 // the tensor cores idle, and each sub-pixel phase is its own launch with its own
 // partial last wave. This kernel keeps CUTLASS's mainloop and epilogue collectives and
 // replaces the kernel layer around them:
-//   - one CTA per SM walks a static list of tiles (PhaseTiles), phase after phase;
-//     in a cluster of CTAs along M, the CTAs walk the list in step, one tile each per
-//     unit, and each loads a slice of the shared filter tile, multicast to all;
+//   - one CTA per SM takes tiles (PhaseTiles' units) of a list, phase after phase: its
+//     first two statically, the rest drawn from a counter as its producer reaches them,
+//     so that CTAs whose tiles skip more K blocks take more (unit_schedule.cuh); in a
+//     cluster of CTAs along M, the CTAs walk the list statically in step, one tile each
+//     per unit, and each loads a slice of the shared filter tile, multicast to all;
 //   - warpgroup 0 is the producer: its first warp issues the TMA loads of every tile
 //     into one shared-memory pipeline, running ahead across tile and phase boundaries;
 //   - warpgroups 1 and 2 are consumers taking alternate tiles. An ordered barrier lets
@@ -35,6 +37,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "cutlassfuse/tap_window.h"
+#include "cutlassfuse/unit_schedule.cuh"
 
 namespace cutlassfuse::sm90 {
 
@@ -197,6 +200,10 @@ bool collectives_can_implement(PhaseArguments<ProblemShape, CollectiveMainloop, 
 // Two stages (mainloop, epilogue) alternating between the two consumer warpgroups.
 using ConsumerOrderBarrier = cutlass::OrderedSequenceBarrier<2, 2>;
 
+// Units the producer may hand out ahead of the consumers: it runs at most a few K blocks
+// (the mainloop's stages) ahead, less than one unit, so two would do; four cost 32 bytes.
+using PingpongUnitQueue = UnitQueue<4>;
+
 // Shared memory the kernel needs besides the mainloop's stages: what the mainloop's
 // builder must carve out when it sizes the pipeline.
 template <class CollectiveEpilogue>
@@ -204,7 +211,8 @@ constexpr int pingpong_carveout_bytes() {
   constexpr size_t kAlignmentSlack = 256;
   return static_cast<int>(sizeof(typename CollectiveEpilogue::TensorStorage) +
                           sizeof(typename CollectiveEpilogue::PipelineStorage) +
-                          sizeof(typename ConsumerOrderBarrier::SharedStorage) + kAlignmentSlack);
+                          sizeof(typename ConsumerOrderBarrier::SharedStorage) +
+                          sizeof(typename PingpongUnitQueue::SharedStorage) + kAlignmentSlack);
 }
 
 template <class ProblemShape, class CollectiveMainloop_, class CollectiveEpilogue_, int MaxPhases>
@@ -238,6 +246,7 @@ class PingpongPhasesKernel {
       alignas(16) typename CollectiveMainloop::PipelineStorage mainloop;
       alignas(16) typename CollectiveEpilogue::PipelineStorage epi_load;
       alignas(16) typename ConsumerOrderBarrier::SharedStorage consumer_order;
+      alignas(16) typename PingpongUnitQueue::SharedStorage units;
     } pipelines;
     // Separate, not a union: a consumer's epilogue runs while the producer fills stages.
     struct Tensors : cute::aligned_struct<128, cute::_1> {
@@ -256,6 +265,7 @@ class PingpongPhasesKernel {
   struct Params {
     PhaseParams phase[MaxPhases];
     PhaseTiles<MaxPhases, kClusterM, cute::size<0>(TileShape{})> tiles;
+    UnitSchedule schedule;  // its epoch set per launch (launch())
   };
 
   // Tile counts (m, n, k) and batch entries (l) of a phase, tiled as the mainloop's
@@ -271,8 +281,10 @@ class PingpongPhasesKernel {
   }
 
   // `count` <= MaxPhases phases of one launch; `skip_border_taps` false runs every K
-  // block of every tile (the benchmark's baseline for tap_window.h).
-  static Params to_underlying_arguments(PhaseArguments const* phases, int count, bool skip_border_taps) {
+  // block of every tile (the benchmark's baseline for tap_window.h); `counter` the
+  // launch's UnitCounter, nullptr for the static walk.
+  static Params to_underlying_arguments(PhaseArguments const* phases, int count, bool skip_border_taps,
+                                        UnitCounter* counter) {
     Params params{};
     for (int p = 0; p < count; ++p) {
       const ProblemShape& shape = phases[p].shape;
@@ -284,6 +296,13 @@ class PingpongPhasesKernel {
       params.tiles.append_phase(tiles_m, tiles_n, batch,
                                 Extents::taps(shape, k_tiles, cute::size<0>(TileShape{}), skip_border_taps));
     }
+    // Units of equal K blocks balance on the static walk, while drawing costs a CTA an
+    // atomic's round trip per unit, which units of a few K blocks may not hide (vid's
+    // sub-pixel phases, 2-16 blocks per tile, measured 12 % slower drawn on the plain
+    // store's launch): CTAs draw only where tiles skip border taps.
+    const auto& windows = params.tiles.taps;
+    if (std::any_of(windows, windows + count, [](TapWindow const& w) { return !w.every_tap; }))
+      params.schedule.counter = counter;
     return params;
   }
 
@@ -300,7 +319,10 @@ class PingpongPhasesKernel {
     int resident_clusters = 0;
     if (cudaError_t e = prepare_device(kernel, sm_count, resident_clusters); e != cudaSuccess) return e;
     ClusterLaunch launch(get_grid_shape(params, resident_clusters), stream);
-    return cudaLaunchKernelEx(&launch.config, kernel, params);
+    Params launched = params;
+    launched.schedule = unit_schedule(params.schedule.counter, kClusterM, params.tiles.total(),
+                                      static_cast<int>(launch.config.gridDim.x) / kClusterM);
+    return cudaLaunchKernelEx(&launch.config, kernel, launched);
   }
 
   // A launch configuration of `grid` CTAs in clusters of kClusterM along x.
@@ -368,6 +390,8 @@ class PingpongPhasesKernel {
     order_params.group_size = cutlass::NumThreadsPerWarpGroup;
     ConsumerOrderBarrier consumer_order(storage.pipelines.consumer_order, order_params);
 
+    PingpongUnitQueue units(storage.pipelines.units, producer_warp, warp_group > 0);
+
     // Barrier initialization visible to every warp, and in a cluster to the other CTAs'
     // multicast loads and releases.
     if constexpr (kClusterM > 1) {
@@ -379,10 +403,10 @@ class PingpongPhasesKernel {
 
     if (warp_group == 0) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
-      if (producer_warp) produce(params, storage, mainloop_pipeline);
+      if (producer_warp) produce(params, storage, mainloop_pipeline, units);
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
-      consume(params, storage, mainloop_pipeline, epi_load_pipeline, epi_store_pipeline, consumer_order,
+      consume(params, storage, mainloop_pipeline, epi_load_pipeline, epi_store_pipeline, consumer_order, units,
               /*second=*/warp_group == 2, group_thread);
     }
 #else
@@ -393,18 +417,26 @@ class PingpongPhasesKernel {
   }
 
  private:
-  // The cluster's units in the order its CTAs walk them in step: the first unit and the
-  // stride between units.
+  // The cluster's first unit and the units per round of the static walk (the clusters
+  // in the grid).
   CUTLASS_DEVICE static int first_unit() { return int(blockIdx.x) / kClusterM; }
   CUTLASS_DEVICE static int unit_stride() { return int(gridDim.x) / kClusterM; }
 
-  // The producer warp: every tile's TMA loads, in the CTA's tile order, into one pipeline.
-  CUTLASS_DEVICE static void produce(Params const& params, SharedStorage& storage, MainloopPipeline pipeline) {
+  // The producer warp: takes the CTA's units, hands each to the consumers, and issues its
+  // TMA loads into one pipeline.
+  CUTLASS_DEVICE static void produce(Params const& params, SharedStorage& storage, MainloopPipeline pipeline,
+                                     PingpongUnitQueue& units) {
     using namespace cute;
     CollectiveMainloop mainloop;
     auto state = cutlass::make_producer_start_state<MainloopPipeline>();
+    auto queue_state = PingpongUnitQueue::producer_start();
+    const bool queue_lane = cutlass::canonical_lane_idx() == 0;
     const int rank = int(cute::block_rank_in_cluster());
-    for (int unit = first_unit(); unit < params.tiles.total(); unit += unit_stride()) {
+    const int total = params.tiles.total();
+    UnitSource source(params.schedule, first_unit(), unit_stride(), total);
+    for (int unit = source.take();; unit = source.take()) {
+      if (queue_lane) units.push(queue_state, unit);
+      if (unit >= total) break;
       const auto work = params.tiles.locate(unit, rank);
       const PhaseParams& phase = params.phase[work.phase];
       auto inputs = mainloop.load_init(phase.mnkl, phase.mainloop);
@@ -415,37 +447,37 @@ class PingpongPhasesKernel {
                     cutlass::canonical_lane_idx(), uint32_t(rank), storage.tensors.mainloop);
       state.advance(k_tiles);
     }
+    if (queue_lane) units.push(queue_state, total);
     mainloop.load_tail(pipeline, state);
   }
 
-  // A consumer warpgroup: every other tile of the CTA (the second consumer starts at the
-  // CTA's second tile), its MMAs and then its epilogue, each in turn with the other
-  // consumer's. A tile past the problem (PhaseTiles) has no epilogue.
+  // A consumer warpgroup: every other unit the producer hands out (the second consumer
+  // starts at the CTA's second), its MMAs and then its epilogue, each in turn with the
+  // other consumer's. A tile past the problem (PhaseTiles) has no epilogue.
   CUTLASS_DEVICE static void consume(Params const& params, SharedStorage& storage, MainloopPipeline mainloop_pipeline,
                                      EpiLoadPipeline epi_load_pipeline, EpiStorePipeline epi_store_pipeline,
-                                     ConsumerOrderBarrier& consumer_order, bool second, int group_thread) {
+                                     ConsumerOrderBarrier& consumer_order, PingpongUnitQueue& units, bool second,
+                                     int group_thread) {
     using namespace cute;
     constexpr auto c_tiles = CollectiveEpilogue::get_load_pipe_increment(TileShape{});
     constexpr auto d_tiles = CollectiveEpilogue::get_store_pipe_increment(TileShape{});
     const int total = params.tiles.total();
-    const int stride = unit_stride();
     const int rank = int(cute::block_rank_in_cluster());
     CollectiveMainloop mainloop;
     typename CollectiveMainloop::PipelineState read_state;
     typename CollectiveEpilogue::LoadPipelineState epi_load_state;
     auto epi_store_state = cutlass::make_producer_start_state<EpiStorePipeline>();
-    int unit = first_unit();
+    typename PingpongUnitQueue::State queue_state;
     if (second) {
-      read_state.advance(params.tiles.k_tiles_of(unit));  // the first consumer's stages
+      read_state.advance(params.tiles.k_tiles_of(units.pop(queue_state)));  // the first consumer's stages
       epi_load_state.advance(c_tiles);
       epi_store_state.advance(d_tiles);
-      unit += stride;
     }
-    int k_tiles = params.tiles.k_tiles_of(unit);
     TiledMma tiled_mma;
-    for (; unit < total; unit += 2 * stride) {
+    for (int unit = units.pop(queue_state); unit < total; unit = units.pop(queue_state)) {
       const auto work = params.tiles.locate(unit, rank);
       const PhaseParams& phase = params.phase[work.phase];
+      const int k_tiles = params.tiles.k_blocks(work).k_tiles;
       Tensor accumulators = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
 
       consumer_order.wait();
@@ -453,11 +485,8 @@ class PingpongPhasesKernel {
                    phase.mainloop);
       consumer_order.arrive();
       mainloop.mma_tail(mainloop_pipeline, read_state, k_tiles);
-      // Counted while the other consumer's epilogue runs (off the tensor cores' path when
-      // a tile's MMAs are shorter than its epilogue): the other consumer's next tile,
-      // whose stages this one skips, and this one's next tile.
-      read_state.advance(k_tiles + params.tiles.k_tiles_of(unit + stride));
-      k_tiles = params.tiles.k_tiles_of(unit + 2 * stride);
+      // The other consumer's next tile, whose stages this one skips (0 past the last).
+      read_state.advance(k_tiles + params.tiles.k_tiles_of(units.pop(queue_state)));
 
       consumer_order.wait();
       if (work.in_problem) {
