@@ -201,7 +201,7 @@ bool collectives_can_implement(PhaseArguments<ProblemShape, CollectiveMainloop, 
 using ConsumerOrderBarrier = cutlass::OrderedSequenceBarrier<2, 2>;
 
 // Units the producer may hand out ahead of the consumers: it runs at most a few K blocks
-// (the mainloop's stages) ahead, less than one unit, so two would do; four cost 32 bytes.
+// (the mainloop's stages) ahead, about one unit, so two would do; four cost 32 bytes more.
 using PingpongUnitQueue = UnitQueue<4>;
 
 // Shared memory the kernel needs besides the mainloop's stages: what the mainloop's
@@ -233,9 +233,12 @@ class PingpongPhasesKernel {
   using ClusterShape = typename CollectiveMainloop::DispatchPolicy::ClusterShape;
   static constexpr int kClusterM = cute::size<0>(ClusterShape{});
   static_assert(cute::size(ClusterShape{}) == kClusterM, "clusters along M only (PhaseTiles' units)");
-  // The producer needs few registers; the consumers hold a 128x128 fp32 accumulator.
-  static constexpr uint32_t kProducerRegisters = 40;
-  static constexpr uint32_t kConsumerRegisters = 232;
+  // The consumers hold a 128x128 fp32 accumulator; the producer warp locates tiles,
+  // draws and hands out units and walks the im2col coordinates. At 40 registers it
+  // spilled (ptxas: 60-76 bytes before units were drawn, 98-106 after); at 56 neither it
+  // nor the consumers at 224 spill (56 + 2 x 224 registers x 128 threads fill the file).
+  static constexpr uint32_t kProducerRegisters = 56;
+  static constexpr uint32_t kConsumerRegisters = 224;
 
   using MainloopPipeline = typename CollectiveMainloop::MainloopPipeline;
   using EpiLoadPipeline = typename CollectiveEpilogue::LoadPipeline;
@@ -390,7 +393,7 @@ class PingpongPhasesKernel {
     order_params.group_size = cutlass::NumThreadsPerWarpGroup;
     ConsumerOrderBarrier consumer_order(storage.pipelines.consumer_order, order_params);
 
-    PingpongUnitQueue units(storage.pipelines.units, producer_warp, warp_group > 0);
+    PingpongUnitQueue units(storage.pipelines.units);
 
     // Barrier initialization visible to every warp, and in a cluster to the other CTAs'
     // multicast loads and releases.
@@ -429,14 +432,14 @@ class PingpongPhasesKernel {
     using namespace cute;
     CollectiveMainloop mainloop;
     auto state = cutlass::make_producer_start_state<MainloopPipeline>();
-    auto queue_state = PingpongUnitQueue::producer_start();
+    uint32_t pushed = 0;
     const bool queue_lane = cutlass::canonical_lane_idx() == 0;
     const int rank = int(cute::block_rank_in_cluster());
     const int total = params.tiles.total();
-    UnitSource source(params.schedule, first_unit(), unit_stride(), total);
-    for (int unit = source.take();; unit = source.take()) {
-      if (queue_lane) units.push(queue_state, unit);
-      if (unit >= total) break;
+    UnitDrawer drawer(params.schedule);
+    int unit = first_unit();
+    for (; unit < total; unit = drawer.next(params.schedule, unit, unit_stride(), total)) {
+      if (queue_lane) units.push(pushed, unit);
       const auto work = params.tiles.locate(unit, rank);
       const PhaseParams& phase = params.phase[work.phase];
       auto inputs = mainloop.load_init(phase.mnkl, phase.mainloop);
@@ -447,7 +450,10 @@ class PingpongPhasesKernel {
                     cutlass::canonical_lane_idx(), uint32_t(rank), storage.tensors.mainloop);
       state.advance(k_tiles);
     }
-    if (queue_lane) units.push(queue_state, total);
+    if (queue_lane) {
+      units.push(pushed, total);
+      units.push(pushed, total);
+    }
     mainloop.load_tail(pipeline, state);
   }
 
@@ -467,14 +473,14 @@ class PingpongPhasesKernel {
     typename CollectiveMainloop::PipelineState read_state;
     typename CollectiveEpilogue::LoadPipelineState epi_load_state;
     auto epi_store_state = cutlass::make_producer_start_state<EpiStorePipeline>();
-    typename PingpongUnitQueue::State queue_state;
+    uint32_t popped = 0;
     if (second) {
-      read_state.advance(params.tiles.k_tiles_of(units.pop(queue_state)));  // the first consumer's stages
+      read_state.advance(params.tiles.k_tiles_of(units.pop(popped)));  // the first consumer's stages
       epi_load_state.advance(c_tiles);
       epi_store_state.advance(d_tiles);
     }
     TiledMma tiled_mma;
-    for (int unit = units.pop(queue_state); unit < total; unit = units.pop(queue_state)) {
+    for (int unit = units.pop(popped); unit < total; unit = units.pop(popped)) {
       const auto work = params.tiles.locate(unit, rank);
       const PhaseParams& phase = params.phase[work.phase];
       const int k_tiles = params.tiles.k_blocks(work).k_tiles;
@@ -486,7 +492,7 @@ class PingpongPhasesKernel {
       consumer_order.arrive();
       mainloop.mma_tail(mainloop_pipeline, read_state, k_tiles);
       // The other consumer's next tile, whose stages this one skips (0 past the last).
-      read_state.advance(k_tiles + params.tiles.k_tiles_of(units.pop(queue_state)));
+      read_state.advance(k_tiles + params.tiles.k_tiles_of(units.pop(popped)));
 
       consumer_order.wait();
       if (work.in_problem) {

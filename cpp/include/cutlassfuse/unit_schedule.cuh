@@ -4,10 +4,10 @@
 // Why a CTA draws units at run time: a unit's K blocks are those of the depth taps that
 // reach its pixels (tap_window.h), so units differ in work by up to 3x, and a static
 // walk (CTA c takes units c, c + G, c + 2G, ..., G the CTAs of the grid) hands some CTAs
-// more blocks than others. The launch ends with its busiest CTA: with the static walk
-// that CTA runs 1.41x the average K blocks on kb61_v0 (405 tiles on 132 CTAs) and 1.05x
-// on kb61; drawing the next unit when the producer reaches it, 1.15x and 1.01x. Clusters
-// keep the static walk: their CTAs must take the same units in step.
+// more blocks than others. The launch ends with its busiest CTA: counting K blocks, the
+// static walk gives that CTA 1.41x the average on kb61_v0 (405 tiles on 132 CTAs) and
+// 1.05x on kb61; drawing the next unit when the producer needs it, 1.15x and 1.01x.
+// Clusters keep the static walk: their CTAs must take the same units in step.
 //
 // The counter (UnitCounter, dgrad_sm90.h) lives in the call's workspace, memory nobody
 // zeroed. CTA 0 initializes it as it starts: the draw count to zero, then the launch's
@@ -20,7 +20,7 @@
 
 #include <cute/arch/util.hpp>
 #include <cutlass/arch/barrier.h>
-#include <cutlass/pipeline/pipeline.hpp>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include <atomic>
 #include <cstdint>
@@ -57,113 +57,106 @@ inline UnitSchedule unit_schedule(UnitCounter* counter, int cluster_size, int un
   return {counter, next_launch_epoch()};
 }
 
-// The producer warp's units in order, then `total` forever: each call of take() returns
-// the unit held and draws the one after it, whose atomic's latency then overlaps the
-// held unit's loads. Lane 0 draws (and keeps whether it saw the epoch); every lane gets
-// the unit.
-class UnitSource {
+// Draws a launch's units for the producer warp (lane 0 draws, every lane gets the
+// unit): after unit `unit`, the CTA's next unit, or `total` past the last. A draw's
+// round trip (about a microsecond) stalls the producer only: the mainloop's stages it
+// filled ahead keep the tensor cores busy meanwhile, and drawing no earlier than needed
+// is what lets a CTA that finished early take the unit instead. Its state is one flag,
+// the rest read from the kernel's parameters: the producer runs on 40 registers.
+class UnitDrawer {
  public:
-  CUTLASS_DEVICE UnitSource(UnitSchedule const& schedule, int first, int stride, int total)
-      : schedule_(schedule), stride_(stride), total_(total), held_(first) {
-    if (schedule_.counter != nullptr && first == 0 && cutlass::canonical_lane_idx() == 0) {
-      schedule_.counter->drawn = 0;
+  // CTA 0 initializes the counter (see above).
+  CUTLASS_DEVICE explicit UnitDrawer(UnitSchedule const& schedule) {
+    if (schedule.counter != nullptr && blockIdx.x == 0 && cutlass::canonical_lane_idx() == 0) {
+      schedule.counter->drawn = 0;
       // The draw count's reset, then the epoch that lets the other CTAs draw.
-      asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(&schedule_.counter->epoch), "l"(schedule_.epoch)
+      asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(&schedule.counter->epoch), "l"(schedule.epoch)
                    : "memory");
     }
   }
 
-  CUTLASS_DEVICE int take() {
-    const int unit = held_;
-    if (unit < total_) held_ = following(unit);
-    return unit;
-  }
-
- private:
-  CUTLASS_DEVICE int following(int unit) {
-    const bool first_of_cta = unit < stride_;
-    if (schedule_.counter == nullptr || first_of_cta) return min(unit + stride_, total_);
+  // `stride`: the units of a round of the static walk (the grid's clusters), whose first
+  // round the CTAs take statically.
+  CUTLASS_DEVICE int next(UnitSchedule const& schedule, int unit, int stride, int total) {
+    if (schedule.counter == nullptr || unit < stride) return min(unit + stride, total);
     int drawn = 0;
-    if (cutlass::canonical_lane_idx() == 0) drawn = draw();
+    if (cutlass::canonical_lane_idx() == 0) drawn = draw(schedule, stride, total);
     return __shfl_sync(0xffffffffu, drawn, 0);
   }
 
+ private:
   // Units 2G on are drawn: ticket t is unit 2G + t. Each CTA that draws at all draws
   // exactly one ticket past the units, so the launch draws units - 2G + drawing CTAs
   // tickets, and the one who draws the last clears the epoch.
-  CUTLASS_DEVICE int draw() {
-    UnitCounter* counter = schedule_.counter;
+  CUTLASS_DEVICE int draw(UnitSchedule const& schedule, int stride, int total) {
+    UnitCounter* counter = schedule.counter;
     while (!epoch_seen_) {
       uint64_t epoch;
       asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(epoch) : "l"(&counter->epoch) : "memory");
-      epoch_seen_ = epoch == schedule_.epoch;
+      epoch_seen_ = epoch == schedule.epoch;
       if (!epoch_seen_) __nanosleep(64);
     }
     const int ticket = atomicAdd(&counter->drawn, 1);
-    const int drawing_ctas = min(max(total_ - stride_, 0), stride_);
-    const int last_ticket = max(total_ - 2 * stride_, 0) + drawing_ctas - 1;
-    if (ticket == last_ticket) {
+    const int drawing_ctas = min(max(total - stride, 0), stride);
+    if (ticket == max(total - 2 * stride, 0) + drawing_ctas - 1) {
       asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(&counter->epoch), "l"(uint64_t{0}) : "memory");
     }
-    return min(2 * stride_ + ticket, total_);
+    return min(2 * stride + ticket, total);
   }
 
-  UnitSchedule const& schedule_;
-  int stride_;
-  int total_;
-  int held_;
   bool epoch_seen_ = false;
 };
 
-// The units a CTA's producer hands its consumers, in order, a few ahead. Both consumers
-// read every unit: their own, and the other's, whose pipeline stages they skip. After
-// the last unit the producer pushes `total` twice: the consumer of the unit after the
-// last reads one as its own, the other reads the first to skip and the second as its own.
+// The units a CTA's producer hands its consumers, in order. Both consumers read every
+// unit: their own, and the other's, whose pipeline stages they skip. After the last
+// unit the producer pushes `total` twice: the consumer of the unit after the last reads
+// one as its own, the other reads the first to skip and the second as its own. A ring
+// of mbarriers whose only state per role is the count of units pushed or popped (one
+// register in the 40-register producer).
 template <int Slots>
 class UnitQueue {
  public:
-  using Pipeline = cutlass::PipelineAsync<Slots>;
-  using State = typename Pipeline::PipelineState;
-
   struct SharedStorage {
-    typename Pipeline::SharedStorage barriers;
+    cutlass::arch::ClusterBarrier full[Slots];   // a unit pushed
+    cutlass::arch::ClusterBarrier empty[Slots];  // every consumer warp has read it
     int units[Slots];
   };
 
-  CUTLASS_DEVICE UnitQueue(SharedStorage& storage, bool producer_warp, bool consumer)
-      : storage_(storage), pipeline_(storage.barriers, params(producer_warp, consumer)) {}
-
-  // Lane 0 of the producer warp.
-  CUTLASS_DEVICE void push(State& state, int unit) {
-    pipeline_.producer_acquire(state);
-    storage_.units[state.index()] = unit;
-    pipeline_.producer_commit(state);
-    ++state;
+  // Initialized by warp 0, before the kernel's barrier that publishes its mbarriers.
+  CUTLASS_DEVICE explicit UnitQueue(SharedStorage& storage) : storage_(storage) {
+    if (cutlass::canonical_warp_idx_sync() == 0 && cute::elect_one_sync()) {
+      for (int slot = 0; slot < Slots; ++slot) {
+        storage_.full[slot].init(1);
+        storage_.empty[slot].init(kConsumerWarps);
+      }
+    }
+    cutlass::arch::fence_barrier_init();
   }
 
-  // Every thread of both consumer warpgroups.
-  CUTLASS_DEVICE int pop(State& state) {
-    pipeline_.consumer_wait(state);
-    const int unit = storage_.units[state.index()];
-    pipeline_.consumer_release(state);
-    ++state;
+  // Lane 0 of the producer warp; `pushed` counts its pushes.
+  CUTLASS_DEVICE void push(uint32_t& pushed, int unit) {
+    const uint32_t slot = pushed % Slots;
+    storage_.empty[slot].wait(((pushed / Slots) & 1) ^ 1);
+    storage_.units[slot] = unit;
+    storage_.full[slot].arrive();
+    ++pushed;
+  }
+
+  // Every thread of both consumer warpgroups; `popped` counts the caller's pops. A warp
+  // frees the slot once all its lanes have read it.
+  CUTLASS_DEVICE int pop(uint32_t& popped) {
+    const uint32_t slot = popped % Slots;
+    storage_.full[slot].wait((popped / Slots) & 1);
+    const int unit = storage_.units[slot];
+    __syncwarp();
+    if (cutlass::canonical_lane_idx() == 0) storage_.empty[slot].arrive();
+    ++popped;
     return unit;
   }
 
-  static CUTLASS_DEVICE State producer_start() { return cutlass::make_producer_start_state<Pipeline>(); }
-
  private:
-  static CUTLASS_DEVICE typename Pipeline::Params params(bool producer_warp, bool consumer) {
-    typename Pipeline::Params p;
-    if (producer_warp) p.role = Pipeline::ThreadCategory::Producer;
-    if (consumer) p.role = Pipeline::ThreadCategory::Consumer;
-    p.producer_arv_count = 1;
-    p.consumer_arv_count = 2 * cutlass::NumThreadsPerWarpGroup;
-    return p;
-  }
-
+  static constexpr uint32_t kConsumerWarps = 2 * cutlass::NumWarpsPerWarpGroup;
   SharedStorage& storage_;
-  Pipeline pipeline_;
 };
 
 }  // namespace cutlassfuse::sm90
