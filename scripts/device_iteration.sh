@@ -93,11 +93,11 @@ fi
 
 if wanted configs; then
   step "ping-pong 128x128 tiles in clusters of 1 and 2"
-  { "$PYTHON" benchmarks/variant_choice.py clusters --shape kb61 --shape kb61_v0 --shape unet_k2s2 --shape gan_k4s2p1 \
+  { "$PYTHON" benchmarks/variant_choice.py clusters --graph --shape kb61 --shape kb61_v0 --shape unet_k2s2 --shape gan_k4s2p1 \
       --shape vid_k3s2p1op1 --shape 4,128,256,24,24,24,3,1,0,0,16 --shape 2,256,128,48,48,48,3,1,1,0,8 \
       --shape 16,64,256,16,16,16,3,1,0,0,8 --shape 8,64,192,24,24,24,3,1,0,0,8 --shape 4,128,512,16,16,16,3,1,1,0,32 \
       --shape 2,64,256,8,8,8,3,1,0,0,8
-    "$PYTHON" benchmarks/variant_choice.py clusters --shape kb61 --dtype bfloat16; } 2>&1 | tee "$LOGS/configs.log"
+    "$PYTHON" benchmarks/variant_choice.py clusters --graph --shape kb61 --dtype bfloat16; } 2>&1 | tee "$LOGS/configs.log"
 fi
 
 if wanted taps; then

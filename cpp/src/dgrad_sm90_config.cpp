@@ -60,8 +60,9 @@ DgradConfig choose_config(const Problem& problem) {
   if (problem.out_channels <= 64) return DgradConfig::k128x64_pingpong;
   // Stride-1 layers: clusters of one, whose CTAs draw their tiles (unit_schedule.cuh),
   // which the border planes' lighter tiles make uneven. Against pairs of CTAs sharing
-  // the filter tile (static walk), kernel time: 2.7 % faster on kb61 (fp16 and bf16),
-  // 6.9 % on 4,128,256,24^3, 2.5 % on 2,256,128,48^3 p1, 1.9 % slower on 8,64,192,24^3
+  // the filter tile (static walk), device time of the fused call: kb61 4.5 % faster
+  // (bf16 5.7 %), kb61_v0 15.8 %, 4,128,256,24^3 6.4 %, 16,64,256,16^3 6.8 %,
+  // 2,256,128,48^3 p1 2.3 %, 8,64,192,24^3 1.3 %; 4,128,512,16^3 p1 0.8 % slower
   // (benchmarks/variant_choice.py clusters --graph; docs/performance.md, eighteenth
   // session). Sub-pixel phases beyond one N tile keep the pairs (0.2-7.6 % faster than
   // clusters of one, seventeenth session).
