@@ -1,8 +1,9 @@
 """A representative set of calls for compute-sanitizer (scripts/sanitize.sh): the fused
-path in fp16 and bf16 with tiles straddling samples and groups crossing N tiles,
-NCDHW and channels-last output, bias and no affine, strided (sub-pixel phases, pixels
-no tap reaches, the pixel-shuffle GEMM), float32 as bfloat16 piece products (opted
-in), and the CUDA fallback (odd channels, conv groups, strict float32)."""
+path in fp16 and bf16 with tiles straddling samples and groups crossing N tiles, CTAs
+drawing their tiles (kb61_v0's 405), NCDHW and channels-last output, bias and no
+affine, strided (sub-pixel phases, pixels no tap reaches, the pixel-shuffle GEMM),
+float32 as bfloat16 piece products (opted in), and the CUDA fallback (odd channels,
+conv groups, strict float32)."""
 
 import torch
 
@@ -13,6 +14,7 @@ CASES = [
     (2, 16, 48, (5, 6, 7), 3, 1, 1, 1, 4, True, True, False, torch.float16),   # 12-channel groups; 210 rows/sample
     (3, 32, 192, (3, 3, 3), 3, 1, 0, 1, 4, False, True, True, torch.bfloat16),  # 48-channel groups cross the N tile
     (32, 8, 16, (1, 1, 1), 1, 1, 0, 1, 16, True, False, False, torch.float16),  # 32 samples per tile
+    (16, 64, 128, (8, 16, 16), 3, 1, 0, 1, 8, False, True, False, torch.float16),  # kb61_v0: CTAs draw tiles
     (2, 16, 32, (4, 5, 3), 4, 2, 1, 1, 8, True, True, False, torch.float16),    # 8 sub-pixel phases
     (2, 16, 32, (4, 5, 3), 1, 3, 0, 1, 4, True, True, True, torch.bfloat16),    # kernel < stride: unreached pixels
     (2, 3, 12, (4, 4, 4), 3, 1, 1, 1, 4, True, True, False, torch.float16),     # fallback: 3 input channels
