@@ -62,7 +62,8 @@ inline UnitSchedule unit_schedule(UnitCounter* counter, int cluster_size, int un
 // round trip (about a microsecond) stalls the producer only: the mainloop's stages it
 // filled ahead keep the tensor cores busy meanwhile, and drawing no earlier than needed
 // is what lets a CTA that finished early take the unit instead. Its state is one flag,
-// the rest read from the kernel's parameters: the producer runs on 40 registers.
+// the rest read from the kernel's parameters: registers are what the producer warp has
+// least of (kProducerRegisters).
 class UnitDrawer {
  public:
   // CTA 0 initializes the counter (see above).
@@ -112,7 +113,7 @@ class UnitDrawer {
 // unit the producer pushes `total` twice: the consumer of the unit after the last reads
 // one as its own, the other reads the first to skip and the second as its own. A ring
 // of mbarriers whose only state per role is the count of units pushed or popped (one
-// register in the 40-register producer).
+// register).
 template <int Slots>
 class UnitQueue {
  public:
