@@ -53,7 +53,7 @@ namespace cutlassfuse::sm90 {
 template <int MaxPhases, int ClusterM, int TileM>
 struct PhaseTiles {
   // Divisors as FastDivmod (a multiply and a shift): the producer warp locates every
-  // tile before its loads, with 40 registers.
+  // tile before its loads, on few registers (kProducerRegisters).
   int phases = 0;
   int tiles_m[MaxPhases] = {};
   cutlass::FastDivmod tiles_n[MaxPhases] = {};
