@@ -268,7 +268,7 @@ class PingpongPhasesKernel {
   struct Params {
     PhaseParams phase[MaxPhases];
     PhaseTiles<MaxPhases, kClusterM, cute::size<0>(TileShape{})> tiles;
-    UnitSchedule schedule;  // its epoch set per launch (launch())
+    UnitSchedule schedule;  // the counter; launch() decides per launch whether to draw
   };
 
   // Tile counts (m, n, k) and batch entries (l) of a phase, tiled as the mainloop's
@@ -289,6 +289,7 @@ class PingpongPhasesKernel {
   static Params to_underlying_arguments(PhaseArguments const* phases, int count, bool skip_border_taps,
                                         UnitCounter* counter) {
     Params params{};
+    params.schedule.counter = counter;
     for (int p = 0; p < count; ++p) {
       const ProblemShape& shape = phases[p].shape;
       params.phase[p] = {
@@ -299,13 +300,6 @@ class PingpongPhasesKernel {
       params.tiles.append_phase(tiles_m, tiles_n, batch,
                                 Extents::taps(shape, k_tiles, cute::size<0>(TileShape{}), skip_border_taps));
     }
-    // Units of equal K blocks balance on the static walk, while drawing costs a CTA an
-    // atomic's round trip per unit, which units of a few K blocks may not hide (vid's
-    // sub-pixel phases, 2-16 blocks per tile, measured 12 % slower drawn on the plain
-    // store's launch): CTAs draw only where tiles skip border taps.
-    const auto& windows = params.tiles.taps;
-    if (std::any_of(windows, windows + count, [](TapWindow const& w) { return !w.every_tap; }))
-      params.schedule.counter = counter;
     return params;
   }
 
@@ -322,8 +316,11 @@ class PingpongPhasesKernel {
     int resident_clusters = 0;
     if (cudaError_t e = prepare_device(kernel, sm_count, resident_clusters); e != cudaSuccess) return e;
     ClusterLaunch launch(get_grid_shape(params, resident_clusters), stream);
+    const TapWindow* windows = params.tiles.taps;
+    const bool uneven_units =
+        std::any_of(windows, windows + params.tiles.phases, [](TapWindow const& w) { return !w.every_tap; });
     Params launched = params;
-    launched.schedule = unit_schedule(params.schedule.counter, kClusterM, params.tiles.total(),
+    launched.schedule = unit_schedule(params.schedule.counter, uneven_units, kClusterM, params.tiles.total(),
                                       static_cast<int>(launch.config.gridDim.x) / kClusterM);
     return cudaLaunchKernelEx(&launch.config, kernel, launched);
   }
@@ -437,8 +434,7 @@ class PingpongPhasesKernel {
     const int rank = int(cute::block_rank_in_cluster());
     const int total = params.tiles.total();
     UnitDrawer drawer(params.schedule);
-    int unit = first_unit();
-    for (; unit < total; unit = drawer.next(params.schedule, unit, unit_stride(), total)) {
+    for (int unit = first_unit(); unit < total; unit = drawer.next(params.schedule, unit, unit_stride(), total)) {
       if (queue_lane) units.push(pushed, unit);
       const auto work = params.tiles.locate(unit, rank);
       const PhaseParams& phase = params.phase[work.phase];

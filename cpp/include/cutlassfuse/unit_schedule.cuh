@@ -20,7 +20,6 @@
 
 #include <cute/arch/util.hpp>
 #include <cutlass/arch/barrier.h>
-#include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include <atomic>
 #include <cstdint>
@@ -49,11 +48,16 @@ inline uint64_t next_launch_epoch() {
   return z != 0 ? z : 1;
 }
 
-// The static walk serves clusters, launches of at most two units per CTA (the ones every
-// CTA takes statically anyway) and set_drawn_tile_schedule(false): `counter` otherwise,
-// with a fresh epoch.
-inline UnitSchedule unit_schedule(UnitCounter* counter, int cluster_size, int units, int grid_units) {
-  if (counter == nullptr || cluster_size > 1 || units <= 2 * grid_units || !drawn_tile_schedule()) return {};
+// `counter` with a fresh epoch, or the static walk: for clusters, for launches of at
+// most two units per CTA (the ones every CTA takes statically anyway), with
+// set_drawn_tile_schedule(false), and where units are even (no tile skips border taps):
+// units of equal K blocks balance on the static walk, while a draw costs an atomic's
+// round trip per unit, which units of a few K blocks may not hide (vid's sub-pixel
+// phases, 2-16 blocks per tile, measured 12 % slower drawn on the plain store's launch).
+inline UnitSchedule unit_schedule(UnitCounter* counter, bool uneven_units, int cluster_size, int units,
+                                  int grid_units) {
+  if (counter == nullptr || !uneven_units || cluster_size > 1 || units <= 2 * grid_units || !drawn_tile_schedule())
+    return {};
   return {counter, next_launch_epoch()};
 }
 
