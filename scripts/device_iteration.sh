@@ -4,7 +4,7 @@
 #   2. build and install cutlassfuse against the machine's torch (incremental: the
 #      ignored build/ folder survives between calls on a warm machine),
 #   3. the selected steps (STEPS, default all, in this order):
-#        tests      the GPU tests (pytest -m gpu tests/gpu)
+#        tests      the GPU tests (pytest -m gpu tests/gpu, or GPU_TESTS's selection)
 #        demo       the KernelBench level2/61 demo
 #        breakdown  per-kernel times and launch counts, every baselines.md shape
 #        baselines  benchmarks/fused_vs_baselines.py (kb61, tile configurations)
@@ -68,7 +68,8 @@ grep -E "registers|spill" "$LOGS/build.log" | sort | uniq -c | head -20
 if wanted tests; then
   step "GPU tests"
   # A hung kernel must not eat the whole call: the remaining steps still run.
-  timeout 420 "$PYTHON" -m pytest -m gpu tests/gpu -q -p no:cacheprovider --durations=10 --junitxml="$OUT/gpu-tests.xml" 2>&1 \
+  # shellcheck disable=SC2086  # GPU_TESTS: pytest's selection, e.g. "tests/gpu/test_fused_shapes.py -k drawn"
+  timeout 420 "$PYTHON" -m pytest -m gpu ${GPU_TESTS:-tests/gpu} -q -p no:cacheprovider --durations=10 --junitxml="$OUT/gpu-tests.xml" 2>&1 \
     | tee "$LOGS/gpu-tests.log"
   status+=("gpu tests: $(tail -1 "$LOGS/gpu-tests.log")")
 fi
