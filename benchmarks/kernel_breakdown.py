@@ -22,7 +22,8 @@ from cutlassfuse.bench import parse_shape
 
 REPEATS = 20
 KERNEL_KEYS = ("PingpongPhasesKernel", "ConvUniversal", "ncdhw_to_ndhwc", "split_float32", "fill_unreached",
-               "group_norm_finalize", "group_norm_finish_kernel<__half, true", "group_norm_finish_kernel<__half, false",
+               "group_norm_finalize", "group_norm_finish_bulk", "group_norm_finish_kernel<__half, true",
+               "group_norm_finish_kernel<__half, false",
                "relu_group_norm_stats", "normalize_channels")
 
 

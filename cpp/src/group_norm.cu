@@ -6,6 +6,7 @@
 #include "cutlassfuse/device_utils.cuh"
 #include "cutlassfuse/group_norm.h"
 #include "cutlassfuse/group_norm_finalize.cuh"
+#include "cutlassfuse/group_norm_finish_sm90.h"
 
 namespace cutlassfuse {
 namespace {
@@ -302,6 +303,10 @@ void group_norm_finish(const StatisticsFinalize& finalize, int* groups_finalized
                        const PixelShuffle& order, int64_t spatial, bool channels_last_output, void* output,
                        cudaStream_t stream) {
   const bool shuffled = !order.identity();
+  if (!channels_last_output && !shuffled &&
+      group_norm_finish_bulk_takes(finalize.element, finalize.channels, spatial, activation, output)) {
+    return group_norm_finish_bulk(finalize, groups_finalized, activation, spatial, output, stream);
+  }
   const int64_t rows_per_block = rows_per_normalize_block(channels_last_output);
   const NormalizeJob job{activation,
                          output,

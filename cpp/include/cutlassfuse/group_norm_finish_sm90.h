@@ -1,0 +1,28 @@
+// The fused path's finishing kernel for NCDHW output on sm90, moving its bytes with
+// bulk tensor copies (group_norm_finish_sm90.cu). group_norm_finish() takes it where
+// group_norm_finish_bulk_takes() says so; same results, bit for bit, as its register
+// path (group_norm.cu).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "cutlassfuse/group_norm.h"
+
+namespace cutlassfuse {
+
+// The output tile's channels are one bulk store box: at most 256 rows.
+inline constexpr int64_t kMaxBulkChannels = 256;
+
+// 16-bit activations whose channels are whole 64-channel boxes (128-byte swizzle
+// rows), channel planes of whole 16-byte units (a tensor map's strides), both buffers
+// 16-byte aligned.
+bool group_norm_finish_bulk_takes(ElementType element, int64_t channels, int64_t spatial, const void* activation,
+                                  const void* output);
+
+// group_norm_finish for an NDHWC activation and NCDHW output.
+void group_norm_finish_bulk(const StatisticsFinalize& finalize, int* groups_finalized, const void* activation,
+                            int64_t spatial, void* output, cudaStream_t stream);
+
+}  // namespace cutlassfuse
