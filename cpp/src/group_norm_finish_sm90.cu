@@ -5,10 +5,10 @@
 // channel planes; how long a run each plane gets at once decides how well DRAM takes
 // the writes. group_norm.cu's register path writes 128 bytes per plane per block, and
 // keeps little in flight (its threads' registers). Here a block takes a strip of up to
-// 256 pixels of one sample, all channels:
-//   1. bulk tensor loads bring the NDHWC activation rows, 64 pixels x C at a time, into
-//      shared memory (128-byte swizzle, 64 channels per box), two chunks in flight,
-//      the first two while the block waits for its sample's statistics;
+// 128 pixels of one sample, all channels:
+//   1. bulk tensor loads bring the NDHWC activation rows, 64 pixels x C per chunk, into
+//      shared memory (128-byte swizzle, 64 channels per box), issued before the block
+//      waits for its sample's statistics;
 //   2. each warp reads 8x8 blocks transposed (ldmatrix.trans), applies the per-channel
 //      scale and shift in fp32 (the register path's arithmetic, so the bits are the
 //      same) and writes them to the strip, [C][pixels] (stmatrix);
@@ -24,6 +24,8 @@
 #include <cutlass/arch/barrier.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -39,7 +41,7 @@ constexpr int kPixels = 64;          // per activation chunk
 constexpr int kChannelsPerBox = 64;  // per activation load: one 128-byte swizzle row
 constexpr int kSwizzleAlign = 1024;  // a 128-byte swizzle pattern repeats every 8 rows
 constexpr int kBoxBytes = kPixels * kChannelsPerBox * 2;
-constexpr int kLoadSlots = 2;  // activation chunks in flight per block
+constexpr int kMaxChunks = 2;  // per strip: all of a strip's chunks load at once
 constexpr int kStripPad = 16;  // bytes after each channel row of the strip
 constexpr auto kEvictNormal = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
 
@@ -55,47 +57,39 @@ struct BulkFinishJob {
 __host__ __device__ constexpr int tile_bytes(int channels) { return channels * kPixels * 2; }
 
 __host__ __device__ constexpr int normalize_smem_bytes(int channels, int chunks) {
-  return kLoadSlots * tile_bytes(channels) + channels * (chunks * kPixels * 2 + kStripPad) +
-         2 * channels * static_cast<int>(sizeof(float)) + kLoadSlots * static_cast<int>(sizeof(uint64_t));
+  return chunks * tile_bytes(channels) + channels * (chunks * kPixels * 2 + kStripPad) +
+         2 * channels * static_cast<int>(sizeof(float)) + kMaxChunks * static_cast<int>(sizeof(uint64_t));
 }
 
-int smem_bytes(int channels, int chunks) {
+constexpr int smem_bytes(int channels, int chunks) {
   return kSwizzleAlign + std::max<int>(normalize_smem_bytes(channels, chunks), sizeof(FinalizeScratch<kWarps>));
 }
 
-// The longest strip (runs of 512, 256 or 128 bytes per channel plane) that leaves room
-// for two blocks per SM. H100, kb61 (128 channels), finishing kernel: strips of 64,
-// 128, 256 and 512 pixels took 140, 125, 117.5 and 144 us (the last at one block per
-// SM), the register path 129.6 (docs/performance.md, twentieth session).
-int chunks_per_strip(int channels) {
-  constexpr int kTwoBlocksPerSM = 100 * 1024;
-  int chunks = 4;
-  while (chunks > 1 && smem_bytes(channels, chunks) > kTwoBlocksPerSM) chunks /= 2;
-  return chunks;
+// Strips of 128 pixels (256-byte runs per channel plane), or 64 where two blocks of 128
+// would not fit on an SM (256 channels). Finishing kernel, fp16 NCDHW output, us, strips
+// of 64 / 128 / 256 pixels (docs/performance.md, twentieth session):
+//   H200: kb61 102.4 / 92.7 / 96.0, kb61_v0 13.2 / 14.3 / 13.2, gan 31.6 / 33.1 / 38.6,
+//         vid (64 channels) 28.3 / 27.5 / 26.8; the register path 109.0, 15.0, 34.3, 32.1;
+//   H100: kb61 140 / 125 / 117.5 (512 pixels, one block per SM: 144), register path 129.6.
+// Longer strips leave fewer blocks to spread over the SMs (gan: 512 strips of 256).
+constexpr int chunks_per_strip(int channels) {
+  // An sm90 SM has 228 KB of shared memory, of which the system keeps 1 KB per block.
+  constexpr int kTwoBlocksPerSM = 228 * 1024 / 2 - 1024;
+  return smem_bytes(channels, kMaxChunks) <= kTwoBlocksPerSM ? kMaxChunks : 1;
 }
+static_assert(chunks_per_strip(64) == 2 && chunks_per_strip(128) == 2 && chunks_per_strip(192) == 2 &&
+              chunks_per_strip(256) == 1);
 
+// A 32-bit register holding two 16-bit elements, normalized element by element as
+// group_norm.cu's register path does (fp32 fma, round to nearest).
 template <class T>
-struct Pair;
-template <>
-struct Pair<__half> {
-  static __device__ __forceinline__ float2 to_float2(uint32_t bits) {
-    return __half22float2(*reinterpret_cast<const __half2*>(&bits));
-  }
-  static __device__ __forceinline__ uint32_t from_float2(float2 v) {
-    const __half2 h = __floats2half2_rn(v.x, v.y);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-};
-template <>
-struct Pair<__nv_bfloat16> {
-  static __device__ __forceinline__ float2 to_float2(uint32_t bits) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits));
-  }
-  static __device__ __forceinline__ uint32_t from_float2(float2 v) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(v.x, v.y);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-};
+__device__ __forceinline__ uint32_t normalize_pair(uint32_t bits, float scale, float shift) {
+  T pair[2];
+  memcpy(pair, &bits, sizeof(bits));
+  for (T& v : pair) v = from_float<T>(fmaf(to_float(v), scale, shift));
+  memcpy(&bits, pair, sizeof(bits));
+  return bits;
+}
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a tile of 128-byte rows under
 // the tensor map's 128-byte swizzle (chunk index XOR row mod 8).
@@ -125,8 +119,7 @@ __device__ void normalize_transpose(const char* activation_tile, char* strip, in
 #pragma unroll
     for (int k = 0; k < kChunksPerStep; ++k) {
       const int c = box * kChannelsPerBox + (first_chunk + k) * 8 + lane / 4;
-      const float2 v = Pair<T>::to_float2(pairs[k]);
-      pairs[k] = Pair<T>::from_float2({fmaf(v.x, scale[c], shift[c]), fmaf(v.y, scale[c], shift[c])});
+      pairs[k] = normalize_pair<T>(pairs[k], scale[c], shift[c]);
     }
     const int channel = box * kChannelsPerBox + (first_chunk + lane / 8) * 8 + lane % 8;
     char* target = strip + channel * strip_pitch + (first_column + pixel_group * 8) * 2;
@@ -140,8 +133,8 @@ __device__ __forceinline__ int load_acquire(const int* p) {
   return value;
 }
 
-// Where a normalize block keeps what: two activation chunks in flight, the strip, the
-// sample's scale and shift, the chunks' transaction barriers.
+// Where a normalize block keeps what: its activation chunks, the strip, the sample's
+// scale and shift, a transaction barrier per chunk.
 struct StripLayout {
   int chunk_bytes, strip_pitch;
   char* chunks;
@@ -150,25 +143,24 @@ struct StripLayout {
   float* shift;
   uint64_t* loaded;
 
-  __device__ StripLayout(char* smem, int channels, int strip_pixels)
-      : chunk_bytes(tile_bytes(channels)), strip_pitch(strip_pixels * 2 + kStripPad) {
+  __device__ StripLayout(char* smem, int channels, int chunk_count)
+      : chunk_bytes(tile_bytes(channels)), strip_pitch(chunk_count * kPixels * 2 + kStripPad) {
     chunks = smem;
-    strip = smem + kLoadSlots * chunk_bytes;
+    strip = smem + chunk_count * chunk_bytes;
     scale = reinterpret_cast<float*>(strip + channels * strip_pitch);
     shift = scale + channels;
     loaded = reinterpret_cast<uint64_t*>(shift + channels);
   }
-  __device__ char* chunk(int slot) const { return chunks + slot * chunk_bytes; }
+  __device__ char* chunk(int q) const { return chunks + q * chunk_bytes; }
 };
 
-template <class T>
 __device__ __forceinline__ void load_chunk(const BulkFinishJob& job, const StripLayout& smem, int channels, int chunk,
                                            int first_pixel, int n) {
-  const int slot = chunk % kLoadSlots;
-  cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.loaded[slot], smem.chunk_bytes);
+  cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.loaded[chunk], smem.chunk_bytes);
   for (int box = 0; box < channels / kChannelsPerBox; ++box) {
-    cute::SM90_TMA_LOAD_3D::copy(&job.activation, &smem.loaded[slot], kEvictNormal, smem.chunk(slot) + box * kBoxBytes,
-                                 box * kChannelsPerBox, first_pixel + chunk * kPixels, n);
+    cute::SM90_TMA_LOAD_3D::copy(&job.activation, &smem.loaded[chunk], kEvictNormal,
+                                 smem.chunk(chunk) + box * kBoxBytes, box * kChannelsPerBox,
+                                 first_pixel + chunk * kPixels, n);
   }
 }
 
@@ -176,7 +168,8 @@ __device__ __forceinline__ void load_chunk(const BulkFinishJob& job, const Strip
 // 64 x job.chunks pixels of a sample, samples and strips newest first (the conv's last
 // tiles are what L2 still holds), once all its groups are counted (blocks of lower
 // index, which the GPU starts first). A strip's channel rows leave as one bulk copy
-// each: the longer the run per channel plane, the better DRAM takes the writes.
+// each: the run per channel plane, against the blocks per SM, sets how well DRAM takes
+// the writes (chunks_per_strip).
 template <class T>
 __global__ void __launch_bounds__(kThreads)
 group_norm_finish_bulk_kernel(const __grid_constant__ StatisticsFinalize finalize,
@@ -198,14 +191,17 @@ group_norm_finish_bulk_kernel(const __grid_constant__ StatisticsFinalize finaliz
 
   const int channels = finalize.channels;
   const int chunks = job.chunks;
-  const StripLayout smem(aligned, channels, chunks * kPixels);
-  const int64_t block = finalize.batch * job.blocks_per_sample - 1 - (blockIdx.x - finalize_items);
-  const auto n = static_cast<int>(block / job.blocks_per_sample);
-  const auto first_pixel = static_cast<int>(block - int64_t{n} * job.blocks_per_sample) * kPixels * chunks;
+  const StripLayout smem(aligned, channels, chunks);
+  // 32-bit: the grid's blocks (group_norm_unsupported_reason); a 64-bit division is a
+  // subroutine call, whose saved registers spilled.
+  const auto block = static_cast<uint32_t>(finalize.batch * job.blocks_per_sample - 1 - (blockIdx.x - finalize_items));
+  const auto blocks_per_sample = static_cast<uint32_t>(job.blocks_per_sample);
+  const auto n = static_cast<int>(block / blocks_per_sample);
+  const auto first_pixel = static_cast<int>(block - n * blocks_per_sample) * kPixels * chunks;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kLoadSlots; ++s) cutlass::arch::ClusterBarrier::init(&smem.loaded[s], 1);
+    for (int q = 0; q < chunks; ++q) cutlass::arch::ClusterBarrier::init(&smem.loaded[q], 1);
     cutlass::arch::fence_barrier_init();
-    for (int q = 0; q < min(chunks, kLoadSlots); ++q) load_chunk<T>(job, smem, channels, q, first_pixel, n);
+    for (int q = 0; q < chunks; ++q) load_chunk(job, smem, channels, q, first_pixel, n);
     while (load_acquire(job.groups_finalized + n) < finalize.num_groups) __nanosleep(128);
   }
   __syncthreads();
@@ -216,13 +212,8 @@ group_norm_finish_bulk_kernel(const __grid_constant__ StatisticsFinalize finaliz
   }
   __syncthreads();
   for (int q = 0; q < chunks; ++q) {
-    cutlass::arch::ClusterBarrier::wait(&smem.loaded[q % kLoadSlots], (q / kLoadSlots) % 2);
-    normalize_transpose<T>(smem.chunk(q % kLoadSlots), smem.strip, smem.strip_pitch, q * kPixels, channels, smem.scale,
-                           smem.shift);
-    __syncthreads();  // the slot is read
-    if (threadIdx.x == 0 && q + kLoadSlots < chunks) {
-      load_chunk<T>(job, smem, channels, q + kLoadSlots, first_pixel, n);
-    }
+    cutlass::arch::ClusterBarrier::wait(&smem.loaded[q], 0);
+    normalize_transpose<T>(smem.chunk(q), smem.strip, smem.strip_pitch, q * kPixels, channels, smem.scale, smem.shift);
   }
   cutlass::arch::fence_view_async_shared();  // the strip's generic-proxy writes, before the bulk copies read it
   __syncthreads();
@@ -270,16 +261,38 @@ CUtensorMap tensor_map(CUtensorMapDataType type, const void* base, const cuuint6
   return map;
 }
 
+// The largest dynamic shared memory a block asks for, over the channel counts taken.
+constexpr int kMaxSmemBytes = [] {
+  int bytes = 0;
+  for (int c = kChannelsPerBox; c <= kMaxBulkChannels; c += kChannelsPerBox)
+    bytes = std::max(bytes, smem_bytes(c, chunks_per_strip(c)));
+  return bytes;
+}();
+
+// Once per kernel and device (a driver call costs microseconds of host time per call):
+// the opt-in beyond 48 KB of dynamic shared memory, for every size a launch may use.
+template <class T>
+void allow_max_smem() {
+  constexpr int kDevices = 64;
+  static std::atomic<bool> allowed[kDevices] = {};  // per element type: one per kernel
+  int device = 0;
+  if (cudaGetDevice(&device) == cudaSuccess && device < kDevices && allowed[device].load(std::memory_order_relaxed))
+    return;
+  if (const cudaError_t e = cudaFuncSetAttribute(group_norm_finish_bulk_kernel<T>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmemBytes);
+      e != cudaSuccess) {
+    throw std::runtime_error(std::string("cutlassfuse: group_norm_finish_bulk_kernel's shared memory: ") +
+                             cudaGetErrorString(e));
+  }
+  if (device < kDevices) allowed[device].store(true, std::memory_order_relaxed);
+}
+
 template <class T>
 void launch(const StatisticsFinalize& finalize, const BulkFinishJob& job, cudaStream_t stream) {
-  const int bytes = smem_bytes(finalize.channels, job.chunks);
-  auto* kernel = group_norm_finish_bulk_kernel<T>;
-  if (bytes > 48 * 1024 &&
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) {
-    check_launch("group_norm_finish_bulk_kernel (shared memory size)");
-  }
+  allow_max_smem<T>();
   const auto blocks = static_cast<unsigned>(finalize.batch * (finalize.num_groups + job.blocks_per_sample));
-  kernel<<<blocks, kThreads, bytes, stream>>>(finalize, job);
+  group_norm_finish_bulk_kernel<T>
+      <<<blocks, kThreads, smem_bytes(finalize.channels, job.chunks), stream>>>(finalize, job);
   check_launch("group_norm_finish_bulk_kernel");
 }
 
