@@ -119,9 +119,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
-// Keeps an SM's L2 traffic up until *stop is set: 16-byte loads over an L2-resident buffer.
+// Keeps an SM's L2 traffic up until *stop is set: 16-byte loads over an L2-resident
+// buffer, their bytes counted into *loaded.
 __global__ void __launch_bounds__(512, 1) l2_companion(const uint4* buffer, int64_t vectors, volatile int* stop,
-                                                       uint4* sink) {
+                                                       uint4* sink, unsigned long long* loaded) {
+  unsigned long long bytes = 0;
   uint4 acc = {0, 0, 0, 0};
   int64_t v = blockIdx.x * blockDim.x + threadIdx.x;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
@@ -133,7 +135,9 @@ __global__ void __launch_bounds__(512, 1) l2_companion(const uint4* buffer, int6
       v += stride;
       if (v >= vectors) v -= vectors;
     }
+    bytes += 64 * sizeof(uint4);
   }
+  atomicAdd(loaded, bytes);
   if (acc.x == 0x12345678u) sink[0] = acc;
 }
 
@@ -141,7 +145,7 @@ __global__ void set_flag(int* flag) { *flag = 1; }
 
 template <int kStages, int kChunkBytes>
 void run(int sms, __half* data, int64_t bytes, const float* scale, const float* shift, bool companion,
-         const uint4* l2_buffer, int64_t l2_vectors, int* stop, uint4* sink, int total_sms) {
+         const uint4* l2_buffer, int64_t l2_vectors, int* stop, uint4* sink, unsigned long long* loaded, int total_sms) {
   constexpr int smem = kStages * kChunkBytes + kStages * 8;
   CHECK(cudaFuncSetAttribute(streamed_normalize<kStages, kChunkBytes>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              smem));
@@ -149,17 +153,21 @@ void run(int sms, __half* data, int64_t bytes, const float* scale, const float* 
   cudaStream_t probe_stream, companion_stream;
   CHECK(cudaStreamCreateWithFlags(&probe_stream, cudaStreamNonBlocking));
   CHECK(cudaStreamCreateWithFlags(&companion_stream, cudaStreamNonBlocking));
-  cudaEvent_t start, end;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&end));
+  cudaEvent_t start, end, companion_start, companion_end;
+  for (cudaEvent_t* event : {&start, &end, &companion_start, &companion_end}) CHECK(cudaEventCreate(event));
   std::vector<float> times;
+  double companion_bytes = 0, companion_ms = 0;
   const int64_t chunks = bytes / kChunkBytes;
   for (int rep = 0; rep < 7; ++rep) {
     if (companion) {
       CHECK(cudaMemset(stop, 0, sizeof(int)));
+      CHECK(cudaMemset(loaded, 0, sizeof(*loaded)));
       CHECK(cudaDeviceSynchronize());
+      CHECK(cudaEventRecord(companion_start, companion_stream));
       // 200 KB of shared memory each: one companion block per SM, so the probe gets the rest.
-      l2_companion<<<total_sms - sms, 512, 200 * 1024, companion_stream>>>(l2_buffer, l2_vectors, stop, sink);
+      l2_companion<<<total_sms - sms, 512, 200 * 1024, companion_stream>>>(l2_buffer, l2_vectors, stop, sink,
+                                                                           loaded);
+      CHECK(cudaEventRecord(companion_end, companion_stream));
     }
     CHECK(cudaEventRecord(start, probe_stream));
     streamed_normalize<kStages, kChunkBytes><<<sms, kThreads, smem, probe_stream>>>(data, chunks, scale, shift);
@@ -169,13 +177,24 @@ void run(int sms, __half* data, int64_t bytes, const float* scale, const float* 
     float ms = 0;
     CHECK(cudaEventElapsedTime(&ms, start, end));
     times.push_back(ms);
+    if (companion) {
+      unsigned long long bytes_loaded = 0;
+      float companion_round_ms = 0;
+      CHECK(cudaMemcpy(&bytes_loaded, loaded, sizeof(bytes_loaded), cudaMemcpyDeviceToHost));
+      CHECK(cudaEventElapsedTime(&companion_round_ms, companion_start, companion_end));
+      companion_bytes += static_cast<double>(bytes_loaded);
+      companion_ms += companion_round_ms;
+    }
   }
   std::vector<float> sorted = times;
   std::sort(sorted.begin(), sorted.end());
   const float ms = sorted[sorted.size() / 2];
   const double per_sm = 2.0 * bytes / (ms * 1e-3) / sms / 1e9;
-  std::printf("%-9s stages %d x %2d KB  R=%3d  %8.1f us  %6.1f GB/s per SM  %7.1f GB/s total\n",
-              companion ? "beside" : "alone", kStages, kChunkBytes / 1024, sms, ms * 1e3, per_sm, per_sm * sms);
+  std::printf("%-9s stages %d x %2d KB  R=%3d  %8.1f us  %6.1f GB/s per SM  %7.1f GB/s total", companion ? "beside" : "alone",
+              kStages, kChunkBytes / 1024, sms, ms * 1e3, per_sm, per_sm * sms);
+  if (companion) std::printf("  (companion: %.0f GB/s of L2 reads)", companion_bytes / (companion_ms * 1e-3) / 1e9);
+  std::printf("\n");
+  for (cudaEvent_t event : {start, end, companion_start, companion_end}) CHECK(cudaEventDestroy(event));
   CHECK(cudaStreamDestroy(probe_stream));
   CHECK(cudaStreamDestroy(companion_stream));
 }
@@ -199,17 +218,19 @@ int main() {
   uint4* l2_buffer;
   uint4* sink;
   int* stop;
+  unsigned long long* loaded;
   CHECK(cudaMalloc(&l2_buffer, l2_bytes));
   CHECK(cudaMemset(l2_buffer, 1, l2_bytes));
   CHECK(cudaMalloc(&sink, 16));
   CHECK(cudaMalloc(&stop, 4));
+  CHECK(cudaMalloc(&loaded, sizeof(*loaded)));
   const int total = prop.multiProcessorCount;
   for (bool companion : {false, true}) {
     for (int sms : {8, 12, 16, 24, 132}) {
       if (companion && sms == total) continue;
-      run<6, 32 * 1024>(sms, data, bytes, scale, shift, companion, l2_buffer, l2_bytes / 16, stop, sink, total);
-      run<12, 16 * 1024>(sms, data, bytes, scale, shift, companion, l2_buffer, l2_bytes / 16, stop, sink, total);
-      run<3, 64 * 1024>(sms, data, bytes, scale, shift, companion, l2_buffer, l2_bytes / 16, stop, sink, total);
+      run<6, 32 * 1024>(sms, data, bytes, scale, shift, companion, l2_buffer, l2_bytes / 16, stop, sink, loaded, total);
+      run<12, 16 * 1024>(sms, data, bytes, scale, shift, companion, l2_buffer, l2_bytes / 16, stop, sink, loaded, total);
+      run<3, 64 * 1024>(sms, data, bytes, scale, shift, companion, l2_buffer, l2_bytes / 16, stop, sink, loaded, total);
     }
   }
   return 0;
