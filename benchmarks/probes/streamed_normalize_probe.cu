@@ -7,7 +7,8 @@
 // is contiguous), normalizes them in place and writes them back with bulk stores.
 //
 // Each run times the probe alone and beside a companion kernel on the other 132 - R
-// SMs that reads an L2-resident buffer as fast as it can (the conv keeps L2 ~67 % busy).
+// SMs that reads an L2-resident buffer as fast as it can (the conv keeps L2 ~67 % busy),
+// with the R free SMs spread over the chip or the highest-numbered ones (Placement).
 //
 // Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o probe \
 //          benchmarks/probes/streamed_normalize_probe.cu
@@ -68,15 +69,22 @@ __device__ __forceinline__ void wait_stores_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
 }
 
+__device__ __forceinline__ int sm_id() {
+  int id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return id;
+}
+
 template <int kStages, int kChunkBytes>
 __global__ void __launch_bounds__(kThreads, 1)
-    streamed_normalize(__half* data, int64_t chunks, const float* scale, const float* shift) {
+    streamed_normalize(__half* data, int64_t chunks, const float* scale, const float* shift, int* sms_used) {
   extern __shared__ __align__(128) char smem[];
   uint64_t* loaded = reinterpret_cast<uint64_t*>(smem + kStages * kChunkBytes);
   char* data_bytes = reinterpret_cast<char*>(data);
   const int64_t first = blockIdx.x, step = gridDim.x;
   const int count = static_cast<int>((chunks - first + step - 1) / step);
   if (threadIdx.x == 0) {
+    sms_used[blockIdx.x] = sm_id();
     for (int s = 0; s < kStages; ++s) barrier_init(&loaded[s]);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     for (int s = 0; s < kStages && s < count; ++s) {
@@ -119,10 +127,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
-// Keeps an SM's L2 traffic up until *stop is set: 16-byte loads over an L2-resident
-// buffer, their bytes counted into *loaded.
-__global__ void __launch_bounds__(512, 1) l2_companion(const uint4* buffer, int64_t vectors, volatile int* stop,
-                                                       uint4* sink, unsigned long long* loaded) {
+// Which SMs the companion leaves to the probe: none (the probe alone), R SMs spread over
+// the chip (every (SMs / R)-th), or the R highest-numbered SMs, which sit in one or two
+// GPCs, where a persistent kernel launched on all but R SMs leaves its free ones.
+enum class Placement { kAlone, kSpread, kHighest };
+
+__device__ bool left_free(Placement placement, int sm, int reserved, int total) {
+  if (placement == Placement::kHighest) return sm >= total - reserved;
+  const int stride = total / reserved;
+  return sm % stride == 0 && sm / stride < reserved;
+}
+
+// One block per SM but those left free: keeps the SM's L2 traffic up until *stop is set,
+// 16-byte loads over an L2-resident buffer, their bytes counted into *loaded.
+__global__ void __launch_bounds__(512, 1)
+    l2_companion(Placement placement, int reserved, const uint4* buffer, int64_t vectors, volatile int* stop,
+                 uint4* sink, unsigned long long* loaded) {
+  if (left_free(placement, sm_id(), reserved, static_cast<int>(gridDim.x))) return;
   unsigned long long bytes = 0;
   uint4 acc = {0, 0, 0, 0};
   int64_t v = blockIdx.x * blockDim.x + threadIdx.x;
@@ -144,8 +165,10 @@ __global__ void __launch_bounds__(512, 1) l2_companion(const uint4* buffer, int6
 __global__ void set_flag(int* flag) { *flag = 1; }
 
 template <int kStages, int kChunkBytes>
-void run(int sms, __half* data, int64_t bytes, const float* scale, const float* shift, bool companion,
-         const uint4* l2_buffer, int64_t l2_vectors, int* stop, uint4* sink, unsigned long long* loaded, int total_sms) {
+void run(int sms, __half* data, int64_t bytes, const float* scale, const float* shift, Placement placement,
+         const uint4* l2_buffer, int64_t l2_vectors, int* stop, uint4* sink, unsigned long long* loaded, int* sms_used,
+         int total_sms) {
+  const bool companion = placement != Placement::kAlone;
   constexpr int smem = kStages * kChunkBytes + kStages * 8;
   CHECK(cudaFuncSetAttribute(streamed_normalize<kStages, kChunkBytes>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              smem));
@@ -164,13 +187,14 @@ void run(int sms, __half* data, int64_t bytes, const float* scale, const float* 
       CHECK(cudaMemset(loaded, 0, sizeof(*loaded)));
       CHECK(cudaDeviceSynchronize());
       CHECK(cudaEventRecord(companion_start, companion_stream));
-      // 200 KB of shared memory each: one companion block per SM, so the probe gets the rest.
-      l2_companion<<<total_sms - sms, 512, 200 * 1024, companion_stream>>>(l2_buffer, l2_vectors, stop, sink,
-                                                                           loaded);
+      // 200 KB of shared memory each: one companion block per SM, so the probe gets the free ones.
+      l2_companion<<<total_sms, 512, 200 * 1024, companion_stream>>>(placement, sms, l2_buffer, l2_vectors, stop,
+                                                                     sink, loaded);
       CHECK(cudaEventRecord(companion_end, companion_stream));
     }
     CHECK(cudaEventRecord(start, probe_stream));
-    streamed_normalize<kStages, kChunkBytes><<<sms, kThreads, smem, probe_stream>>>(data, chunks, scale, shift);
+    streamed_normalize<kStages, kChunkBytes><<<sms, kThreads, smem, probe_stream>>>(data, chunks, scale, shift,
+                                                                                           sms_used);
     CHECK(cudaEventRecord(end, probe_stream));
     if (companion) set_flag<<<1, 1, 0, probe_stream>>>(stop);
     CHECK(cudaDeviceSynchronize());
@@ -190,10 +214,14 @@ void run(int sms, __half* data, int64_t bytes, const float* scale, const float* 
   std::sort(sorted.begin(), sorted.end());
   const float ms = sorted[sorted.size() / 2];
   const double per_sm = 2.0 * bytes / (ms * 1e-3) / sms / 1e9;
-  std::printf("%-9s stages %d x %2d KB  R=%3d  %8.1f us  %6.1f GB/s per SM  %7.1f GB/s total", companion ? "beside" : "alone",
-              kStages, kChunkBytes / 1024, sms, ms * 1e3, per_sm, per_sm * sms);
+  const char* names[] = {"alone", "beside, free SMs spread", "beside, highest SMs free"};
+  std::printf("%-26s stages %d x %2d KB  R=%3d  %8.1f us  %6.1f GB/s per SM  %7.1f GB/s total",
+              names[static_cast<int>(placement)], kStages, kChunkBytes / 1024, sms, ms * 1e3, per_sm, per_sm * sms);
   if (companion) std::printf("  (companion: %.0f GB/s of L2 reads)", companion_bytes / (companion_ms * 1e-3) / 1e9);
-  std::printf("\n");
+  std::vector<int> used(sms);
+  CHECK(cudaMemcpy(used.data(), sms_used, sms * sizeof(int), cudaMemcpyDeviceToHost));
+  std::sort(used.begin(), used.end());
+  std::printf("  on SMs %d..%d\n", used.front(), used.back());
   for (cudaEvent_t event : {start, end, companion_start, companion_end}) CHECK(cudaEventDestroy(event));
   CHECK(cudaStreamDestroy(probe_stream));
   CHECK(cudaStreamDestroy(companion_stream));
@@ -224,13 +252,14 @@ int main() {
   CHECK(cudaMalloc(&sink, 16));
   CHECK(cudaMalloc(&stop, 4));
   CHECK(cudaMalloc(&loaded, sizeof(*loaded)));
+  int* sms_used;
+  CHECK(cudaMalloc(&sms_used, prop.multiProcessorCount * sizeof(int)));
   const int total = prop.multiProcessorCount;
-  for (bool companion : {false, true}) {
+  for (Placement placement : {Placement::kAlone, Placement::kSpread, Placement::kHighest}) {
     for (int sms : {8, 12, 16, 24, 132}) {
-      if (companion && sms == total) continue;
-      run<6, 32 * 1024>(sms, data, bytes, scale, shift, companion, l2_buffer, l2_bytes / 16, stop, sink, loaded, total);
-      run<12, 16 * 1024>(sms, data, bytes, scale, shift, companion, l2_buffer, l2_bytes / 16, stop, sink, loaded, total);
-      run<3, 64 * 1024>(sms, data, bytes, scale, shift, companion, l2_buffer, l2_bytes / 16, stop, sink, loaded, total);
+      if (placement != Placement::kAlone && sms == total) continue;
+      run<6, 32 * 1024>(sms, data, bytes, scale, shift, placement, l2_buffer, l2_bytes / 16, stop, sink, loaded,
+                        sms_used, total);
     }
   }
   return 0;
