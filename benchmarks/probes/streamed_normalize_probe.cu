@@ -10,6 +10,12 @@
 // SMs that reads an L2-resident buffer as fast as it can (the conv keeps L2 ~67 % busy),
 // with the R free SMs spread over the chip or the highest-numbered ones (Placement).
 //
+// What it showed (H100, twenty-first session): ~97 GB/s per SM at R = 8-16 in every
+// placement, beside a companion reading 4-8 TB/s from L2 as alone. It bounds the memory
+// side only: the streamed kernel built on it (local branch streamed-bulk) first ran at
+// ~32 GB/s per SM, issue-bound by a per-vector channel index (not modelled here), and the
+// conv beside it slowed by more than the SMs it gave up.
+//
 // Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o probe \
 //          benchmarks/probes/streamed_normalize_probe.cu
 #include <cuda_fp16.h>
@@ -21,13 +27,13 @@
 #include <cstdlib>
 #include <vector>
 
-#define CHECK(x)                                                                              \
-  do {                                                                                        \
-    cudaError_t e = (x);                                                                      \
-    if (e != cudaSuccess) {                                                                   \
+#define CHECK(x)                                                                             \
+  do {                                                                                       \
+    cudaError_t e = (x);                                                                     \
+    if (e != cudaSuccess) {                                                                  \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
+      std::exit(1);                                                                          \
+    }                                                                                        \
   } while (0)
 
 constexpr int kThreads = 256;
@@ -119,8 +125,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (i >= 1 && refill < count) {
         const int r = refill % kStages;
         expect_bytes(&loaded[r], kChunkBytes);
-        bulk_load(smem + r * kChunkBytes, data_bytes + (first + refill * step) * kChunkBytes, kChunkBytes,
-                  &loaded[r]);
+        bulk_load(smem + r * kChunkBytes, data_bytes + (first + refill * step) * kChunkBytes, kChunkBytes, &loaded[r]);
       }
     }
   }
@@ -188,13 +193,13 @@ void run(int sms, __half* data, int64_t bytes, const float* scale, const float* 
       CHECK(cudaDeviceSynchronize());
       CHECK(cudaEventRecord(companion_start, companion_stream));
       // 200 KB of shared memory each: one companion block per SM, so the probe gets the free ones.
-      l2_companion<<<total_sms, 512, 200 * 1024, companion_stream>>>(placement, sms, l2_buffer, l2_vectors, stop,
-                                                                     sink, loaded);
+      l2_companion<<<total_sms, 512, 200 * 1024, companion_stream>>>(placement, sms, l2_buffer, l2_vectors, stop, sink,
+                                                                     loaded);
       CHECK(cudaEventRecord(companion_end, companion_stream));
     }
     CHECK(cudaEventRecord(start, probe_stream));
-    streamed_normalize<kStages, kChunkBytes><<<sms, kThreads, smem, probe_stream>>>(data, chunks, scale, shift,
-                                                                                           sms_used);
+    streamed_normalize<kStages, kChunkBytes>
+        <<<sms, kThreads, smem, probe_stream>>>(data, chunks, scale, shift, sms_used);
     CHECK(cudaEventRecord(end, probe_stream));
     if (companion) set_flag<<<1, 1, 0, probe_stream>>>(stop);
     CHECK(cudaDeviceSynchronize());
