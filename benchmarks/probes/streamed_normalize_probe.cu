@@ -16,6 +16,9 @@
 // ~32 GB/s per SM, issue-bound by a per-vector channel index (not modelled here), and the
 // conv beside it slowed by more than the SMs it gave up.
 //
+// Its few PTX wrappers (mbarrier, bulk copies) are its own rather than CuTe's so that it
+// builds with nvcc alone, without the CUTLASS wheel's include path.
+//
 // Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o probe \
 //          benchmarks/probes/streamed_normalize_probe.cu
 #include <cuda_fp16.h>
