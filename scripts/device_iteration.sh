@@ -4,7 +4,9 @@
 #   2. build and install cutlassfuse against the machine's torch (incremental: the
 #      ignored build/ folder survives between calls on a warm machine),
 #   3. the selected steps (STEPS, default all, in this order):
-#        tests      the GPU tests (pytest -m gpu tests/gpu, or GPU_TESTS's selection)
+#        tests      the GPU tests (pytest -m gpu tests/gpu, or GPU_TESTS's selection), then
+#                   every other test against this build (pytest tests --ignore=tests/gpu,
+#                   in parallel: the invalid-call matrix runs a process per case)
 #        demo       the KernelBench level2/61 demo
 #        breakdown  per-kernel times and launch counts, every baselines.md shape
 #        baselines  benchmarks/fused_vs_baselines.py (kb61, tile configurations)
@@ -21,6 +23,7 @@
 #        training   benchmarks/training_step.py
 #        examples   examples/*.py
 #        bench      python -m cutlassfuse bench (CSV, JSON, PNG)
+#        cli        every bench and profile option once on the GPU (small shapes)
 #        profile    python -m cutlassfuse profile (Nsight Compute table, fp16, of each
 #                   shape in PROFILE_SHAPES, default kb61)
 #        sanitize   scripts/sanitize.sh (only when named, or CUTLASSFUSE_SANITIZE=1)
@@ -72,6 +75,10 @@ if wanted tests; then
   timeout 420 "$PYTHON" -m pytest -m gpu ${GPU_TESTS:-tests/gpu} -q -p no:cacheprovider --durations=10 --junitxml="$OUT/gpu-tests.xml" 2>&1 \
     | tee "$LOGS/gpu-tests.log"
   status+=("gpu tests: $(tail -1 "$LOGS/gpu-tests.log")")
+  if [[ -z "${GPU_TESTS:-}" ]]; then
+    timeout 420 "$PYTHON" -m pytest tests --ignore=tests/gpu -n 8 -q -p no:cacheprovider 2>&1 | tee "$LOGS/other-tests.log"
+    status+=("other tests: $(tail -1 "$LOGS/other-tests.log")")
+  fi
 fi
 
 if wanted demo; then
@@ -159,6 +166,18 @@ if wanted bench; then
   step "bench CLI (all baselines.md shapes)"
   "$PYTHON" -m cutlassfuse bench --csv "$OUT/bench.csv" --json "$OUT/bench.json" --plot "$OUT/speedups.png" \
     2>&1 | tee "$LOGS/bench-cli.log"
+fi
+
+if wanted cli; then
+  step "bench and profile options"
+  { "$PYTHON" -m cutlassfuse bench --shapes kb61_v0,vid_k3s2p1op1 --dtypes float16,bfloat16,float32 \
+      --memory-formats ncdhw,channels_last --no-compile --repeats 5 \
+      && "$PYTHON" -m cutlassfuse bench --shapes "2,32,64,8,8,8,3,2,1,1,8;1,16,32,6,6,6,2,2,0,0,4" --repeats 5 \
+      && "$PYTHON" -m cutlassfuse bench --shapes kb61_v0 --dtypes float32 --tiny --repeats 5 \
+      && "$PYTHON" -m cutlassfuse profile --shape kb61_v0 --dtype float32 --memory-format channels_last \
+      && "$PYTHON" -m cutlassfuse profile --shape unet_k2s2 --dtype bfloat16 \
+      && echo "cli: every option ran"; } 2>&1 | tee "$LOGS/cli.log"
+  status+=("$(grep -E "^cli: " "$LOGS/cli.log" || echo "cli: FAILED")")
 fi
 
 if wanted profile; then

@@ -1,14 +1,19 @@
-"""The bench CLI's shape handling and arithmetic (its timing needs a GPU)."""
+"""The bench CLI: shape handling and arithmetic, and every option on the CPU in its tiny
+mode (the GPU runs the same code at full size)."""
+
+import csv
+import json
 
 import pytest
 
+from cutlassfuse.__main__ import main
 from cutlassfuse.bench import DEFAULT_SHAPES, parse_shape
 
 
 def test_default_shapes_match_the_baselines():
     kb61 = parse_shape("kb61")
     assert kb61.output_size() == (34, 34, 34)
-    assert kb61.useful_flops() / 1e9 == pytest.approx(231.9, abs=0.1)  # briefs/baselines.md
+    assert kb61.useful_flops() / 1e9 == pytest.approx(231.9, abs=0.1)  # 2 * N * Cin * D*H*W * Cout * k^3
     assert parse_shape("vid_k3s2p1op1").output_size() == (16, 64, 64)
     assert parse_shape("gan_k4s2p1").output_size() == (16, 16, 16)
     assert [s.name for s in DEFAULT_SHAPES] == ["kb61", "kb61_v0", "unet_k2s2", "gan_k4s2p1", "vid_k3s2p1op1"]
@@ -23,3 +28,45 @@ def test_custom_shape():
 def test_bad_shape_is_explained():
     with pytest.raises(ValueError, match="give a name"):
         parse_shape("1,2,3")
+
+
+@pytest.mark.parametrize("options", [
+    ["--shapes", "kb61,unet_k2s2", "--dtypes", "float16,bfloat16,float32", "--memory-formats", "ncdhw,channels_last"],
+    ["--shapes", "gan_k4s2p1,vid_k3s2p1op1,kb61_v0", "--dtypes", "float32"],
+    ["--shapes", "2,8,16,4,4,4,3,2,1,1,4;1,16,8,3,5,4,2,2,0,0,2", "--memory-formats", "channels_last"],
+], ids=["dtypes-formats", "default-shapes", "custom-shapes"])
+def test_bench_runs_every_option_on_cpu(options, tmp_path, capsys):
+    out_csv, out_json = tmp_path / "bench.csv", tmp_path / "bench.json"
+    assert main(["bench", "--device", "cpu", "--tiny", "--no-compile", "--repeats", "2", *options,
+                 "--csv", str(out_csv), "--json", str(out_json)]) == 0
+    printed = capsys.readouterr().out
+    rows = list(csv.DictReader(out_csv.open()))
+    cases = {(r["shape"], r["dtype"], r["memory_format"]) for r in rows}
+    assert len(rows) == 5 * len(cases)  # eager, cuDNN, CUTLASS, fallback, fused
+    by_name = {r["implementation"]: r for r in rows}
+    assert float(by_name["cutlassfuse"]["median_ms"]) > 0 and float(by_name["pytorch eager"]["median_ms"]) > 0
+    for name in ("cuDNN conv alone", "CUTLASS conv alone", "cutlassfuse fallback"):
+        assert by_name[name]["median_ms"] == "" and by_name[name]["note"].startswith("n/a"), by_name[name]
+    assert "n/a" in printed
+    assert json.loads(out_json.read_text())["environment"]["device"] == "CPU"
+
+
+def test_bench_compiles_on_cpu(capsys):
+    assert main(["bench", "--device", "cpu", "--tiny", "--repeats", "2", "--shapes", "kb61_v0", "--dtypes",
+                 "float32"]) == 0
+    assert "torch.compile" in capsys.readouterr().out
+
+
+def test_bench_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    plot = tmp_path / "speedups.png"
+    main(["bench", "--device", "cpu", "--tiny", "--no-compile", "--repeats", "1", "--shapes", "kb61_v0",
+          "--plot", str(plot)])
+    assert plot.stat().st_size > 0
+
+
+@pytest.mark.parametrize("option", ["--repeats=0", "--device=tpu"])
+def test_bench_rejects_bad_values(option):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", option])
+    assert exit_info.value.code == 2

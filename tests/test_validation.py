@@ -35,10 +35,10 @@ def call(x=None, w=None, **kwargs):
     (dict(padding=3), ValueError, "output would be empty"),
     (dict(eps=-1.0), ValueError, "eps"),
     (dict(packed_weight=torch.randn(8, 8, 3, 3, 3)), ValueError, "packed_weight must be weight.permute"),
-    (dict(packed_weight=torch.randn(8, 3, 3, 3, 8, dtype=torch.float64)), ValueError, "packed_weight must have"),
+    (dict(packed_weight=torch.randn(8, 3, 3, 3, 8, dtype=torch.float64)), TypeError, "packed_weight must have"),
     (dict(packed_bias=torch.ones(8)), ValueError, "packed_bias given without a bias"),
     (dict(bias=torch.ones(8), stride=2, packed_bias=torch.ones(8)), ValueError, r"bias.repeat\(prod\(stride\)\), 64"),
-    (dict(bias=torch.ones(8), packed_bias=torch.ones(8, dtype=torch.float64)), ValueError, "packed_bias must have"),
+    (dict(bias=torch.ones(8), packed_bias=torch.ones(8, dtype=torch.float64)), TypeError, "packed_bias must have"),
 ])
 def test_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):

@@ -21,6 +21,10 @@ print(os.path.join(root, "lib"))
 # The CUDA wheels of torch ship cuBLAS/cuSPARSE/... headers here; a lean system
 # toolkit may lack them, and ATen/cuda headers include them.
 print(os.path.join(os.path.dirname(root), "nvidia", "cu" + (torch.version.cuda or "0").split(".")[0], "include"))
+# The C++ runtime this process runs torch with (Linux: the libstdc++ mapped now).
+maps = "/proc/self/maps"
+loaded = [line.split()[-1] for line in open(maps)] if os.path.exists(maps) else []
+print(next((path for path in loaded if os.path.basename(path).startswith("libstdc++.so")), ""))
 ]=]
   OUTPUT_VARIABLE _torch_facts
   ERROR_VARIABLE _torch_error
@@ -39,6 +43,11 @@ list(GET _torch_facts 2 _torch_cxx11_abi)
 list(GET _torch_facts 3 _torch_include_dirs)
 list(GET _torch_facts 4 _torch_lib_dir)
 list(GET _torch_facts 5 _torch_nvidia_include_dir)
+list(LENGTH _torch_facts _torch_fact_count)
+set(CUTLASSFUSE_CXX_RUNTIME "")
+if(_torch_fact_count GREATER 6)
+  list(GET _torch_facts 6 CUTLASSFUSE_CXX_RUNTIME)
+endif()
 string(REPLACE "," ";" _torch_include_dirs "${_torch_include_dirs}")
 message(STATUS "cutlassfuse: torch ${CUTLASSFUSE_TORCH_VERSION} (CUDA ${CUTLASSFUSE_TORCH_CUDA_VERSION}) at ${_torch_lib_dir}")
 
@@ -67,3 +76,14 @@ foreach(_lib IN LISTS _torch_libs)
   find_library(CUTLASSFUSE_TORCH_LIB_${_lib} ${_lib} PATHS "${_torch_lib_dir}" NO_DEFAULT_PATH NO_CACHE REQUIRED)
   target_link_libraries(cutlassfuse::torch INTERFACE "${CUTLASSFUSE_TORCH_LIB_${_lib}}")
 endforeach()
+# The extension shares torch's C++ runtime. A compiler installed with only a static
+# libstdc++ (libstdc++.a; g++ -print-file-name=libstdc++.so finds nothing) would copy its
+# own runtime into the module, and the process would then run two: the copy's symbols
+# are exported, so the process's libstdc++.so interposes some of them, and the module's
+# streams mix the copy's code with the other runtime's locale objects (a segfault at the
+# first integer formatted into an error message). Naming the shared library first
+# resolves every C++ runtime symbol to it, and the static archive contributes nothing.
+if(NOT CUTLASSFUSE_CXX_RUNTIME STREQUAL "")
+  message(STATUS "cutlassfuse: C++ runtime ${CUTLASSFUSE_CXX_RUNTIME}")
+  target_link_libraries(cutlassfuse::torch INTERFACE "${CUTLASSFUSE_CXX_RUNTIME}")
+endif()

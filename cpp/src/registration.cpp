@@ -44,6 +44,13 @@ std::string explain_reference(const OpArgs& args) {
   return std::string(kReference) + (args.input.is_cuda() ? ", because the library was built without CUDA kernels" : "");
 }
 
+// Meta tensors carry no data: the op's Meta kernel (the fake kernel, ops.py) gives the
+// output's shape, dtype and memory format.
+std::string explain_meta(const OpArgs& args) {
+  validate_and_describe(args);
+  return "meta: the output's shape, dtype and memory format only, no computation";
+}
+
 // The sub-pixel phase plan the CUDA path launches for a deconvolution of these sizes,
 // flattened for tests that execute it with ATen: [unreached pixels per sample, then per
 // phase: input, filter and output views (offset, 3 extents, 4 strides each), lower
@@ -150,6 +157,8 @@ TORCH_LIBRARY_IMPL(cutlassfuse, CPU, m) {
   m.impl("conv_transpose3d_relu_group_norm", &kernel<at::Tensor, &forward_reference>);
   m.impl("explain", &kernel<std::string, &explain_reference>);
 }
+
+TORCH_LIBRARY_IMPL(cutlassfuse, Meta, m) { m.impl("explain", &kernel<std::string, &explain_meta>); }
 
 // A library built without the CUDA toolkit still serves CUDA tensors, through ATen.
 TORCH_LIBRARY_IMPL(cutlassfuse, CUDA, m) {

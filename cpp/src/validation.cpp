@@ -1,6 +1,8 @@
 #include <c10/util/Exception.h>
 
 #include <array>
+#include <cmath>
+#include <utility>
 #include <string>
 
 #include "cutlassfuse/op.h"
@@ -14,13 +16,30 @@ Extent3 to_extent3(at::IntArrayRef values, const char* name) {
   return {values[0], values[1], values[2]};
 }
 
+// PyTorch's rule and error kind for operands on different devices (RuntimeError): every
+// tensor argument on the input's device.
+void check_same_device(const OpArgs& a) {
+  const std::pair<const char*, const std::optional<at::Tensor>*> optional[] = {{"bias", &a.bias},
+                                                                               {"norm_weight", &a.norm_weight},
+                                                                               {"norm_bias", &a.norm_bias},
+                                                                               {"packed_weight", &a.packed_weight},
+                                                                               {"packed_bias", &a.packed_bias}};
+  const auto check = [&](const char* name, const at::Tensor& t) {
+    TORCH_CHECK(t.device() == a.input.device(),
+                "cutlassfuse: expected all tensors to be on the same device, but found ", name, " on ", t.device(),
+                " and input on ", a.input.device());
+  };
+  check("weight", a.weight);
+  for (const auto& [name, t] : optional) {
+    if (t->has_value() && (*t)->defined()) check(name, **t);
+  }
+}
+
 void check_optional_vector(const std::optional<at::Tensor>& t, const char* name, int64_t size, const at::Tensor& input,
                            bool same_dtype) {
   if (!t.has_value() || !t->defined()) return;
   TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == size, "cutlassfuse: ", name, " must have shape (", size, ",), got ",
                     t->sizes());
-  TORCH_CHECK_VALUE(t->device() == input.device(), "cutlassfuse: ", name, " is on ", t->device(), " but input is on ",
-                    input.device());
   TORCH_CHECK_TYPE(at::isFloatingType(t->scalar_type()), "cutlassfuse: ", name,
                    " must be a floating-point tensor, got ", t->scalar_type());
   TORCH_CHECK_TYPE(!same_dtype || t->scalar_type() == input.scalar_type(), "cutlassfuse: ", name,
@@ -40,8 +59,7 @@ Problem validate_and_describe(const OpArgs& a) {
                    input.scalar_type());
   TORCH_CHECK_TYPE(weight.scalar_type() == input.scalar_type(), "cutlassfuse: weight dtype ", weight.scalar_type(),
                    " differs from input dtype ", input.scalar_type());
-  TORCH_CHECK_VALUE(weight.device() == input.device(), "cutlassfuse: weight is on ", weight.device(),
-                    " but input is on ", input.device());
+  check_same_device(a);
 
   Problem p;
   p.stride = to_extent3(a.stride, "stride");
@@ -87,7 +105,8 @@ Problem validate_and_describe(const OpArgs& a) {
   TORCH_CHECK_VALUE(p.out_channels > 0, "cutlassfuse: weight gives zero output channels");
   TORCH_CHECK_VALUE(a.num_groups > 0 && p.out_channels % a.num_groups == 0, "cutlassfuse: num_groups (", a.num_groups,
                     ") must be positive and divide the output channels (", p.out_channels, ")");
-  TORCH_CHECK_VALUE(a.eps >= 0, "cutlassfuse: eps must be non-negative, got ", a.eps);
+  TORCH_CHECK_VALUE(std::isfinite(a.eps) && a.eps >= 0, "cutlassfuse: eps must be finite and non-negative, got ",
+                    a.eps);
 
   check_optional_vector(a.bias, "bias", p.out_channels, input, /*same_dtype=*/true);
   check_optional_vector(a.norm_weight, "norm_weight", p.out_channels, input, /*same_dtype=*/false);
@@ -100,8 +119,9 @@ Problem validate_and_describe(const OpArgs& a) {
     TORCH_CHECK_VALUE(packed.sizes() == c10::IntArrayRef(expected),
                       "cutlassfuse: packed_weight must be weight.permute(0, 2, 3, 4, 1), shape ",
                       c10::IntArrayRef(expected), ", got ", packed.sizes());
-    TORCH_CHECK_VALUE(packed.device() == input.device() && packed.scalar_type() == weight.scalar_type(),
-                      "cutlassfuse: packed_weight must have the weight's device and dtype");
+    TORCH_CHECK_TYPE(packed.scalar_type() == weight.scalar_type(),
+                     "cutlassfuse: packed_weight must have the weight's dtype ", weight.scalar_type(), ", got ",
+                     packed.scalar_type());
   }
   if (a.packed_bias.has_value() && a.packed_bias->defined()) {
     TORCH_CHECK_VALUE(a.bias.has_value() && a.bias->defined(), "cutlassfuse: packed_bias given without a bias");
@@ -110,8 +130,9 @@ Problem validate_and_describe(const OpArgs& a) {
     TORCH_CHECK_VALUE(packed.dim() == 1 && packed.size(0) == blocks * p.out_channels && packed.is_contiguous(),
                       "cutlassfuse: packed_bias must be bias.repeat(prod(stride)), ", blocks * p.out_channels,
                       " contiguous values, got shape ", packed.sizes());
-    TORCH_CHECK_VALUE(packed.device() == input.device() && packed.scalar_type() == a.bias->scalar_type(),
-                      "cutlassfuse: packed_bias must have the bias's device and dtype");
+    TORCH_CHECK_TYPE(packed.scalar_type() == a.bias->scalar_type(),
+                     "cutlassfuse: packed_bias must have the bias's dtype ", a.bias->scalar_type(), ", got ",
+                     packed.scalar_type());
   }
   return p;
 }

@@ -20,6 +20,13 @@ def comma_list(choices: tuple[str, ...]):
     return parse
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 DTYPES = ("float16", "bfloat16", "float32")
 MEMORY_FORMATS = ("ncdhw", "channels_last")
 
@@ -39,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--memory-formats", default="ncdhw", type=comma_list(MEMORY_FORMATS),
                        help="ncdhw, channels_last, or both comma-separated")
     bench.add_argument("--no-compile", action="store_true", help="leave out torch.compile (slow to compile)")
-    bench.add_argument("--repeats", type=int, default=50)
+    bench.add_argument("--repeats", type=positive_int, default=50)
+    bench.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                       help="cuda (default), or cpu to check the command where there is no GPU")
+    bench.add_argument("--tiny", action="store_true",
+                       help="each shape at one sample, a quarter of the channels and an eighth of the extent")
     bench.add_argument("--csv")
     bench.add_argument("--json")
     bench.add_argument("--plot", help="PNG of the speedups")
@@ -68,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                   [getattr(torch, d) for d in args.dtypes],
                   [f == "channels_last" for f in args.memory_formats],
                   with_compile=not args.no_compile, repeats=args.repeats, csv_path=args.csv, json_path=args.json,
-                  plot_path=args.plot)
+                  plot_path=args.plot, device=args.device, tiny=args.tiny)
     elif args.command == "profile":
         from .profiling import run_profile
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import statistics
+import time
 from dataclasses import asdict, dataclass
 from collections.abc import Callable
 
@@ -47,6 +48,14 @@ class BenchShape:
 
         return tuple(transposed_conv_output_size(self.size, triple(self.kernel), triple(self.stride),
                                                  triple(self.padding), triple(self.output_padding), triple(1)))
+
+    def tiny(self) -> BenchShape:
+        """The same layer at a size for checking the command itself (CPU, CI): one sample,
+        a quarter of the channels (whole GroupNorm groups), an eighth of the extent."""
+        out_channels = max(self.groups, self.out_channels // 4 // self.groups * self.groups)
+        return BenchShape(f"{self.name}-tiny", 1, max(1, self.in_channels // 4), out_channels,
+                          tuple(max(2, s // 8) for s in self.size), self.kernel, self.stride, self.padding,
+                          self.output_padding, self.groups)
 
     def useful_flops(self) -> float:
         voxels = self.size[0] * self.size[1] * self.size[2]
@@ -92,8 +101,22 @@ class Timing:
 
 def time_rotating(fn: Callable[[torch.Tensor], object], inputs: list[torch.Tensor], warmup: int,
                   repeats: int) -> Timing:
+    """Per-call times: CUDA events around each call on a GPU, the host clock on the CPU."""
     for i in range(warmup):
         fn(inputs[i % len(inputs)])
+    if inputs[0].is_cuda:
+        samples = _cuda_event_times(fn, inputs, repeats)
+    else:
+        samples = []
+        for i in range(repeats):
+            start = time.perf_counter()
+            fn(inputs[i % len(inputs)])
+            samples.append(1e3 * (time.perf_counter() - start))
+    samples.sort()
+    return Timing(statistics.median(samples), samples[len(samples) // 5], samples[(4 * len(samples)) // 5])
+
+
+def _cuda_event_times(fn: Callable[[torch.Tensor], object], inputs: list[torch.Tensor], repeats: int) -> list[float]:
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
     torch.cuda.synchronize()
     for i, (start, end) in enumerate(events):
@@ -102,92 +125,125 @@ def time_rotating(fn: Callable[[torch.Tensor], object], inputs: list[torch.Tenso
         fn(x)
         end.record()
     torch.cuda.synchronize()
-    samples = sorted(s.elapsed_time(e) for s, e in events)
-    return Timing(statistics.median(samples), samples[len(samples) // 5], samples[(4 * len(samples)) // 5])
+    return [s.elapsed_time(e) for s, e in events]
 
 
 @dataclass
 class Row:
+    """One implementation on one case; the numbers are None where it does not apply
+    (`note` says why)."""
+
     shape: str
     dtype: str
     memory_format: str
     implementation: str
-    median_ms: float
-    p20_ms: float
-    p80_ms: float
-    tflops: float
-    pct_tensor_ceiling: float
-    gbs: float
+    median_ms: float | None = None
+    p20_ms: float | None = None
+    p80_ms: float | None = None
+    tflops: float | None = None
+    pct_tensor_ceiling: float | None = None
+    gbs: float | None = None
     speedup_of_fused: float | None = None  # this implementation's time / fused time
+    note: str = ""
 
 
-def _models(shape: BenchShape, dtype: torch.dtype) -> tuple[nn.Module, ConvTranspose3dReLUGroupNorm]:
+def _models(shape: BenchShape, dtype: torch.dtype,
+            device: torch.device) -> tuple[nn.Module, ConvTranspose3dReLUGroupNorm]:
     """The layers as a PyTorch user builds them: nn.ConvTranspose3d's defaults (with
     bias), ReLU, nn.GroupNorm; the fused block holds the same parameters."""
     torch.manual_seed(0)
     eager = nn.Sequential(
         nn.ConvTranspose3d(shape.in_channels, shape.out_channels, shape.kernel, stride=shape.stride,
                            padding=shape.padding, output_padding=shape.output_padding),
-        nn.ReLU(), nn.GroupNorm(shape.groups, shape.out_channels)).cuda().to(dtype).eval()
+        nn.ReLU(), nn.GroupNorm(shape.groups, shape.out_channels)).to(device=device, dtype=dtype).eval()
     fused = ConvTranspose3dReLUGroupNorm.from_modules(eager[0], eager[2])
     return eager, fused
 
 
-def bench_case(shape: BenchShape, dtype: torch.dtype, channels_last: bool, *, with_compile: bool, warmup: int,
-               repeats: int) -> list[Row]:
-    eager, fused = _models(shape, dtype)
+def _not_applicable(implementation: str, dtype: torch.dtype, device: torch.device) -> str:
+    """Why a baseline does not run for this dtype and device; '' when it does."""
+    if implementation in ("cuDNN conv alone", "cutlassfuse fallback") and device.type != "cuda":
+        return "CUDA only"
+    if implementation == "CUTLASS conv alone":
+        if not hasattr(torch.ops.cutlassfuse, "conv_transpose3d_cutlass"):
+            return "a build without the CUDA kernels"
+        if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
+            return "sm_90 GPUs only"
+        if dtype not in (torch.float16, torch.bfloat16):
+            return "float16 and bfloat16 only"
+    return ""
+
+
+def _candidates(shape: BenchShape, eager: nn.Module, fused: nn.Module,
+                with_compile: bool) -> dict[str, Callable[[torch.Tensor], object]]:
     conv = eager[0]
-    memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
-    one = torch.rand(shape.batch, shape.in_channels, *shape.size, device="cuda", dtype=dtype)
-    copies = max(1, min(16, int(2 * 60e6 // (one.numel() * one.element_size())) + 1))
-    inputs = [torch.rand_like(one).contiguous(memory_format=memory_format) for _ in range(copies)]
     conv_args = dict(stride=conv.stride, padding=conv.padding, output_padding=conv.output_padding)
 
-    candidates: dict[str, Callable[[torch.Tensor], object]] = {
-        "pytorch eager": eager,
-        "cuDNN conv alone": lambda x: F.conv_transpose3d(x, conv.weight, conv.bias, **conv_args),
-    }
+    def cutlass_conv(x):  # every sub-pixel phase, plain stores, no bias
+        return torch.ops.cutlassfuse.conv_transpose3d_cutlass(
+            x, conv.weight, conv.bias, None, None, shape.groups, 1e-5, [shape.stride] * 3, [shape.padding] * 3,
+            [shape.output_padding] * 3, 1, [1] * 3, None)
+
+    candidates = {"pytorch eager": eager,
+                  "cuDNN conv alone": lambda x: F.conv_transpose3d(x, conv.weight, conv.bias, **conv_args)}
     if with_compile:
         torch._dynamo.reset()  # every case compiles afresh instead of piling up recompilations
-        compiled = torch.compile(eager)
-        candidates["torch.compile"] = compiled
-    if hasattr(torch.ops.cutlassfuse, "conv_transpose3d_cutlass"):
-        def cutlass_conv(x):  # every sub-pixel phase, plain stores, no bias
-            return torch.ops.cutlassfuse.conv_transpose3d_cutlass(
-                x, conv.weight, conv.bias, None, None, shape.groups, 1e-5, [shape.stride] * 3, [shape.padding] * 3,
-                [shape.output_padding] * 3, 1, [1] * 3, None)
-        candidates["CUTLASS conv alone"] = cutlass_conv
+        candidates["torch.compile"] = torch.compile(eager)
+    candidates["CUTLASS conv alone"] = cutlass_conv
     candidates["cutlassfuse fallback"] = fused  # timed with the fused path turned off
     candidates["cutlassfuse"] = fused
+    return candidates
 
-    timings = {}
+
+def bench_case(shape: BenchShape, dtype: torch.dtype, channels_last: bool, *, with_compile: bool, warmup: int,
+               repeats: int, device: torch.device | None = None) -> list[Row]:
+    device = device or torch.device("cuda")
+    eager, fused = _models(shape, dtype, device)
+    memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
+    one = torch.rand(shape.batch, shape.in_channels, *shape.size, device=device, dtype=dtype)
+    copies = max(1, min(16, int(2 * 60e6 // (one.numel() * one.element_size())) + 1)) if device.type == "cuda" else 1
+    inputs = [torch.rand_like(one).contiguous(memory_format=memory_format) for _ in range(copies)]
+    case = (shape.name, str(dtype).removeprefix("torch."), "channels_last" if channels_last else "ncdhw")
+
+    timings: dict[str, Timing | str] = {}
     with torch.no_grad():
-        for name, fn in candidates.items():
+        for name, fn in _candidates(shape, eager, fused, with_compile).items():
+            timings[name] = _not_applicable(name, dtype, device)
+            if timings[name]:
+                continue
             set_fused_path_enabled(name != "cutlassfuse fallback")
             try:
                 timings[name] = time_rotating(fn, inputs, warmup, repeats)
-            except RuntimeError as error:  # e.g. the plain CUTLASS conv refusing a problem
-                print(f"    {name}: skipped ({str(error).splitlines()[0]})")
+            except (RuntimeError, ValueError) as error:  # a baseline refusing this problem
+                timings[name] = f"refused: {str(error).splitlines()[0]}"
             finally:
                 set_fused_path_enabled(True)
     fused_ms = timings["cutlassfuse"].median_ms
     rows = []
     for name, t in timings.items():
+        if isinstance(t, str):
+            rows.append(Row(*case, name, note=f"n/a: {t}"))
+            continue
         tflops = shape.useful_flops() / (t.median_ms * 1e-3) / 1e12
-        rows.append(Row(shape.name, str(dtype).removeprefix("torch."), "channels_last" if channels_last else "ncdhw",
-                        name, t.median_ms, t.p20_ms, t.p80_ms, tflops, 100 * tflops / TENSOR_CEILING_TFLOPS[dtype],
+        ceiling = TENSOR_CEILING_TFLOPS.get(dtype) if device.type == "cuda" else None
+        rows.append(Row(*case, name, t.median_ms, t.p20_ms, t.p80_ms, tflops,
+                        100 * tflops / ceiling if ceiling else None,
                         shape.min_bytes(one.element_size()) / (t.median_ms * 1e-3) / 1e9, t.median_ms / fused_ms))
     return rows
 
 
 def print_rows(rows: list[Row]) -> None:
     for r in rows:
+        if r.median_ms is None:
+            print(f"    {r.implementation:<20}{'n/a':>9}    ({r.note.removeprefix('n/a: ')})")
+            continue
+        ceiling = f" ({r.pct_tensor_ceiling:4.1f}%)" if r.pct_tensor_ceiling is not None else ""
         print(f"    {r.implementation:<20}{r.median_ms:9.3f} ms [{r.p20_ms:.3f}-{r.p80_ms:.3f}]"
-              f"{r.tflops:8.1f} TFLOP/s ({r.pct_tensor_ceiling:4.1f}%){r.gbs:8.0f} GB/s"
-              f"   fused is {r.speedup_of_fused:.2f}x faster")
+              f"{r.tflops:8.1f} TFLOP/s{ceiling}{r.gbs:8.0f} GB/s   fused is {r.speedup_of_fused:.2f}x faster")
 
 
-def write_outputs(rows: list[Row], csv_path: str | None, json_path: str | None, plot_path: str | None) -> None:
+def write_outputs(rows: list[Row], device_name: str, csv_path: str | None, json_path: str | None,
+                  plot_path: str | None) -> None:
     records = [asdict(r) for r in rows]
     if csv_path:
         with open(csv_path, "w", newline="") as f:
@@ -195,14 +251,14 @@ def write_outputs(rows: list[Row], csv_path: str | None, json_path: str | None, 
             writer.writeheader()
             writer.writerows(records)
     if json_path:
-        meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda}
+        meta = {"device": device_name, "torch": torch.__version__, "cuda": torch.version.cuda}
         with open(json_path, "w") as f:
             json.dump({"environment": meta, "rows": records}, f, indent=2)
     if plot_path:
-        plot_speedups(rows, plot_path)
+        plot_speedups(rows, device_name, plot_path)
 
 
-def plot_speedups(rows: list[Row], path: str) -> None:
+def plot_speedups(rows: list[Row], device_name: str, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -213,14 +269,14 @@ def plot_speedups(rows: list[Row], path: str) -> None:
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(cases)), 4.5))
     width = 0.8 / len(baselines)
     for i, baseline in enumerate(baselines):
-        values = [next((r.speedup_of_fused for r in rows if (r.shape, r.dtype, r.memory_format) == c
+        values = [next((r.speedup_of_fused or 0.0 for r in rows if (r.shape, r.dtype, r.memory_format) == c
                         and r.implementation == baseline), 0.0) for c in cases]
         ax.bar([k + i * width for k in range(len(cases))], values, width, label=f"vs {baseline}")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([k + width for k in range(len(cases))])
     ax.set_xticklabels([f"{s}\n{d}\n{m}" for s, d, m in cases], fontsize=8)
     ax.set_ylabel("cutlassfuse speedup (x)")
-    ax.set_title(f"cutlassfuse on {torch.cuda.get_device_name()}")
+    ax.set_title(f"cutlassfuse on {device_name}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -228,13 +284,16 @@ def plot_speedups(rows: list[Row], path: str) -> None:
 
 def run_bench(shapes: list[BenchShape], dtypes: list[torch.dtype], channels_last_options: list[bool], *,
               with_compile: bool = True, warmup: int = 10, repeats: int = 50, csv_path: str | None = None,
-              json_path: str | None = None, plot_path: str | None = None) -> list[Row]:
-    if not torch.cuda.is_available():
-        raise SystemExit("cutlassfuse bench needs a CUDA device")
-    print(f"cutlassfuse bench on {torch.cuda.get_device_name()}, torch {torch.__version__}; "
-          f"{len(shapes) * len(dtypes) * len(channels_last_options)} cases")
-    rows: list[Row] = []
+              json_path: str | None = None, plot_path: str | None = None, device: str = "cuda",
+              tiny: bool = False) -> list[Row]:
+    """Every shape x dtype x memory format; `tiny` shrinks the shapes (BenchShape.tiny)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("cutlassfuse bench: no CUDA device (`--device cpu --tiny` checks the command on the CPU)")
+    shapes = [shape.tiny() for shape in shapes] if tiny else shapes
+    where = torch.cuda.get_device_name() if device == "cuda" else "CPU"
     total = len(shapes) * len(dtypes) * len(channels_last_options)
+    print(f"cutlassfuse bench on {where}, torch {torch.__version__}; {total} cases")
+    rows: list[Row] = []
     done = 0
     for shape in shapes:
         for dtype in dtypes:
@@ -243,8 +302,8 @@ def run_bench(shapes: list[BenchShape], dtypes: list[torch.dtype], channels_last
                 print(f"[{done}/{total}] {shape.name} {str(dtype).removeprefix('torch.')} "
                       f"{'channels_last' if channels_last else 'ncdhw'}", flush=True)
                 case_rows = bench_case(shape, dtype, channels_last, with_compile=with_compile, warmup=warmup,
-                                       repeats=repeats)
+                                       repeats=repeats, device=torch.device(device))
                 print_rows(case_rows)
                 rows += case_rows
-    write_outputs(rows, csv_path, json_path, plot_path)
+    write_outputs(rows, where, csv_path, json_path, plot_path)
     return rows

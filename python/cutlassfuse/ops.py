@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Sequence
 
 import torch
@@ -157,38 +158,87 @@ def transposed_conv_output_size(input_size: Sequence[int], kernel_size: Sequence
     return [(i - 1) * s - 2 * p + d * (k - 1) + op + 1 for i, k, s, p, op, d in dims]
 
 
+def _check_vector(tensor: Tensor | None, name: str, size, input: Tensor, same_dtype: bool) -> None:
+    if tensor is None:
+        return
+    torch._check_value(tensor.dim() == 1 and tensor.shape[0] == size,
+                       lambda: f"cutlassfuse: {name} must have shape ({size},), got {tuple(tensor.shape)}")
+    torch._check_type(tensor.dtype.is_floating_point,
+                      lambda: f"cutlassfuse: {name} must be a floating-point tensor, got {tensor.dtype}")
+    torch._check_type(not same_dtype or tensor.dtype == input.dtype,
+                      lambda: f"cutlassfuse: {name} must have the input's dtype {input.dtype}, got {tensor.dtype}")
+
+
 @torch.library.register_fake(_OP)
 def _conv_transpose3d_relu_group_norm_fake(input, weight, bias, norm_weight, norm_bias, num_groups, eps,
                                            stride, padding, output_padding, groups, dilation, packed_weight=None,
                                            packed_bias=None):
-    torch._check(input.dim() == 5, lambda: f"cutlassfuse: input must be 5-D, got {input.dim()}-D")
-    torch._check(weight.dim() == 5, lambda: f"cutlassfuse: weight must be 5-D, got {weight.dim()}-D")
-    torch._check(weight.shape[0] == input.shape[1],
-                 lambda: f"cutlassfuse: weight.shape[0] ({weight.shape[0]}) must equal the input's channels "
-                         f"({input.shape[1]})")
-    torch._check(all(extent > 0 for extent in input.shape[1:]),
-                 lambda: f"cutlassfuse: only the batch of the input may be empty, got shape {tuple(input.shape)}")
-    torch._check(all(s > 0 for s in stride) and all(d > 0 for d in dilation) and all(p >= 0 for p in padding),
-                 lambda: f"cutlassfuse: stride and dilation must be positive and padding non-negative, got "
-                         f"stride={stride}, dilation={dilation}, padding={padding}")
-    torch._check(all(k > 0 for k in weight.shape[2:]) and weight.shape[1] > 0,
-                 lambda: f"cutlassfuse: kernel size and output channels must be positive, got weight shape "
-                         f"{tuple(weight.shape)}")
-    torch._check(eps >= 0, lambda: f"cutlassfuse: eps must be non-negative, got {eps}")
-    torch._check(groups > 0 and input.shape[1] % groups == 0,
-                 lambda: f"cutlassfuse: input channels ({input.shape[1]}) must be divisible by groups ({groups})")
-    out_channels = weight.shape[1] * groups
-    torch._check(num_groups > 0 and out_channels % num_groups == 0,
-                 lambda: f"cutlassfuse: num_groups ({num_groups}) must be positive and divide the output channels "
-                         f"({out_channels})")
-    for s, d, op in zip(stride, dilation, output_padding, strict=True):
-        torch._check(op < s or op < d,
-                     lambda: f"cutlassfuse: output_padding must be smaller than either stride or dilation, got "
-                             f"output_padding={output_padding}, stride={stride}, dilation={dilation}")
+    """The op's output without computing it (the Meta kernel, and torch.compile's fake
+    tensors). The same checks, exception kinds and messages as the C++ validation."""
+    torch._check_value(input.dim() == 5, lambda: f"cutlassfuse: input must be 5-D (N, C_in, D, H, W), got "
+                                                 f"{input.dim()}-D with shape {tuple(input.shape)}")
+    torch._check_value(weight.dim() == 5, lambda: f"cutlassfuse: weight must be 5-D (C_in, C_out / groups, kD, kH, "
+                                                  f"kW), got {weight.dim()}-D with shape {tuple(weight.shape)}")
+    torch._check_type(input.dtype.is_floating_point,
+                      lambda: f"cutlassfuse: input must be a floating-point tensor, got {input.dtype}")
+    torch._check_type(weight.dtype == input.dtype,
+                      lambda: f"cutlassfuse: weight dtype {weight.dtype} differs from input dtype {input.dtype}")
+    named = {"weight": weight, "bias": bias, "norm_weight": norm_weight, "norm_bias": norm_bias,
+             "packed_weight": packed_weight, "packed_bias": packed_bias}
+    for name, tensor in named.items():
+        if tensor is not None:
+            torch._check(tensor.device == input.device,
+                         lambda: f"cutlassfuse: expected all tensors to be on the same device, but found {name} on "
+                                 f"{tensor.device} and input on {input.device}")
+    torch._check_value(groups > 0, lambda: f"cutlassfuse: groups must be positive, got {groups}")
+    torch._check_value(all(s > 0 for s in stride), lambda: f"cutlassfuse: stride must be positive, got {stride}")
+    torch._check_value(all(d > 0 for d in dilation), lambda: f"cutlassfuse: dilation must be positive, got {dilation}")
+    torch._check_value(all(p >= 0 for p in padding),
+                       lambda: f"cutlassfuse: padding must be non-negative, got {padding}")
+    torch._check_value(all(0 <= op and (op < s or op < d) for s, d, op in zip(stride, dilation, output_padding,
+                                                                               strict=True)),
+                       lambda: f"cutlassfuse: output_padding must be smaller than either stride or dilation, got "
+                               f"output_padding={output_padding}, stride={stride}, dilation={dilation}")
+    torch._check_value(weight.shape[0] == input.shape[1],
+                       lambda: f"cutlassfuse: weight.shape[0] ({weight.shape[0]}) must equal the input's channels "
+                               f"({input.shape[1]})")
+    torch._check_value(all(extent > 0 for extent in input.shape[1:]),
+                       lambda: f"cutlassfuse: only the batch of the input may be empty, got shape {tuple(input.shape)}")
+    torch._check_value(input.shape[1] % groups == 0,
+                       lambda: f"cutlassfuse: input channels ({input.shape[1]}) must be divisible by groups ({groups})")
+    torch._check_value(all(k > 0 for k in weight.shape[2:]),
+                       lambda: f"cutlassfuse: kernel size must be positive, got weight shape {tuple(weight.shape)}")
     spatial = transposed_conv_output_size(input.shape[2:], weight.shape[2:], stride, padding, output_padding,
                                           dilation)
-    torch._check(all(extent > 0 for extent in spatial),
-                 lambda: f"cutlassfuse: the output would be empty (spatial size {spatial})")
+    torch._check_value(all(extent > 0 for extent in spatial),
+                       lambda: f"cutlassfuse: the output would be empty (spatial size {spatial})")
+    out_channels = weight.shape[1] * groups
+    torch._check_value(out_channels > 0, lambda: "cutlassfuse: weight gives zero output channels")
+    torch._check_value(num_groups > 0 and out_channels % num_groups == 0,
+                       lambda: f"cutlassfuse: num_groups ({num_groups}) must be positive and divide the output "
+                               f"channels ({out_channels})")
+    torch._check_value(math.isfinite(eps) and eps >= 0,
+                       lambda: f"cutlassfuse: eps must be finite and non-negative, got {eps}")
+    _check_vector(bias, "bias", out_channels, input, same_dtype=True)
+    _check_vector(norm_weight, "norm_weight", out_channels, input, same_dtype=False)
+    _check_vector(norm_bias, "norm_bias", out_channels, input, same_dtype=False)
+    if packed_weight is not None:
+        expected = (weight.shape[0], *weight.shape[2:], weight.shape[1])
+        torch._check_value(tuple(packed_weight.shape) == expected,
+                           lambda: f"cutlassfuse: packed_weight must be weight.permute(0, 2, 3, 4, 1), shape "
+                                   f"{expected}, got {tuple(packed_weight.shape)}")
+        torch._check_type(packed_weight.dtype == weight.dtype,
+                          lambda: f"cutlassfuse: packed_weight must have the weight's dtype {weight.dtype}, got "
+                                  f"{packed_weight.dtype}")
+    if packed_bias is not None:
+        torch._check_value(bias is not None, lambda: "cutlassfuse: packed_bias given without a bias")
+        values = stride[0] * stride[1] * stride[2] * out_channels
+        torch._check_value(packed_bias.dim() == 1 and packed_bias.shape[0] == values,
+                           lambda: f"cutlassfuse: packed_bias must be bias.repeat(prod(stride)), {values} contiguous "
+                                   f"values, got shape {tuple(packed_bias.shape)}")
+        torch._check_type(packed_bias.dtype == bias.dtype,
+                          lambda: f"cutlassfuse: packed_bias must have the bias's dtype {bias.dtype}, got "
+                                  f"{packed_bias.dtype}")
     channels_last = torch.channels_last_3d in (suggest_memory_format(input), suggest_memory_format(weight))
     return torch.empty((input.shape[0], out_channels, *spatial), dtype=input.dtype, device=input.device,
                        memory_format=torch.channels_last_3d if channels_last else torch.contiguous_format)
