@@ -1,8 +1,8 @@
-"""float32: accuracy against float64 and time, in one run, of cutlassfuse's two float32
-implementations (the fused path running three bfloat16 piece products, opted in with
-set_float32_tensor_cores; the default, cuDNN in strict fp32 on the CUDA fallback) and
-PyTorch eager with its default TF32 convolution and with TF32 off. The evidence for the
-fp32 implementation choice (docs/performance.md).
+"""float32: accuracy against float64 and against eager, and time, in one run, of
+cutlassfuse's float32 modes (set_float32_mode: "pytorch", the default, with PyTorch's
+TF32 conv switch on and off; "bf16x3", the fused path running three bfloat16 piece
+products) and PyTorch eager with TF32 on (its default) and off. The evidence for the
+float32 modes (docs/performance.md).
 
     python benchmarks/float32_choice.py [--shape kb61]
 """
@@ -37,29 +37,21 @@ def main() -> None:
     def ours():
         return cutlassfuse.conv_transpose3d_relu_group_norm(x, w, num_groups=shape.groups, **args)
 
-    def ours_tensor_cores():
-        cutlassfuse.set_float32_tensor_cores(True)
-        try:
+    def ours_bf16x3():
+        with cutlassfuse.float32_mode("bf16x3"):
             return ours()
-        finally:
-            cutlassfuse.set_float32_tensor_cores(False)
 
-    path = cutlassfuse.explain(x, w, num_groups=shape.groups, **args)
-    print(f"{shape.name} float32 on {torch.cuda.get_device_name()}: {path}")
-    print(f"{'implementation':<42}{'median ms':>10}{'max abs err':>13}{'rel err':>10}")
-    saved = torch.backends.cudnn.allow_tf32
-    try:
-        for name, fn, tf32 in [("cutlassfuse tensor cores (3 bf16 products)", ours_tensor_cores, saved),
-                               ("cutlassfuse default (strict fp32 cuDNN)", ours, saved),
-                               ("eager, TF32 conv (PyTorch default)", eager, True),
-                               ("eager, strict fp32", eager, False)]:
-            torch.backends.cudnn.allow_tf32 = tf32
-            with torch.no_grad():
-                err = errors(fn(), reference)
-                ms = median_ms(fn, cuda=True, warmup=3, repeats=10)
-            print(f"{name:<42}{ms:10.3f}{err.max_abs:13.2e}{err.relative:10.2e}")
-    finally:
-        torch.backends.cudnn.allow_tf32 = saved
+    print(f"{shape.name} float32 on {torch.cuda.get_device_name()}")
+    print(f"{'implementation':<40}{'median ms':>10}{'max abs vs fp64':>17}{'max abs vs eager':>18}")
+    rows = [("cutlassfuse 'pytorch', TF32 allowed", ours, True), ("eager, TF32 allowed (default)", eager, True),
+            ("cutlassfuse 'pytorch', strict fp32", ours, False), ("eager, strict fp32", eager, False),
+            ("cutlassfuse 'bf16x3'", ours_bf16x3, True)]
+    for name, fn, tf32 in rows:
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32), torch.no_grad():
+            out, same_setting_eager = fn(), eager()
+            ms = median_ms(fn, cuda=True, warmup=3, repeats=10)
+        against_eager = (out - same_setting_eager).abs().max().item()
+        print(f"{name:<40}{ms:10.3f}{errors(out, reference).max_abs:17.2e}{against_eager:18.2e}")
 
 
 if __name__ == "__main__":

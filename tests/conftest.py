@@ -19,3 +19,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def strict_float32():
+    """float32 convolutions without TF32 and with deterministic algorithms
+    (torch.backends.cudnn's switches), as a user who wants float32 close to float64 and
+    repeatable sets them: the op's default float32 mode follows those switches, so tests
+    holding float32 to float64 within 1e-4, bit for bit across runs, run under them."""
+    with torch.backends.cudnn.flags(enabled=True, deterministic=True, allow_tf32=False):
+        yield

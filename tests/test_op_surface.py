@@ -119,3 +119,21 @@ def test_path_switches_leave_the_cpu_reference(switch, changed, default):
         assert cutlassfuse.explain(x, w, num_groups=2).startswith("reference")
     finally:
         switch(default)
+
+
+def test_float32_mode_setting():
+    assert cutlassfuse.get_float32_mode() == "pytorch"
+    assert cutlassfuse.info()["float32_mode"] == "pytorch"
+    with pytest.raises(ValueError, match="unknown float32 mode 'tf64'; known: pytorch, bf16x3"):
+        cutlassfuse.set_float32_mode("tf64")
+    with pytest.raises(KeyError):  # the mode is restored whatever ends the block
+        with cutlassfuse.float32_mode("bf16x3"):
+            assert cutlassfuse.get_float32_mode() == "bf16x3"
+            raise KeyError
+    assert cutlassfuse.get_float32_mode() == "pytorch"
+    cutlassfuse.set_float32_tensor_cores(True)
+    try:
+        assert cutlassfuse.get_float32_mode() == "bf16x3"
+    finally:
+        cutlassfuse.set_float32_tensor_cores(False)
+    assert cutlassfuse.get_float32_mode() == "pytorch"

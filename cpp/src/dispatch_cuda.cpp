@@ -21,6 +21,7 @@
 #include "cutlassfuse/layout.h"
 #include "cutlassfuse/nvtx.h"
 #include "cutlassfuse/op.h"
+#include "cutlassfuse/settings.h"
 #include "cutlassfuse/subpixel.h"
 #include "cutlassfuse/unreached_fill.h"
 #include "op_arguments.h"
@@ -30,7 +31,6 @@ namespace {
 
 std::atomic<bool> g_fused_path_enabled{true};
 std::atomic<int> g_phase_streams{1};
-std::atomic<bool> g_float32_tensor_cores{false};
 
 // Sub-pixel phases are independent (disjoint outputs, their own partials): with more
 // than one lane each phase is its own launch on a side stream, so one phase's last
@@ -315,8 +315,6 @@ int64_t unit_counters_bytes() { return kMaxPartialsRegions * static_cast<int64_t
 
 void set_fused_path_enabled(bool enabled) { g_fused_path_enabled.store(enabled); }
 
-void set_float32_tensor_cores(bool enabled) { g_float32_tensor_cores.store(enabled); }
-
 void set_phase_streams(int64_t lanes) { g_phase_streams.store(static_cast<int>(std::clamp<int64_t>(lanes, 1, 8))); }
 
 namespace {
@@ -329,9 +327,8 @@ std::variant<FusedPlan, std::string> route(const OpArgs& a, const Problem& p) {
     return "GPU is sm_" + std::to_string(props->major * 10 + props->minor) + ", the fused kernels need sm_90";
   const auto element = element_type(a.input.scalar_type());
   if (!element) return "dtype is not float16, bfloat16 or float32";
-  if (*element == ElementType::kFloat32 && !g_float32_tensor_cores.load())
-    return "float32 on tensor cores is off (cutlassfuse.set_float32_tensor_cores; it lands up to ~7e-4 from "
-           "float64 after GroupNorm, strict fp32 within 1e-4)";
+  if (*element == ElementType::kFloat32 && float32_mode() != Float32Mode::kBf16x3)
+    return "float32 mode is 'pytorch' (the convolution as PyTorch runs it; cutlassfuse.set_float32_mode)";
   if (!affine_element_type(a)) return "norm_weight/norm_bias are not both float32, float16 or bfloat16 of one dtype";
   if (p.batch == 0) return "empty batch";
   // TMA reads the input (when no copy of it is made) and the filter (when the weight is
@@ -380,7 +377,7 @@ std::string fused_path_description(const OpArgs& a, const Problem& p) {
   }
   if (plan.subpixel.unreached_pixels > 0) launches = "ReLU(bias) fill of unreached pixels + " + launches;
   if (element == ElementType::kFloat32) {
-    launches = "float32 as three bfloat16 piece products (set_float32_tensor_cores): " + launches;
+    launches = "float32 as three bfloat16 piece products (float32 mode 'bf16x3'): " + launches;
   }
   return launches + sm90::config_name(plan.config) +
          " (epilogue: bias, ReLU, GroupNorm partial statistics) + normalize";

@@ -3,9 +3,10 @@
 // without bias, then this project's ReLU + GroupNorm statistics, finalize and
 // normalize kernels (group_norm_generic.h), the normalize in place.
 //
-// float32 runs cuDNN in strict fp32 (no TF32): PyTorch's default TF32 convolution
-// lands ~3e-3 from float64 after GroupNorm; strict fp32 stays within 1e-4.
-// cuDNN is asked for deterministic algorithms, so two calls are bitwise equal.
+// float32 runs the convolution as PyTorch does (float32 mode "pytorch", settings.h):
+// ATen's convolution reads PyTorch's switches (TF32, deterministic, benchmark), so the
+// conv output is nn.ConvTranspose3d's bit for bit. float16/bfloat16 ask cuDNN for
+// deterministic algorithms, so two calls are bitwise equal.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/detail/CUDAHooksInterface.h>
@@ -17,8 +18,28 @@
 
 namespace cutlassfuse {
 
-const char* const kFallbackDescription =
-    "fallback: cuDNN conv_transpose3d (strict fp32 for float32, deterministic) + cutlassfuse ReLU/GroupNorm kernels";
+std::string fallback_description(const OpArgs& a) {
+  const char* conv = a.input.scalar_type() == at::kFloat
+                         ? "PyTorch's conv_transpose3d under its switches (float32 mode 'pytorch': TF32 where "
+                           "torch.backends.cudnn allows it)"
+                         : "cuDNN conv_transpose3d (deterministic)";
+  return std::string("fallback: ") + conv + " + cutlassfuse ReLU/GroupNorm kernels";
+}
+
+namespace {
+
+// The convolution without its bias (the ReLU pass adds it).
+at::Tensor convolution(const OpArgs& a) {
+  if (a.input.scalar_type() == at::kFloat) {
+    return at::convolution(a.input, a.weight, std::nullopt, a.stride, a.padding, a.dilation, /*transposed=*/true,
+                           a.output_padding, a.groups);
+  }
+  return at::cudnn_convolution_transpose(a.input, a.weight, a.padding, a.output_padding, a.stride, a.dilation, a.groups,
+                                         at::globalContext().benchmarkCuDNN(), /*deterministic=*/true,
+                                         /*allow_tf32=*/false);
+}
+
+}  // namespace
 
 std::string fallback_unsupported_reason(const OpArgs& a, const Problem& p) {
   const cudaDeviceProp* props = at::cuda::getDeviceProperties(a.input.device().index());
@@ -51,10 +72,7 @@ at::Tensor fallback_forward_cuda(const OpArgs& a, const Problem& p) {
   at::Tensor y;
   {
     const NvtxRange range("cutlassfuse.cudnn_conv_transpose3d");
-    y = at::cudnn_convolution_transpose(a.input, a.weight, a.padding, a.output_padding, a.stride, a.dilation, a.groups,
-                                        at::globalContext().benchmarkCuDNN(), /*deterministic=*/true,
-                                        /*allow_tf32=*/false);
-    y = y.contiguous(output_memory_format(a.input, a.weight));
+    y = convolution(a).contiguous(output_memory_format(a.input, a.weight));
   }
   const ActivationLayout layout =
       y.is_contiguous() ? ActivationLayout::kChannelsFirst : ActivationLayout::kChannelsLast;

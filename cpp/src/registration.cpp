@@ -3,6 +3,7 @@
 #include <torch/library.h>
 
 #include "cutlassfuse/op.h"
+#include "cutlassfuse/settings.h"
 #include "cutlassfuse/subpixel.h"
 #if CUTLASSFUSE_WITH_CUDA
 #include "cutlassfuse/dgrad_sm90.h"
@@ -102,7 +103,7 @@ std::string explain_cuda(const OpArgs& args) {
   const std::string why_not_fused = fused_path_unsupported_reason(args, problem);
   if (why_not_fused.empty()) return "fused_sm90: " + fused_path_description(args, problem);
   const std::string why_not_fallback = fallback_unsupported_reason(args, problem);
-  if (why_not_fallback.empty()) return std::string(kFallbackDescription) + ", because " + why_not_fused;
+  if (why_not_fallback.empty()) return fallback_description(args) + ", because " + why_not_fused;
   return std::string(kReference) + ", because " + why_not_fused + " and " + why_not_fallback;
 }
 
@@ -129,6 +130,14 @@ TORCH_LIBRARY(cutlassfuse, m) {
   m.def((std::string("conv_transpose3d_relu_group_norm") + kArguments + " -> Tensor").c_str());
   // Which implementation a call with these arguments takes, and why.
   m.def((std::string("explain") + kArguments + " -> str").c_str());
+  // How float32 calls compute the convolution (settings.h); "pytorch" by default.
+  m.def("set_float32_mode(str mode) -> ()", [](c10::string_view name) {
+    const auto mode = float32_mode_from_name(name);
+    TORCH_CHECK_VALUE(mode.has_value(), "cutlassfuse: unknown float32 mode '", name,
+                      "'; known: ", float32_mode_names());
+    set_float32_mode(*mode);
+  });
+  m.def("float32_mode() -> str", [] { return std::string(float32_mode_name(float32_mode())); });
   m.def(
       "subpixel_plan(int[3] input_size, int[3] kernel_size, int[3] stride, int[3] padding, int[3] output_padding, "
       "int[3] dilation, int in_channels, int out_channels) -> int[]",
@@ -143,8 +152,6 @@ TORCH_LIBRARY(cutlassfuse, m) {
   m.def("set_drawn_tile_schedule(bool enabled) -> ()", [](bool enabled) { sm90::set_drawn_tile_schedule(enabled); });
   // Turns the fused sm90 path off or on, so CUDA calls take the fallback (benchmarks).
   m.def("set_fused_path_enabled(bool enabled) -> ()", [](bool enabled) { set_fused_path_enabled(enabled); });
-  // float32 on the fused path as bfloat16 piece products (faster, less accurate; off by default).
-  m.def("set_float32_tensor_cores(bool enabled) -> ()", [](bool enabled) { set_float32_tensor_cores(enabled); });
   // Spreads the sub-pixel phases of one call over this many streams (1 to 8; benchmarks).
   m.def("set_phase_streams(int lanes) -> ()", [](int64_t lanes) { set_phase_streams(lanes); });
   // The deconvolution alone through the stock CUTLASS kernel (benchmark baseline); the

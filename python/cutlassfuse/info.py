@@ -24,7 +24,8 @@ def _device_summary() -> dict[str, Any] | None:
 def info() -> dict[str, Any]:
     """Package version, the torch/CUDA/CUTLASS it was built against, the CUDA
     architectures of the project's own kernels (the CUTLASS tensor-core kernels are
-    sm_90a), and the current GPU (None without one)."""
+    sm_90a), the float32 mode (``set_float32_mode``), and the current GPU (None without
+    one)."""
     return {
         "version": _build_info.VERSION,
         "torch_built_against": _build_info.TORCH_VERSION,
@@ -35,5 +36,6 @@ def info() -> dict[str, Any]:
         "cuda_architectures": list(_build_info.CUDA_ARCHITECTURES),
         "tensor_core_kernels": "sm_90a" if _build_info.WITH_CUDA else None,
         "cutlass_version": _build_info.CUTLASS_VERSION or None,
+        "float32_mode": torch.ops.cutlassfuse.float32_mode(),
         "device": _device_summary(),
     }

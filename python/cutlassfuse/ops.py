@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -119,13 +120,41 @@ def set_fused_path_enabled(enabled: bool) -> None:
         torch.ops.cutlassfuse.set_fused_path_enabled(bool(enabled))
 
 
+def set_float32_mode(mode: str) -> None:
+    """How float32 calls compute the convolution, for this process:
+
+    - ``"pytorch"`` (the default): as PyTorch runs it under its current switches, TF32
+      where ``torch.backends.cudnn.allow_tf32`` (its conv switch) allows it, strict fp32
+      otherwise, deterministic and benchmark as set; then cutlassfuse's bias + ReLU +
+      GroupNorm kernels. The convolution is ``nn.ConvTranspose3d``'s bit for bit, so the
+      op is a drop-in for the float32 modules it replaces.
+    - ``"bf16x3"``: the fused sm90 tensor-core path with each float32 operand split into
+      bfloat16 pieces (three products summed in fp32): faster than PyTorch in either
+      setting, within ~7e-4 of float64 after GroupNorm (PyTorch's TF32 lands ~3e-3 away,
+      its strict fp32 ~1e-5). Other GPUs run ``"pytorch"``.
+    """
+    torch.ops.cutlassfuse.set_float32_mode(mode)
+
+
+def get_float32_mode() -> str:
+    """The float32 mode of this process (``set_float32_mode``)."""
+    return torch.ops.cutlassfuse.float32_mode()
+
+
+@contextlib.contextmanager
+def float32_mode(mode: str) -> Iterator[None]:
+    """``set_float32_mode(mode)`` inside the ``with`` block; the previous mode after it."""
+    previous = get_float32_mode()
+    set_float32_mode(mode)
+    try:
+        yield
+    finally:
+        set_float32_mode(previous)
+
+
 def set_float32_tensor_cores(enabled: bool) -> None:
-    """Lets float32 calls take the fused sm90 path as three bfloat16 piece products
-    (True), about 2x faster than PyTorch's default TF32 convolution and ~10x closer to
-    float64, but up to ~7e-4 max abs from float64 after GroupNorm; off by default
-    (False), float32 calls run strict fp32 cuDNN, within 1e-4. No effect on a CPU-only build."""
-    if hasattr(torch.ops.cutlassfuse, "set_float32_tensor_cores"):
-        torch.ops.cutlassfuse.set_float32_tensor_cores(bool(enabled))
+    """``set_float32_mode("bf16x3")`` when True, ``set_float32_mode("pytorch")`` when False."""
+    set_float32_mode("bf16x3" if enabled else "pytorch")
 
 
 def set_phase_streams(lanes: int) -> None:

@@ -52,9 +52,6 @@ at::Tensor reference_forward(const OpArgs& args);
 std::string fused_path_unsupported_reason(const OpArgs& args, const Problem& problem);
 // Process-wide switch of the fused path (on by default), for benchmarking the fallback.
 void set_fused_path_enabled(bool enabled);
-// Whether float32 calls take the fused path as bfloat16 piece products (off by default:
-// strict fp32 cuDNN is the accurate default; see float32_split.h).
-void set_float32_tensor_cores(bool enabled);
 // How many streams the fused path spreads sub-pixel phases over (1, the default, to 8).
 void set_phase_streams(int64_t lanes);
 // The fused sm90 path's result, or nothing when it does not take the call
@@ -66,7 +63,8 @@ std::string fused_path_description(const OpArgs& args, const Problem& problem);
 // project's ReLU + GroupNorm kernels), else why not.
 std::string fallback_unsupported_reason(const OpArgs& args, const Problem& problem);
 at::Tensor fallback_forward_cuda(const OpArgs& args, const Problem& problem);
-extern const char* const kFallbackDescription;
+// What the fallback runs for a call of this dtype.
+std::string fallback_description(const OpArgs& args);
 // ConvTranspose3d alone through the stock CUTLASS sm90 dgrad (plain store, NDHWC
 // output): the baseline of the fused epilogue, for benchmarks.
 at::Tensor cutlass_dgrad_plain(const OpArgs& args, const Problem& problem);

@@ -1,0 +1,112 @@
+"""float32 modes on the GPU. "pytorch" (the default) runs the convolution as PyTorch does
+under its TF32 switch, so the op stays within allclose(1e-4, 1e-4) of eager
+ConvTranspose3d -> ReLU -> GroupNorm with TF32 allowed and with it disallowed; "bf16x3"
+takes the fused path."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cutlassfuse
+from cutlassfuse.testing import fused_path_expected
+
+pytestmark = pytest.mark.gpu
+
+TF32 = [pytest.param(True, id="tf32_allowed"), pytest.param(False, id="tf32_disallowed")]
+
+
+def eager(x, w, b, stride, padding, output_padding, num_groups, gamma, beta):
+    y = F.relu(F.conv_transpose3d(x, w, b, stride, padding, output_padding))
+    return F.group_norm(y, num_groups, gamma, beta)
+
+
+def random_layers(count: int, seed: int = 0) -> list[dict]:
+    """Layers with strides 1-2, kernels 1-4, padding, output padding, bias on and off,
+    NCDHW and channels_last_3d input."""
+    rng = random.Random(seed)
+    layers = []
+    while len(layers) < count:
+        stride, kernel = rng.choice([1, 2]), rng.randint(1, 4)
+        padding = rng.randint(0, min(2, kernel - 1))
+        output_padding = rng.randint(0, stride - 1)
+        size = tuple(rng.randint(3, 9) for _ in range(3))
+        out = [(s - 1) * stride - 2 * padding + kernel + output_padding for s in size]
+        if min(out) < 1:
+            continue
+        num_groups = rng.choice([1, 2, 4, 8])
+        layers.append(dict(batch=rng.randint(1, 3), in_channels=rng.choice([3, 8, 16, 24]),
+                           out_channels=num_groups * rng.randint(1, 4) * 2, size=size, kernel=kernel, stride=stride,
+                           padding=padding, output_padding=output_padding, num_groups=num_groups,
+                           bias=rng.random() < 0.5, channels_last=rng.random() < 0.5))
+    return layers
+
+
+def make_call(layer: dict, seed: int) -> dict:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    c_in, c_out, k = layer["in_channels"], layer["out_channels"], layer["kernel"]
+    x = torch.rand(layer["batch"], c_in, *layer["size"], device="cuda", generator=g)
+    if layer["channels_last"]:
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    w = torch.randn(c_in, c_out, k, k, k, device="cuda", generator=g) * (c_in * k**3) ** -0.5
+    b = 0.1 * torch.randn(c_out, device="cuda", generator=g) if layer["bias"] else None
+    gamma = 1 + 0.1 * torch.randn(c_out, device="cuda", generator=g)
+    beta = 0.1 * torch.randn(c_out, device="cuda", generator=g)
+    return dict(x=x, w=w, b=b, stride=layer["stride"], padding=layer["padding"],
+                output_padding=layer["output_padding"], num_groups=layer["num_groups"], gamma=gamma, beta=beta)
+
+
+def fused_op(x, w, b, stride, padding, output_padding, num_groups, gamma, beta):
+    return cutlassfuse.conv_transpose3d_relu_group_norm(x, w, b, stride, padding, output_padding,
+                                                        num_groups=num_groups, norm_weight=gamma, norm_bias=beta)
+
+
+@pytest.mark.parametrize("allow_tf32", TF32)
+@pytest.mark.parametrize("index", range(24))
+def test_pytorch_mode_matches_eager_on_random_layers(index, allow_tf32):
+    call = make_call(random_layers(24)[index], seed=index)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=allow_tf32):
+        assert "float32 mode 'pytorch'" in cutlassfuse.explain(call["x"], call["w"], call["b"], call["stride"],
+                                                               call["padding"], call["output_padding"],
+                                                               num_groups=call["num_groups"])
+        torch.testing.assert_close(fused_op(**call), eager(**call), atol=1e-4, rtol=1e-4)
+
+
+def test_pytorch_mode_follows_the_tf32_switch_on_kernelbench_61():
+    """KernelBench level2/61 in float32 (16 x 64 -> 128 channels, 32^3, kernel 3, 8 groups):
+    within allclose(1e-4, 1e-4) of eager in both settings, and as far from the other
+    setting's result as eager is."""
+    torch.manual_seed(0)
+    model = cutlassfuse.testing.KernelBenchModel(64, 128, 3, 8).cuda()
+    block = cutlassfuse.ConvTranspose3dReLUGroupNorm.from_modules(model.conv_transpose, model.group_norm)
+    x = torch.rand(16, 64, 32, 32, 32, device="cuda")
+    results = {}
+    with torch.no_grad():
+        for allow_tf32 in (True, False):
+            with torch.backends.cudnn.flags(enabled=True, allow_tf32=allow_tf32):
+                ours, theirs = block(x), model(x)
+                torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+                results[allow_tf32] = ours, theirs
+    if not torch.equal(results[True][1], results[False][1]):  # eager's TF32 conv differs from strict
+        assert not torch.equal(results[True][0], results[False][0])
+
+
+def test_pytorch_mode_is_deterministic_when_pytorch_is():
+    call = make_call(random_layers(1, seed=5)[0], seed=5)
+    with torch.backends.cudnn.flags(enabled=True, deterministic=True):
+        assert torch.equal(fused_op(**call), fused_op(**call))
+
+
+@pytest.mark.skipif(not fused_path_expected(), reason="the fused path needs an sm_90 GPU")
+def test_bf16x3_mode_takes_the_fused_path():
+    x = torch.rand(2, 16, 6, 6, 6, device="cuda")
+    w = 0.1 * torch.randn(16, 32, 3, 3, 3, device="cuda")
+    with cutlassfuse.float32_mode("bf16x3"):
+        assert cutlassfuse.explain(x, w, num_groups=8).startswith("fused_sm90: float32 as three bfloat16")
+        out = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, num_groups=8)
+    assert cutlassfuse.get_float32_mode() == "pytorch"
+    torch.testing.assert_close(out, F.group_norm(F.relu(F.conv_transpose3d(x.double(), w.double())), 8).float(),
+                               atol=2e-3, rtol=0)
