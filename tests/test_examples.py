@@ -16,3 +16,6 @@ def test_example_runs(script):
     assert out.strip()
     if script == "unet_decoder.py":
         assert "3 chain(s) fused" in out
+    if script == "kernelbench_61.py":
+        checks = [line for line in out.splitlines() if "allclose(ModelNew, Model" in line]
+        assert checks and all(line.endswith("= True") for line in checks), out

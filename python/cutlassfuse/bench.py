@@ -10,6 +10,7 @@ twice the L2 cache, so repeated calls do not run out of cache.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import statistics
@@ -22,7 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .modules import ConvTranspose3dReLUGroupNorm
-from .ops import set_fused_path_enabled, transposed_conv_output_size
+from .ops import float32_mode, set_fused_path_enabled, transposed_conv_output_size
+from .testing import reference_float64
 
 # Measured on H200 (docs/performance.md): fp16/bf16 dense matmul and copy bandwidth.
 TENSOR_CEILING_TFLOPS = {torch.float16: 693.0, torch.bfloat16: 716.0, torch.float32: 495.0}
@@ -144,6 +146,7 @@ class Row:
     pct_tensor_ceiling: float | None = None
     gbs: float | None = None
     speedup_of_fused: float | None = None  # this implementation's time / fused time
+    max_abs_vs_float64: float | None = None  # of the whole block's output; None for the conv alone
     note: str = ""
 
 
@@ -164,6 +167,9 @@ def _not_applicable(implementation: str, dtype: torch.dtype, device: torch.devic
     """Why a baseline does not run for this dtype and device; '' when it does."""
     if implementation in ("cuDNN conv alone", "cutlassfuse fallback") and device.type != "cuda":
         return "CUDA only"
+    if implementation == "cutlassfuse bf16x3" and (device.type != "cuda" or
+                                                   torch.cuda.get_device_capability(device) != (9, 0)):
+        return "the fused path runs on sm_90 GPUs"
     if implementation == "CUTLASS conv alone":
         if not hasattr(torch.ops.cutlassfuse, "conv_transpose3d_cutlass"):
             return "a build without the CUDA kernels"
@@ -174,8 +180,31 @@ def _not_applicable(implementation: str, dtype: torch.dtype, device: torch.devic
     return ""
 
 
-def _candidates(shape: BenchShape, eager: nn.Module, fused: nn.Module,
-                with_compile: bool) -> dict[str, Callable[[torch.Tensor], object]]:
+@dataclass(frozen=True)
+class Candidate:
+    fn: Callable[[torch.Tensor], object]
+    setting: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    whole_op: bool = True  # computes the whole block (its error against float64 is reported)
+
+
+@contextlib.contextmanager
+def _fused_path_off():
+    set_fused_path_enabled(False)
+    try:
+        yield
+    finally:
+        set_fused_path_enabled(True)
+
+
+def _strict_float32():
+    return torch.backends.cudnn.flags(enabled=True, allow_tf32=False)
+
+
+def _candidates(shape: BenchShape, dtype: torch.dtype, eager: nn.Module, fused: nn.Module,
+                with_compile: bool) -> dict[str, Candidate]:
+    """What one case times: PyTorch (eager, compiled), the convolution alone (cuDNN; the
+    same CUTLASS kernel with plain stores), cutlassfuse's fallback and fused call; for
+    float32 also PyTorch's strict setting and the "bf16x3" mode."""
     conv = eager[0]
     conv_args = dict(stride=conv.stride, padding=conv.padding, output_padding=conv.output_padding)
 
@@ -184,15 +213,27 @@ def _candidates(shape: BenchShape, eager: nn.Module, fused: nn.Module,
             x, conv.weight, conv.bias, None, None, shape.groups, 1e-5, [shape.stride] * 3, [shape.padding] * 3,
             [shape.output_padding] * 3, 1, [1] * 3, None)
 
-    candidates = {"pytorch eager": eager,
-                  "cuDNN conv alone": lambda x: F.conv_transpose3d(x, conv.weight, conv.bias, **conv_args)}
+    candidates = {"pytorch eager": Candidate(eager)}
+    if dtype == torch.float32:
+        candidates["pytorch eager, TF32 off"] = Candidate(eager, _strict_float32)
+    candidates["cuDNN conv alone"] = Candidate(lambda x: F.conv_transpose3d(x, conv.weight, conv.bias, **conv_args),
+                                               whole_op=False)
     if with_compile:
         torch._dynamo.reset()  # every case compiles afresh instead of piling up recompilations
-        candidates["torch.compile"] = torch.compile(eager)
-    candidates["CUTLASS conv alone"] = cutlass_conv
-    candidates["cutlassfuse fallback"] = fused  # timed with the fused path turned off
-    candidates["cutlassfuse"] = fused
+        candidates["torch.compile"] = Candidate(torch.compile(eager))
+    candidates["CUTLASS conv alone"] = Candidate(cutlass_conv, whole_op=False)
+    candidates["cutlassfuse fallback"] = Candidate(fused, _fused_path_off)
+    if dtype == torch.float32:
+        candidates["cutlassfuse, TF32 off"] = Candidate(fused, _strict_float32)
+        candidates["cutlassfuse bf16x3"] = Candidate(fused, lambda: float32_mode("bf16x3"))
+    candidates["cutlassfuse"] = Candidate(fused)
     return candidates
+
+
+def _max_abs_error(candidate: Candidate, x: torch.Tensor, reference: torch.Tensor) -> float | None:
+    if not candidate.whole_op:
+        return None
+    return (candidate.fn(x).double() - reference).abs().max().item()
 
 
 def bench_case(shape: BenchShape, dtype: torch.dtype, channels_last: bool, *, with_compile: bool, warmup: int,
@@ -204,42 +245,48 @@ def bench_case(shape: BenchShape, dtype: torch.dtype, channels_last: bool, *, wi
     copies = max(1, min(16, int(2 * 60e6 // (one.numel() * one.element_size())) + 1)) if device.type == "cuda" else 1
     inputs = [torch.rand_like(one).contiguous(memory_format=memory_format) for _ in range(copies)]
     case = (shape.name, str(dtype).removeprefix("torch."), "channels_last" if channels_last else "ncdhw")
+    conv, norm = eager[0], eager[2]
+    reference = reference_float64(inputs[0], conv.weight, conv.bias, conv.stride, conv.padding, conv.output_padding,
+                                  num_groups=norm.num_groups, norm_weight=norm.weight, norm_bias=norm.bias,
+                                  eps=norm.eps)
 
-    timings: dict[str, Timing | str] = {}
+    results: dict[str, tuple[Timing, float | None] | str] = {}
     with torch.no_grad():
-        for name, fn in _candidates(shape, eager, fused, with_compile).items():
-            timings[name] = _not_applicable(name, dtype, device)
-            if timings[name]:
+        for name, candidate in _candidates(shape, dtype, eager, fused, with_compile).items():
+            results[name] = _not_applicable(name, dtype, device)
+            if results[name]:
                 continue
-            set_fused_path_enabled(name != "cutlassfuse fallback")
             try:
-                timings[name] = time_rotating(fn, inputs, warmup, repeats)
+                with candidate.setting():
+                    results[name] = (time_rotating(candidate.fn, inputs, warmup, repeats),
+                                     _max_abs_error(candidate, inputs[0], reference))
             except (RuntimeError, ValueError) as error:  # a baseline refusing this problem
-                timings[name] = f"refused: {str(error).splitlines()[0]}"
-            finally:
-                set_fused_path_enabled(True)
-    fused_ms = timings["cutlassfuse"].median_ms
+                results[name] = f"refused: {str(error).splitlines()[0]}"
+    fused_ms = results["cutlassfuse"][0].median_ms
     rows = []
-    for name, t in timings.items():
-        if isinstance(t, str):
-            rows.append(Row(*case, name, note=f"n/a: {t}"))
+    for name, result in results.items():
+        if isinstance(result, str):
+            rows.append(Row(*case, name, note=f"n/a: {result}"))
             continue
+        t, error = result
         tflops = shape.useful_flops() / (t.median_ms * 1e-3) / 1e12
         ceiling = TENSOR_CEILING_TFLOPS.get(dtype) if device.type == "cuda" else None
         rows.append(Row(*case, name, t.median_ms, t.p20_ms, t.p80_ms, tflops,
                         100 * tflops / ceiling if ceiling else None,
-                        shape.min_bytes(one.element_size()) / (t.median_ms * 1e-3) / 1e9, t.median_ms / fused_ms))
+                        shape.min_bytes(one.element_size()) / (t.median_ms * 1e-3) / 1e9, t.median_ms / fused_ms,
+                        max_abs_vs_float64=error))
     return rows
 
 
 def print_rows(rows: list[Row]) -> None:
     for r in rows:
         if r.median_ms is None:
-            print(f"    {r.implementation:<20}{'n/a':>9}    ({r.note.removeprefix('n/a: ')})")
+            print(f"    {r.implementation:<24}{'n/a':>9}    ({r.note.removeprefix('n/a: ')})")
             continue
         ceiling = f" ({r.pct_tensor_ceiling:4.1f}%)" if r.pct_tensor_ceiling is not None else ""
-        print(f"    {r.implementation:<20}{r.median_ms:9.3f} ms [{r.p20_ms:.3f}-{r.p80_ms:.3f}]"
-              f"{r.tflops:8.1f} TFLOP/s{ceiling}{r.gbs:8.0f} GB/s   fused is {r.speedup_of_fused:.2f}x faster")
+        error = f"   max abs vs fp64 {r.max_abs_vs_float64:.1e}" if r.max_abs_vs_float64 is not None else ""
+        print(f"    {r.implementation:<24}{r.median_ms:9.3f} ms [{r.p20_ms:.3f}-{r.p80_ms:.3f}]"
+              f"{r.tflops:8.1f} TFLOP/s{ceiling}{r.gbs:8.0f} GB/s   fused is {r.speedup_of_fused:.2f}x faster{error}")
 
 
 def write_outputs(rows: list[Row], device_name: str, csv_path: str | None, json_path: str | None,
