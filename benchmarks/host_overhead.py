@@ -1,4 +1,4 @@
-"""Host cost of one fused call next to its device time, for every baselines.md shape:
+"""Host cost of one fused call next to its device time, for every benchmark shape:
 when the CPU needs longer to issue a call than the GPU needs to run it, the GPU idles
 between calls and the wall time per call is the host's.
 

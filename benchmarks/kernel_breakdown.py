@@ -4,7 +4,7 @@ torch.profiler (CUPTI) over repeated calls.
 
     python benchmarks/kernel_breakdown.py [--shape kb61] [--dtype float16] [--config 128x64_pingpong]
 
---shape takes a baselines.md name (kb61, kb61_v0, unet_k2s2, gan_k4s2p1,
+--shape takes a benchmark shape name (kb61, kb61_v0, unet_k2s2, gan_k4s2p1,
 vid_k3s2p1op1) or N,Cin,Cout,D,H,W,kernel,stride,padding,output_padding,groups.
 """
 

@@ -1,5 +1,5 @@
 """Sub-pixel phases on one stream or spread over side streams (cutlassfuse.set_phase_streams),
-median ms of one fused call per strided baselines.md shape, in one run.
+median ms of one fused call per strided benchmark shape, in one run.
 
     python benchmarks/phase_streams.py [--dtype float16]
 """

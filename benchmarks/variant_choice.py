@@ -102,7 +102,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("comparison", choices=sorted(VARIANTS))
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--shape", action="append", help="a baselines.md name or N,Cin,Cout,D,H,W,k,s,p,op,groups")
+    parser.add_argument("--shape", action="append", help="a benchmark shape name or N,Cin,Cout,D,H,W,k,s,p,op,groups")
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     parser.add_argument("--graph", action="store_true", help="time CUDA graph replays (no host time per call)")
     args = parser.parse_args()

@@ -8,7 +8,7 @@
 #                   every other test against this build (pytest tests --ignore=tests/gpu,
 #                   in parallel: the invalid-call matrix runs a process per case)
 #        demo       the KernelBench level2/61 demo
-#        breakdown  per-kernel times and launch counts, every baselines.md shape
+#        breakdown  per-kernel times and launch counts, every benchmark shape (bench.DEFAULT_SHAPES)
 #        baselines  benchmarks/fused_vs_baselines.py (kb61, tile configurations)
 #        configs    benchmarks/variant_choice.py clusters (128x128 ping-pong tiles in
 #                   clusters of 1 and 2, alternating rounds; the cluster rule's data)
@@ -163,7 +163,7 @@ if wanted examples; then
 fi
 
 if wanted bench; then
-  step "bench CLI (all baselines.md shapes)"
+  step "bench CLI (all benchmark shapes)"
   "$PYTHON" -m cutlassfuse bench --csv "$OUT/bench.csv" --json "$OUT/bench.json" --plot "$OUT/speedups.png" \
     2>&1 | tee "$LOGS/bench-cli.log"
 fi

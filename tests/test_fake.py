@@ -36,9 +36,9 @@ def test_fake_matches_real(channels_last):
 @pytest.mark.parametrize("bias,affine", [(True, True), (False, False)])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_opcheck(channels_last, bias, affine):
-    # Autograd is not registered yet, so the checks that need it are left out.
     torch.library.opcheck(OP, sample_args(channels_last, bias, affine),
-                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
+                                      "test_aot_dispatch_static"))
 
 
 def test_fake_kernel_rejects_mismatched_channels():

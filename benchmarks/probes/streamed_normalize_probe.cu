@@ -1,5 +1,5 @@
 // How fast can R SMs normalize an NDHWC activation in place while the other SMs are
-// busy? The streamed-finish design (docs/performance.md, nineteenth session) reserves R
+// busy? The streamed-finish design (docs/performance.md) reserves R
 // SMs beside the deconvolution; it pays only if those SMs move kb61's 2 x 161 MB while
 // the conv runs (~45 GB/s per SM at R = 16). Register-path blocks reached ~19-23 GB/s
 // per SM; this probe measures a persistent block per SM that streams 32 KB chunks
@@ -10,7 +10,7 @@
 // SMs that reads an L2-resident buffer as fast as it can (the conv keeps L2 ~67 % busy),
 // with the R free SMs spread over the chip or the highest-numbered ones (Placement).
 //
-// What it showed (H100, twenty-first session): ~97 GB/s per SM at R = 8-16 in every
+// What it showed (H100): ~97 GB/s per SM at R = 8-16 in every
 // placement, beside a companion reading 4-8 TB/s from L2 as alone. It bounds the memory
 // side only: the streamed kernel built on it (local branch streamed-bulk) first ran at
 // ~32 GB/s per SM, issue-bound by a per-vector channel index (not modelled here), and the

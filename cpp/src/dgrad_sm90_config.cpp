@@ -59,13 +59,10 @@ DgradConfig choose_config(const Problem& problem) {
   // zeros for 64 or fewer output channels.
   if (problem.out_channels <= 64) return DgradConfig::k128x64_pingpong;
   // Stride-1 layers: clusters of one, whose CTAs draw their tiles (unit_schedule.cuh),
-  // which the border planes' lighter tiles make uneven. Against pairs of CTAs sharing
-  // the filter tile (static walk), device time of the fused call: kb61 4.5 % faster
-  // (bf16 5.7 %), kb61_v0 15.8 %, 4,128,256,24^3 6.4 %, 16,64,256,16^3 6.8 %,
-  // 2,256,128,48^3 p1 2.3 %, 8,64,192,24^3 1.3 %; 4,128,512,16^3 p1 0.8 % slower
-  // (benchmarks/variant_choice.py clusters --graph; docs/performance.md, eighteenth
-  // session). Sub-pixel phases beyond one N tile keep the pairs (0.2-7.6 % faster than
-  // clusters of one, seventeenth session).
+  // which the border planes' lighter tiles make uneven: faster than pairs of CTAs sharing
+  // the filter tile on every measured stride-1 layer but one (benchmarks/variant_choice.py
+  // clusters; docs/performance.md). Sub-pixel phases beyond one N tile keep the pairs,
+  // faster there than clusters of one.
   const bool stride_one = problem.stride[0] == 1 && problem.stride[1] == 1 && problem.stride[2] == 1;
   if (!stride_one && problem.out_channels > 128) return DgradConfig::k128x128_pingpong_cluster2x1;
   return DgradConfig::k128x128_pingpong;

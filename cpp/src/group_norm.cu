@@ -97,13 +97,9 @@ __device__ void normalize_rows_channels_last(const T* activation, T* out, int64_
 // kTile rows of NCDHW output, kTile channels at a time: coalesced 16-byte loads along
 // the channels, a padded fp32 shared-memory transpose, then stores along the spatial
 // dimension, a warp covering 32 consecutive rows of one channel (64 contiguous bytes).
-// (Measured slower: on H200, 16-byte stores from a 16-bit tile with all loads hoisted,
-// bound by registers at half occupancy; on H100, runs of 2 or 4 pixels per thread
-// chosen at run time, 154.6 / 197.6 us against 138.8 us for single pixels in the same
-// build, kb61; the 2-pixel runs compiled to pairs of 2-byte stores. Seventeenth session,
-// H100, kb61: a 16-bit tile with 16-byte stores 147 us, with 4-byte stores a warp per
-// channel 123-130 us, within noise of this kernel's 126-132 and 3 us slower on vid;
-// 128- and 256-row tiles 142 and 161 us: docs/performance.md.)
+// (Measured slower or no faster: 16-byte stores from a 16-bit tile, bound by registers;
+// runs of 2 or 4 pixels per thread, compiled to pairs of 2-byte stores; a warp per
+// channel with 4-byte stores; 128- and 256-row tiles: docs/performance.md.)
 template <class T, bool kShuffled>
 __device__ void normalize_rows_ncdhw(const T* activation, T* sample_out, int64_t row_begin, int rows, int channels,
                                      int64_t spatial, const ShuffleIndex& order, const float* scale,

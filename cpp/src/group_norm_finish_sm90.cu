@@ -66,12 +66,8 @@ constexpr int smem_bytes(int channels, int chunks) {
 }
 
 // Strips of 128 pixels (256-byte runs per channel plane), or 64 where two blocks of 128
-// would not fit on an SM (256 channels). Finishing kernel, fp16 NCDHW output, us, strips
-// of 64 / 128 / 256 pixels (docs/performance.md, twentieth session):
-//   H200: kb61 102.4 / 92.7 / 96.0, kb61_v0 13.2 / 14.3 / 13.2, gan 31.6 / 33.1 / 38.6,
-//         vid (64 channels) 28.3 / 27.5 / 26.8; the register path 109.0, 15.0, 34.3, 32.1;
-//   H100: kb61 140 / 125 / 117.5 (512 pixels, one block per SM: 144), register path 129.6.
-// Longer strips leave fewer blocks to spread over the SMs (gan: 512 strips of 256).
+// would not fit on an SM (256 channels): the fastest strip length on most layers of both
+// GPUs (docs/performance.md). Longer strips leave fewer blocks to spread over the SMs.
 constexpr int chunks_per_strip(int channels) {
   // An sm90 SM has 228 KB of shared memory, of which the system keeps 1 KB per block.
   constexpr int kTwoBlocksPerSM = 228 * 1024 / 2 - 1024;

@@ -71,7 +71,8 @@ class BenchShape:
         return float(numel * element_size)
 
 
-# The shapes of the project's baselines (briefs/baselines.md).
+# The benchmark layers: KernelBench level2/61 and its smaller variant, a 3D U-Net
+# upsampling stage, a GAN generator stage and a video decoder stage.
 DEFAULT_SHAPES = [
     BenchShape("kb61", 16, 64, 128, (32, 32, 32), 3, 1, 0, 0, 8),
     BenchShape("kb61_v0", 16, 64, 128, (8, 16, 16), 3, 1, 0, 0, 8),

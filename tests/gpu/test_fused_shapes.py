@@ -19,10 +19,10 @@ from cutlassfuse.testing import errors, fused_path_expected, poison_cuda_allocat
 
 pytestmark = pytest.mark.gpu
 
-# float32 takes the fused path only when opted in (set_float32_tensor_cores), as bfloat16
+# float32 takes the fused path only in the float32 mode "bf16x3", as bfloat16
 # piece products; its bar is the measured accuracy of the tensor cores' float32
 # accumulation (up to 6.7e-4 on an H100, float32_split.h), with margin. The default
-# float32 path (strict fp32) is held to issue 4's 1e-4 in test_cuda_forward.py.
+# float32 mode, under PyTorch's strict setting, is held to 1e-4 in test_cuda_forward.py.
 MAX_ABS = {torch.float16: 3e-2, torch.bfloat16: 2e-1, torch.float32: 1.5e-3}
 RELATIVE = {torch.float16: 5e-3, torch.bfloat16: 2e-2, torch.float32: 5e-5}
 

@@ -1,4 +1,4 @@
-"""The fused path's launches (issue 3): two kernels, the deconvolution and the finishing
+"""The fused path's launches: two kernels, the deconvolution and the finishing
 kernel (its first blocks finalize the GroupNorm statistics, the others normalize),
 plus the one layout conversion of an NCDHW input the conv cannot read as it is. Calls
 on concurrent streams, whose finishing blocks wait on one another, must all complete

@@ -1,4 +1,4 @@
-"""Streams, threads and tensors past 2^31 elements (issue 7). The op launches on the
+"""Streams, threads and tensors past 2^31 elements . The op launches on the
 current stream, keeps no mutable global state on the hot path, and either computes
 large problems correctly (the GroupNorm kernels index with 64 bits) or routes them away
 from the 32-bit CUTLASS problem shape: to the CUDA fallback when cuDNN can split the

@@ -21,7 +21,7 @@
 // storage is a union with the mainloop's, so the 128 x 136 staging tile costs no
 // pipeline stages; the ping-pong kernel runs epilogues during loads and carves it out
 // (one stage of five for 128x128 tiles). Keeping the statistics in registers instead
-// was measured slower (docs/performance.md, sixth session).
+// was measured slower (docs/performance.md).
 #pragma once
 
 #include <cute/tensor.hpp>
