@@ -4,8 +4,8 @@
 // normalize kernels (group_norm_generic.h), the normalize in place.
 //
 // float32 runs the convolution as PyTorch does (float32 mode "pytorch", settings.h):
-// ATen's convolution reads PyTorch's switches (TF32, deterministic, benchmark), so the
-// conv output is nn.ConvTranspose3d's bit for bit. float16/bfloat16 ask cuDNN for
+// ATen's convolution, the call nn.ConvTranspose3d makes (its bias added after), reads
+// PyTorch's switches (TF32, deterministic, benchmark). float16/bfloat16 ask cuDNN for
 // deterministic algorithms, so two calls are bitwise equal.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>

@@ -13,8 +13,8 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import itertools
 import statistics
-import time
 from dataclasses import asdict, dataclass
 from collections.abc import Callable
 
@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .benchmarking import times_ms
 from .modules import ConvTranspose3dReLUGroupNorm
 from .ops import float32_mode, set_fused_path_enabled, transposed_conv_output_size
 from .testing import reference_float64
@@ -104,31 +105,10 @@ class Timing:
 
 def time_rotating(fn: Callable[[torch.Tensor], object], inputs: list[torch.Tensor], warmup: int,
                   repeats: int) -> Timing:
-    """Per-call times: CUDA events around each call on a GPU, the host clock on the CPU."""
-    for i in range(warmup):
-        fn(inputs[i % len(inputs)])
-    if inputs[0].is_cuda:
-        samples = _cuda_event_times(fn, inputs, repeats)
-    else:
-        samples = []
-        for i in range(repeats):
-            start = time.perf_counter()
-            fn(inputs[i % len(inputs)])
-            samples.append(1e3 * (time.perf_counter() - start))
-    samples.sort()
+    """Per-call times, each call reading the next of `inputs`."""
+    rotation = itertools.cycle(inputs)
+    samples = sorted(times_ms(lambda: fn(next(rotation)), cuda=inputs[0].is_cuda, warmup=warmup, repeats=repeats))
     return Timing(statistics.median(samples), samples[len(samples) // 5], samples[(4 * len(samples)) // 5])
-
-
-def _cuda_event_times(fn: Callable[[torch.Tensor], object], inputs: list[torch.Tensor], repeats: int) -> list[float]:
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
-    torch.cuda.synchronize()
-    for i, (start, end) in enumerate(events):
-        x = inputs[i % len(inputs)]
-        start.record()
-        fn(x)
-        end.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in events]
 
 
 @dataclass

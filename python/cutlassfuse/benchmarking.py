@@ -9,8 +9,8 @@ from collections.abc import Callable
 import torch
 
 
-def median_ms(fn: Callable[[], object], *, cuda: bool, warmup: int = 10, repeats: int = 50) -> float:
-    """Median milliseconds of `fn` over `repeats` timed calls after `warmup` untimed ones.
+def times_ms(fn: Callable[[], object], *, cuda: bool, warmup: int = 10, repeats: int = 50) -> list[float]:
+    """Milliseconds of each of `repeats` timed calls of `fn` after `warmup` untimed ones.
 
     CUDA work is timed with events around each call on the current stream; CPU work
     with perf_counter.
@@ -23,7 +23,7 @@ def median_ms(fn: Callable[[], object], *, cuda: bool, warmup: int = 10, repeats
             start = time.perf_counter()
             fn()
             samples.append((time.perf_counter() - start) * 1e3)
-        return statistics.median(samples)
+        return samples
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     torch.cuda.synchronize()
@@ -32,4 +32,9 @@ def median_ms(fn: Callable[[], object], *, cuda: bool, warmup: int = 10, repeats
         fn()
         end.record()
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
+    return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+
+
+def median_ms(fn: Callable[[], object], *, cuda: bool, warmup: int = 10, repeats: int = 50) -> float:
+    """Median of `times_ms`."""
+    return statistics.median(times_ms(fn, cuda=cuda, warmup=warmup, repeats=repeats))

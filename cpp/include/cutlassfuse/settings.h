@@ -15,8 +15,8 @@ enum class Float32Mode {
   // numerics are those of the modules it replaces.
   kPyTorch,
   // The fused tensor-core path, each float32 operand split into bfloat16 pieces and the
-  // products summed in fp32 (float32_split.h): faster than either PyTorch setting, within
-  // ~7e-4 of float64 after GroupNorm.
+  // products summed in fp32 (float32_split.h): within ~7e-4 of float64 after GroupNorm;
+  // faster than PyTorch's TF32 on stride-1 layers, not on every strided one.
   kBf16x3,
 };
 
