@@ -16,13 +16,13 @@ import torch
 import torch.nn.functional as F
 
 import cutlassfuse
+from cutlassfuse import backends
+from cutlassfuse.bench import parse_shape
 from cutlassfuse.benchmarking import median_ms
 from cutlassfuse.testing import KernelBenchModel
 
-SHAPES = {"kb61": (16, 64, 128, (32, 32, 32)), "kb61_v0": (16, 64, 128, (8, 16, 16))}
+SHAPES = ["kb61", "kb61_v0"]  # of cutlassfuse.bench.DEFAULT_SHAPES
 COMPILE = "torch.compile (default)"
-CONFIGS = ["128x128_cluster1x1", "128x64_cluster1x1", "128x128_pingpong", "128x64_pingpong",
-           "128x128_pingpong_cluster2x1"]
 
 
 def time_ms(fn) -> float:
@@ -30,12 +30,13 @@ def time_ms(fn) -> float:
 
 
 def bench_shape(name: str, dtype: torch.dtype, with_compile: bool) -> dict[str, float]:
-    batch, cin, cout, size = SHAPES[name]
+    shape = parse_shape(name)
+    layer = (shape.in_channels, shape.out_channels, shape.kernel, shape.groups)
     torch.manual_seed(0)
-    model = KernelBenchModel(cin, cout, 3, 8).cuda().to(dtype).eval()
-    fused = cutlassfuse.ConvTranspose3dReLUGroupNorm(cin, cout, 3, 8).cuda().to(dtype).eval()
+    model = KernelBenchModel(*layer).cuda().to(dtype).eval()
+    fused = cutlassfuse.ConvTranspose3dReLUGroupNorm(*layer).cuda().to(dtype).eval()
     fused.load_state_dict(model.state_dict())
-    x = torch.rand(batch, cin, *size, device="cuda", dtype=dtype)
+    x = torch.rand(shape.batch, shape.in_channels, *shape.size, device="cuda", dtype=dtype)
     x_cl = x.contiguous(memory_format=torch.channels_last_3d)
     w = model.conv_transpose.weight
     t = {}
@@ -43,8 +44,8 @@ def bench_shape(name: str, dtype: torch.dtype, with_compile: bool) -> dict[str, 
         t["fused (module, NCDHW in)"] = time_ms(lambda: fused(x))
         t["fused (module, channels_last in)"] = time_ms(lambda: fused(x_cl))
         t["CUTLASS dgrad plain store (channels_last in)"] = time_ms(
-            lambda: torch.ops.cutlassfuse.conv_transpose3d_cutlass(x_cl, w, None, None, None, 8, 1e-5, [1] * 3,
-                                                                   [0] * 3, [0] * 3, 1, [1] * 3, None))
+            lambda: torch.ops.cutlassfuse.conv_transpose3d_cutlass(x_cl, w, None, None, None, shape.groups, 1e-5,
+                                                                   [1] * 3, [0] * 3, [0] * 3, 1, [1] * 3, None))
         t["cuDNN conv_transpose3d (channels_last)"] = time_ms(lambda: F.conv_transpose3d(x_cl, w))
         t["cuDNN conv_transpose3d (NCDHW)"] = time_ms(lambda: F.conv_transpose3d(x, w))
         t["PyTorch eager"] = time_ms(lambda: model(x))
@@ -52,10 +53,9 @@ def bench_shape(name: str, dtype: torch.dtype, with_compile: bool) -> dict[str, 
             compiled = torch.compile(model)
             compiled(x)
             t[COMPILE] = time_ms(lambda: compiled(x))
-        for config in CONFIGS:
-            cutlassfuse.set_dgrad_config(config)
-            t[f"fused {config} (NCDHW in)"] = time_ms(lambda: fused(x))
-        cutlassfuse.set_dgrad_config(None)
+        for config in backends.dgrad_configs():
+            with backends.flags(dgrad_config=config):
+                t[f"fused {config} (NCDHW in)"] = time_ms(lambda: fused(x))
     return t
 
 

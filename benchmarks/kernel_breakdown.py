@@ -4,6 +4,9 @@ torch.profiler (CUPTI) over repeated calls.
 
     python benchmarks/kernel_breakdown.py [--shape kb61] [--dtype float16] [--config 128x64_pingpong]
 
+--config pins the sm90 kernel configuration (cutlassfuse.backends dgrad_config; "auto",
+the default, is the heuristic's choice).
+
 --shape takes a benchmark shape name (kb61, kb61_v0, unet_k2s2, gan_k4s2p1,
 vid_k3s2p1op1) or N,Cin,Cout,D,H,W,kernel,stride,padding,output_padding,groups.
 """
@@ -18,6 +21,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 import cutlassfuse
+from cutlassfuse import backends
 from cutlassfuse.bench import parse_shape
 
 REPEATS = 20
@@ -53,9 +57,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", default="kb61")
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
-    parser.add_argument("--config", default=None, help="pin the sm90 kernel configuration (set_dgrad_config)")
+    parser.add_argument("--config", default="auto", choices=["auto", *backends.dgrad_configs()],
+                        help="pin the sm90 kernel configuration")
     args = parser.parse_args()
-    cutlassfuse.set_dgrad_config(args.config)
     shape = parse_shape(args.shape)
     dtype = getattr(torch, args.dtype)
     x = torch.rand(shape.batch, shape.in_channels, *shape.size, device="cuda", dtype=dtype)
@@ -75,15 +79,15 @@ def main() -> None:
             x, w, num_groups=shape.groups, **conv),
     }
     # float32 on the fused path is opt-in; the fallback run shows the default (strict fp32).
-    cutlassfuse.set_float32_tensor_cores(dtype == torch.float32)
-    print(f"{shape.name} {args.dtype}: {cutlassfuse.explain(x, w, num_groups=shape.groups, **conv)}")
-    for title, fn in runs.items():
-        cutlassfuse.set_fused_path_enabled("fallback" not in title)
-        times, launches = kernel_times_us(fn)
-        cutlassfuse.set_fused_path_enabled(True)
-        print(f"\n{title}: {sum(times.values()):.1f} us of kernels, {launches:g} launches per call")
-        for name, us in times.items():
-            print(f"  {us:9.1f} us  {name}")
+    float32_mode = "bf16x3" if dtype == torch.float32 else "pytorch"
+    with cutlassfuse.float32_mode(float32_mode), backends.flags(dgrad_config=args.config):
+        print(f"{shape.name} {args.dtype}: {cutlassfuse.explain(x, w, num_groups=shape.groups, **conv)}")
+        for title, fn in runs.items():
+            with backends.flags(fused_path="fallback" not in title):
+                times, launches = kernel_times_us(fn)
+            print(f"\n{title}: {sum(times.values()):.1f} us of kernels, {launches:g} launches per call")
+            for name, us in times.items():
+                print(f"  {us:9.1f} us  {name}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Sub-pixel phases on one stream or spread over side streams (cutlassfuse.set_phase_streams),
+"""Sub-pixel phases on one stream or spread over side streams (cutlassfuse.backends phase_streams),
 median ms of one fused call per strided benchmark shape, in one run.
 
     python benchmarks/phase_streams.py [--dtype float16]
@@ -11,6 +11,7 @@ import argparse
 import torch
 
 import cutlassfuse
+from cutlassfuse import backends
 from cutlassfuse.bench import parse_shape
 from cutlassfuse.benchmarking import median_ms
 
@@ -33,9 +34,8 @@ def main() -> None:
         times = []
         with torch.no_grad():
             for lanes in LANES:
-                cutlassfuse.set_phase_streams(lanes)
-                times.append(median_ms(lambda: module(x), cuda=True, warmup=10, repeats=50))
-        cutlassfuse.set_phase_streams(1)
+                with backends.flags(phase_streams=lanes):
+                    times.append(median_ms(lambda: module(x), cuda=True, warmup=10, repeats=50))
         conv = module.conv_transpose
         path = cutlassfuse.explain(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.output_padding,
                                    num_groups=shape.groups)

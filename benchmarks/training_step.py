@@ -1,6 +1,6 @@
-"""Forward + backward of KernelBench level2/61 (fp16, bf16): time and peak memory of
-cutlassfuse (saves only the inputs, recomputes the activation in backward) against
-PyTorch eager (keeps the conv output and the ReLU output for backward).
+"""Forward + backward of KernelBench level2/61 (the benchmark shape kb61; fp16, bf16):
+time and peak memory of cutlassfuse (saves only the inputs, recomputes the activation in
+backward) against PyTorch eager (keeps the conv output and the ReLU output for backward).
 
     python benchmarks/training_step.py
 """
@@ -8,6 +8,7 @@ PyTorch eager (keeps the conv output and the ReLU output for backward).
 import torch
 
 import cutlassfuse
+from cutlassfuse.bench import parse_shape
 from cutlassfuse.benchmarking import median_ms
 from cutlassfuse.testing import KernelBenchModel
 
@@ -33,13 +34,15 @@ def measure(model, x, grad):
 def main():
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print(f"{'dtype':<10}{'impl':<14}{'fwd+bwd ms':>11}{'saved MiB':>11}{'peak MiB':>10}")
+    shape = parse_shape("kb61")
+    layer = (shape.in_channels, shape.out_channels, shape.kernel, shape.groups)
     for dtype in (torch.float16, torch.bfloat16):
         torch.manual_seed(0)
-        eager = KernelBenchModel(64, 128, 3, 8).cuda().to(dtype)
-        fused = cutlassfuse.ConvTranspose3dReLUGroupNorm(64, 128, 3, 8).cuda().to(dtype)
+        eager = KernelBenchModel(*layer).cuda().to(dtype)
+        fused = cutlassfuse.ConvTranspose3dReLUGroupNorm(*layer).cuda().to(dtype)
         fused.load_state_dict(eager.state_dict())
-        x = torch.rand(16, 64, 32, 32, 32, device="cuda", dtype=dtype, requires_grad=True)
-        grad = torch.randn(16, 128, 34, 34, 34, device="cuda", dtype=dtype)
+        x = torch.rand(shape.batch, shape.in_channels, *shape.size, device="cuda", dtype=dtype, requires_grad=True)
+        grad = torch.randn(shape.batch, shape.out_channels, *shape.output_size(), device="cuda", dtype=dtype)
         for name, model in (("eager", eager), ("cutlassfuse", fused)):
             ms, kept, peak, _ = measure(model, x, grad)
             print(f"{str(dtype).removeprefix('torch.'):<10}{name:<14}{ms:>11.3f}{kept:>11.1f}{peak:>10.1f}")

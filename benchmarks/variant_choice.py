@@ -17,6 +17,7 @@ Per shape and variant: the median over rounds of each round's median of CUDA-eve
 times; the ratio second / first with the spread of the per-round ratios. --graph times
 replays of a CUDA graph of 10 calls per variant (captured with the variant's switch
 set), per call: the kernels' time without the host's, which bounds calls below ~0.1 ms.
+Variants are cutlassfuse.backends flags.
 """
 
 from __future__ import annotations
@@ -27,20 +28,16 @@ import statistics
 import torch
 
 import cutlassfuse
+from cutlassfuse import backends
 from cutlassfuse.bench import DEFAULT_SHAPES, parse_shape
 from cutlassfuse.benchmarking import median_ms
 
-# Per comparison: (name, switch) of each variant, and the switch restoring the defaults.
+# Per comparison: each variant's name and the flags it runs under.
 VARIANTS = {
-    "clusters": ([("1x1", lambda: cutlassfuse.set_dgrad_config("128x128_pingpong")),
-                  ("2x1", lambda: cutlassfuse.set_dgrad_config("128x128_pingpong_cluster2x1"))],
-                 lambda: cutlassfuse.set_dgrad_config(None)),
-    "border-taps": ([("every tap", lambda: cutlassfuse.set_skip_border_taps(False)),
-                     ("skipped", lambda: cutlassfuse.set_skip_border_taps(True))],
-                    lambda: cutlassfuse.set_skip_border_taps(True)),
-    "tile-schedule": ([("static", lambda: cutlassfuse.set_drawn_tile_schedule(False)),
-                       ("drawn", lambda: cutlassfuse.set_drawn_tile_schedule(True))],
-                      lambda: cutlassfuse.set_drawn_tile_schedule(True)),
+    "clusters": [("1x1", dict(dgrad_config="128x128_pingpong")),
+                 ("2x1", dict(dgrad_config="128x128_pingpong_cluster2x1"))],
+    "border-taps": [("every tap", dict(skip_border_taps=False)), ("skipped", dict(skip_border_taps=True))],
+    "tile-schedule": [("static", dict(drawn_tile_schedule=False)), ("drawn", dict(drawn_tile_schedule=True))],
 }
 
 
@@ -63,34 +60,32 @@ def calls(shape, dtype: torch.dtype) -> dict[str, object]:
 GRAPH_CALLS = 10
 
 
-def graphed(fn, switch):
-    """GRAPH_CALLS calls of fn in one CUDA graph, captured with `switch` applied."""
-    switch()
-    fn()  # warm-up outside the capture (launch parameters, allocator)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(GRAPH_CALLS):
-            fn()
+def graphed(fn, flags: dict):
+    """GRAPH_CALLS calls of fn in one CUDA graph, captured under `flags`."""
+    with backends.flags(**flags):
+        fn()  # warm-up outside the capture (launch parameters, allocator)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(GRAPH_CALLS):
+                fn()
     return graph.replay
 
 
 def compare(shape, dtype: torch.dtype, rounds: int, comparison: str, graph: bool) -> None:
-    variants, restore = VARIANTS[comparison]
+    variants = VARIANTS[comparison]
     (first, _), (second, _) = variants
     for name, fn in calls(shape, dtype).items():
         times = {variant: [] for variant, _ in variants}
         try:
-            runs = {variant: (graphed(fn, switch) if graph else fn, switch) for variant, switch in variants}
+            runs = {variant: (graphed(fn, flags) if graph else fn, flags) for variant, flags in variants}
             per_call = GRAPH_CALLS if graph else 1
             for _ in range(rounds):
-                for variant, (run, switch) in runs.items():
-                    switch()
-                    times[variant].append(median_ms(run, cuda=True, warmup=5, repeats=30) / per_call)
+                for variant, (run, flags) in runs.items():
+                    with backends.flags(**flags):
+                        times[variant].append(median_ms(run, cuda=True, warmup=5, repeats=30) / per_call)
         except RuntimeError as error:  # the plain CUTLASS conv refusing a problem
             print(f"{shape.name:28s} {name}: skipped ({str(error).splitlines()[0]})")
             continue
-        finally:
-            restore()
         ratios = sorted(b / a for a, b in zip(*times.values(), strict=True))
         a, b = (statistics.median(times[v]) for v in (first, second))
         print(f"{shape.name:28s} {str(dtype).removeprefix('torch.'):9s} {name:12s} {first} {a:8.4f} ms  "

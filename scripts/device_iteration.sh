@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# One whole GPU iteration on the device machine (see docs/device.md):
-#   1. install the carried nvidia-cutlass wheel (.whl/; the machine has no network),
+# Build, test and measure on a machine with a Hopper GPU, in one go (docs/device.md):
+#   1. install any wheels in .whl/ (for machines without network access: e.g. the
+#      nvidia-cutlass wheel) into /tmp/site,
 #   2. build and install cutlassfuse against the machine's torch (incremental: the
-#      ignored build/ folder survives between calls on a warm machine),
+#      ignored build/ folder is reused),
 #   3. the selected steps (STEPS, default all, in this order):
 #        tests      the GPU tests (pytest -m gpu tests/gpu, or GPU_TESTS's selection), then
 #                   every other test against this build (pytest tests --ignore=tests/gpu,
 #                   in parallel: the invalid-call matrix runs a process per case)
 #        demo       the KernelBench level2/61 demo
 #        breakdown  per-kernel times and launch counts, every benchmark shape (bench.DEFAULT_SHAPES)
+#        compare    (only when named) per-kernel times of this build against the source tree in
+#                   the tarball BASELINE (e.g. `git archive main -o base.tar`), every benchmark
+#                   shape, alternating rounds (benchmarks/compare_breakdowns.py)
 #        baselines  benchmarks/fused_vs_baselines.py (kb61, tile configurations)
 #        configs    benchmarks/variant_choice.py clusters (128x128 ping-pong tiles in
 #                   clusters of 1 and 2, alternating rounds; the cluster rule's data)
@@ -30,7 +34,7 @@
 #        stalls     scripts/ncu_conv_source.sh (only when named: per-line stalls of the conv)
 #      e.g. STEPS="tests breakdown" bash scripts/device_iteration.sh
 #   4. a short summary last.
-# The device tool brings back at most 8 files from $OUT: the bench CLI's CSV, JSON and
+# Results go to $OUT (default /tmp/cutlassfuse-device): the bench CLI's CSV, JSON and
 # PNG, the GPU tests' JUnit XML, and one archive of every log (logs.tar.gz).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,7 +51,7 @@ STEPS="${STEPS:-all}"
 [[ "${CUTLASSFUSE_SANITIZE:-0}" == 1 ]] && STEPS="$STEPS sanitize"
 
 step() { archive_logs; printf '\n=== %s (%s s)\n' "$*" "$SECONDS"; }
-wanted() { [[ " $STEPS " == *" $1 "* || ( " $STEPS " == *" all "* && "$1" != sanitize && "$1" != stalls ) ]]; }
+wanted() { [[ " $STEPS " == *" $1 "* || ( " $STEPS " == *" all "* && "$1" != sanitize && "$1" != stalls && "$1" != compare ) ]]; }
 status=()
 
 step "environment"
@@ -56,10 +60,17 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,
 
 step "install carried wheels"
 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || { echo "carry .whl (docs/device.md)"; exit 1; }
+  || { echo "no wheels in .whl/ (docs/device.md)"; exit 1; }
 export PYTHONPATH=/tmp/site
 
 step "build"
+if wanted compare; then
+  # The baseline builds beside this tree's build.
+  rm -rf /tmp/baseline-src /tmp/baseline && mkdir -p /tmp/baseline-src && tar xf "${BASELINE:?BASELINE: a tarball of the baseline source tree}" -C /tmp/baseline-src
+  (cd /tmp/baseline-src && "$PYTHON" -m pip install --no-build-isolation --no-deps --no-index --target /tmp/baseline . \
+     >"$LOGS/baseline-build.log" 2>&1) &
+  baseline_build=$!
+fi
 start=$(date +%s)
 if "$PYTHON" -m pip install --no-build-isolation --no-deps --no-index -v . >"$LOGS/build.log" 2>&1; then
   status+=("build: ok in $(( $(date +%s) - start )) s")
@@ -92,6 +103,23 @@ if wanted breakdown; then
     "$PYTHON" benchmarks/kernel_breakdown.py --shape "$shape"
   done 2>&1 | tee "$LOGS/breakdown.log"
   "$PYTHON" benchmarks/kernel_breakdown.py --shape kb61 --dtype float32 2>&1 | tee -a "$LOGS/breakdown.log"
+fi
+
+if wanted compare; then
+  step "per-kernel times against the baseline build"
+  wait "$baseline_build" || { tail -30 "$LOGS/baseline-build.log"; echo "baseline build failed"; exit 1; }
+  breakdowns() {  # $1: source tree whose benchmarks/kernel_breakdown.py runs
+    for shape in kb61 kb61_v0 unet_k2s2 gan_k4s2p1 vid_k3s2p1op1; do
+      "$PYTHON" "$1/benchmarks/kernel_breakdown.py" --shape "$shape"
+    done
+  }
+  for round in 1 2 3 4; do
+    PYTHONPATH=/tmp/baseline:/tmp/site breakdowns /tmp/baseline-src >"$LOGS/compare-before-$round.log" 2>&1
+    breakdowns . >"$LOGS/compare-after-$round.log" 2>&1
+  done
+  "$PYTHON" benchmarks/compare_breakdowns.py --before "$LOGS"/compare-before-*.log --after "$LOGS"/compare-after-*.log \
+    2>&1 | tee "$LOGS/compare.log"
+  status+=("compare: $(tail -1 "$LOGS/compare.log")")
 fi
 
 if wanted baselines; then

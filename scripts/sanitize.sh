@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# compute-sanitizer's four tools over tests/gpu/sanitize_cases.py (package installed,
+# compute-sanitizer's four tools over tests/support/sanitize_cases.py (package installed,
 # on a GPU machine). Runs every tool; exits non-zero if any reported an error.
 #
 # initcheck does not see TMA bulk-tensor stores (CUTLASS's epilogue writes the activation
@@ -14,19 +14,19 @@ SANITIZER="${SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/b
 LOG_DIR="$(mktemp -d)"
 
 echo "=== initcheck control: PyTorch reading the stock CUTLASS kernel's TMA-stored output"
-"$SANITIZER" --tool initcheck --print-limit 1 python3 tests/gpu/sanitize_control.py 2>&1 | grep -E "SUMMARY|stock"
-control_blind=$("$SANITIZER" --tool initcheck --print-limit 1 python3 tests/gpu/sanitize_control.py 2>&1 \
+"$SANITIZER" --tool initcheck --print-limit 1 python3 tests/support/sanitize_control.py 2>&1 | grep -E "SUMMARY|stock"
+control_blind=$("$SANITIZER" --tool initcheck --print-limit 1 python3 tests/support/sanitize_control.py 2>&1 \
   | grep -cE "ERROR SUMMARY: [1-9]")
 
 failed=()
 for tool in memcheck racecheck synccheck; do
   echo "=== $tool"
-  "$SANITIZER" --tool "$tool" --error-exitcode 1 --print-limit 20 python3 tests/gpu/sanitize_cases.py \
+  "$SANITIZER" --tool "$tool" --error-exitcode 1 --print-limit 20 python3 tests/support/sanitize_cases.py \
     || failed+=("$tool")
 done
 
 echo "=== initcheck"
-"$SANITIZER" --tool initcheck --print-limit 1000000 --show-backtrace device python3 tests/gpu/sanitize_cases.py \
+"$SANITIZER" --tool initcheck --print-limit 1000000 --show-backtrace device python3 tests/support/sanitize_cases.py \
   >"$LOG_DIR/initcheck.log" 2>&1
 grep -E "ERROR SUMMARY" "$LOG_DIR/initcheck.log"
 reports=$(grep -c "Uninitialized" "$LOG_DIR/initcheck.log")

@@ -3,6 +3,7 @@ import torch
 from hypothesis import settings
 
 import cutlassfuse
+from cutlassfuse.testing import fused_path_expected
 
 # CI replays the same examples on every run, so red means a regression, not a new draw;
 # `pytest --hypothesis-profile=fuzz` explores fresh random examples (and finds new bugs).
@@ -11,14 +12,24 @@ settings.register_profile("fuzz", derandomize=False)
 settings.load_profile("default")
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "requires_sm90: needs the fused sm90 path, a Hopper GPU (sm_90) and a build with the CUDA kernels "
+                   "(cutlassfuse.testing.fused_path_expected()); skipped elsewhere")
+
+
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available() and cutlassfuse.info()["cuda_kernels"]:
-        return
-    reason = "no CUDA device" if not torch.cuda.is_available() else "a build without the CUDA kernels"
-    skip = pytest.mark.skip(reason=reason)
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    if not torch.cuda.is_available() or not cutlassfuse.info()["cuda_kernels"]:
+        reason = "no CUDA device" if not torch.cuda.is_available() else "a build without the CUDA kernels"
+        skip_gpu = pytest.mark.skip(reason=reason)
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip_gpu)
+    if not fused_path_expected():
+        skip_sm90 = pytest.mark.skip(reason="the fused path runs on Hopper GPUs (sm_90) only")
+        for item in items:
+            if "requires_sm90" in item.keywords:
+                item.add_marker(skip_sm90)
 
 
 @pytest.fixture(scope="module")

@@ -110,18 +110,12 @@ def valid_arguments(device: str, seed: int = 0) -> dict:
     """The valid call every case starts from, with every optional tensor given (packed
     operands included) so that each can be made wrong."""
     import cutlassfuse
+    from cutlassfuse.testing import make_inputs
 
-    generator = torch.Generator().manual_seed(seed)
-    dtype = torch.float16 if device == "cuda" else torch.float32
-
-    def make(*shape, scale=1.0):
-        return (scale * torch.randn(*shape, generator=generator)).to(device=device, dtype=dtype)
-
-    weight = make(16, 32, 3, 3, 3, scale=0.1)
-    bias = make(32)
-    return dict(input=make(2, 16, 6, 6, 6), weight=weight, bias=bias, stride=1, padding=0, output_padding=0,
-                groups=1, dilation=1, num_groups=8, norm_weight=make(32), norm_bias=make(32), eps=1e-5,
-                packed_weight=cutlassfuse.pack_weight(weight), packed_bias=cutlassfuse.pack_bias(bias, 1))
+    args = make_inputs(batch=2, in_channels=16, out_channels=32, size=6, kernel=3, num_groups=8,
+                       dtype=torch.float16 if device == "cuda" else torch.float32, device=device, seed=seed)
+    return dict(args, packed_weight=cutlassfuse.pack_weight(args["weight"]),
+                packed_bias=cutlassfuse.pack_bias(args["bias"], args["stride"]))
 
 
 def apply(case: Case, device: str) -> dict:

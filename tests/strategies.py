@@ -1,10 +1,13 @@
 """Hypothesis strategies over the whole ConvTranspose3d -> ReLU -> GroupNorm parameter
-space, shared by the CPU property test and the GPU one."""
+space, shared by the CPU property test and the GPU one. A configuration is a dict of
+cutlassfuse.testing.make_inputs's shape keywords: make_inputs(**config, dtype=...)."""
 
 from __future__ import annotations
 
 from hypothesis import assume
 from hypothesis import strategies as st
+
+from cutlassfuse.ops import transposed_conv_output_size
 
 
 def _divisors(n: int) -> list[int]:
@@ -28,9 +31,7 @@ def configurations(draw, max_channels: int = 16, max_size: int = 5, allow_empty_
     padding = draw(triple(st.integers(0, 2)))
     output_padding = tuple(draw(st.integers(0, max(s, d) - 1)) for s, d in zip(stride, dilation, strict=True))
     size = draw(triple(st.integers(1, max_size)))
-    out = [(i - 1) * s - 2 * p + d * (k - 1) + op + 1
-           for i, s, p, d, k, op in zip(size, stride, padding, dilation, kernel, output_padding, strict=True)]
-    assume(min(out) >= 1)
+    assume(min(transposed_conv_output_size(size, kernel, stride, padding, output_padding, dilation)) >= 1)
     return dict(
         batch=draw(st.integers(0 if allow_empty_batch else 1, 3)),
         in_channels=in_channels, out_channels=out_channels, size=size, kernel=kernel, stride=stride,
@@ -40,19 +41,3 @@ def configurations(draw, max_channels: int = 16, max_size: int = 5, allow_empty_
         eps=draw(st.sampled_from([1e-5, 1e-3, 0.1])),
     )
 
-
-def make_inputs(c: dict, dtype, device, generator) -> dict:
-    import torch
-
-    def randn(*shape, scale=1.0, offset=0.0):
-        return (torch.randn(*shape, generator=generator, device=device) * scale + offset).to(dtype)
-
-    x = randn(c["batch"], c["in_channels"], *c["size"])
-    if c["channels_last"]:
-        x = x.contiguous(memory_format=torch.channels_last_3d)
-    return dict(
-        input=x, weight=randn(c["in_channels"], c["out_channels"] // c["groups"], *c["kernel"], scale=0.3),
-        bias=randn(c["out_channels"], scale=0.2) if c["bias"] else None, stride=c["stride"], padding=c["padding"],
-        output_padding=c["output_padding"], groups=c["groups"], dilation=c["dilation"], num_groups=c["num_groups"],
-        norm_weight=randn(c["out_channels"], scale=0.2, offset=1.0) if c["affine"] else None,
-        norm_bias=randn(c["out_channels"], scale=0.2) if c["affine"] else None, eps=c["eps"])

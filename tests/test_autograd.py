@@ -1,50 +1,45 @@
-"""Backward: gradcheck in float64, agreement with eager autograd, and every opcheck."""
+"""Backward (registered at the Autograd key in C++, cpp/src/torch/autograd.cpp):
+gradcheck in float64, agreement with eager autograd, and every opcheck."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import cutlassfuse
+from cutlassfuse.testing import make_inputs, op_arguments
 
 OP = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm.default
+TENSORS = ("input", "weight", "bias", "norm_weight", "norm_bias")
 
-# (in, out, size, kernel, stride, padding, output_padding, dilation, conv groups, num_groups, bias, affine)
+# Layers of two samples (make_inputs keywords): strides, padding, dilation, conv groups, bias and affine off.
 CONFIGS = [
-    (4, 6, (3, 3, 3), 2, 1, 0, 0, 1, 1, 3, True, True),
-    (4, 6, (3, 2, 3), 2, (2, 1, 1), (0, 1, 0), (1, 0, 0), 1, 1, 2, True, True),
-    (4, 4, (2, 3, 2), 3, 1, 1, 0, (1, 2, 1), 2, 4, False, True),
-    (2, 6, (3, 3, 2), 1, 1, 0, 0, 1, 1, 1, True, False),
+    dict(in_channels=4, out_channels=6, size=(3, 3, 3), kernel=2, num_groups=3),
+    dict(in_channels=4, out_channels=6, size=(3, 2, 3), kernel=2, stride=(2, 1, 1), padding=(0, 1, 0),
+         output_padding=(1, 0, 0), num_groups=2),
+    dict(in_channels=4, out_channels=4, size=(2, 3, 2), kernel=3, padding=1, dilation=(1, 2, 1), groups=2,
+         num_groups=4, bias=False),
+    dict(in_channels=2, out_channels=6, size=(3, 3, 2), kernel=1, num_groups=1, affine=False),
 ]
 
 
-def make(config, dtype, requires_grad=True, seed=0):
-    cin, cout, size, k, stride, padding, output_padding, dilation, groups, num_groups, bias, affine = config
-    g = torch.Generator().manual_seed(seed)
-
-    def t(*shape, scale=1.0, offset=0.0):
-        return (torch.randn(*shape, generator=g) * scale + offset).to(dtype).requires_grad_(requires_grad)
-
-    return dict(input=t(2, cin, *size), weight=t(cin, cout // groups, k, k, k, scale=0.3),
-                bias=t(cout, scale=0.1) if bias else None, stride=stride, padding=padding,
-                output_padding=output_padding, groups=groups, dilation=dilation, num_groups=num_groups,
-                norm_weight=t(cout, scale=0.2, offset=1.0) if affine else None,
-                norm_bias=t(cout, scale=0.1) if affine else None)
+def make(config, dtype, requires_grad=True):
+    return make_inputs(batch=2, **config, dtype=dtype, requires_grad=requires_grad)
 
 
 def eager(a):
     y = F.conv_transpose3d(a["input"], a["weight"], a["bias"], a["stride"], a["padding"], a["output_padding"],
                            a["groups"], a["dilation"])
-    return F.group_norm(F.relu(y), a["num_groups"], a["norm_weight"], a["norm_bias"])
+    return F.group_norm(F.relu(y), a["num_groups"], a["norm_weight"], a["norm_bias"], a["eps"])
 
 
 def tensors(a):
-    return [a[k] for k in ("input", "weight", "bias", "norm_weight", "norm_bias") if a[k] is not None]
+    return [a[k] for k in TENSORS if a[k] is not None]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=range(len(CONFIGS)))
 def test_gradcheck_float64(config):
     a = make(config, torch.float64)
-    names = [k for k in ("input", "weight", "bias", "norm_weight", "norm_bias") if a[k] is not None]
+    names = [k for k in TENSORS if a[k] is not None]
 
     def f(*ts):
         return cutlassfuse.conv_transpose3d_relu_group_norm(**{**a, **dict(zip(names, ts, strict=True))})
@@ -65,17 +60,23 @@ def test_gradients_match_eager_float32(config):
 def test_only_requested_gradients_are_computed():
     a = make(CONFIGS[0], torch.float32, requires_grad=False)
     a["weight"].requires_grad_()
-    cutlassfuse.conv_transpose3d_relu_group_norm(**a).sum().backward()
+    out = cutlassfuse.conv_transpose3d_relu_group_norm(**a)
+    assert out.grad_fn is not None
+    out.sum().backward()
     assert a["weight"].grad is not None and a["input"].grad is None
+
+
+def test_no_graph_without_a_wanted_gradient():
+    a = make(CONFIGS[0], torch.float32, requires_grad=False)
+    assert cutlassfuse.conv_transpose3d_relu_group_norm(**a).grad_fn is None
+    a = make(CONFIGS[0], torch.float32)
+    with torch.no_grad():
+        assert cutlassfuse.conv_transpose3d_relu_group_norm(**a).grad_fn is None
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=range(len(CONFIGS)))
 def test_opcheck_all(config):
-    a = make(config, torch.float32)
-    args = (a["input"], a["weight"], a["bias"], a["norm_weight"], a["norm_bias"], a["num_groups"], 1e-5,
-            *[list(v) if isinstance(v, tuple) else [v] * 3 for v in (a["stride"], a["padding"], a["output_padding"])],
-            a["groups"], list(a["dilation"]) if isinstance(a["dilation"], tuple) else [a["dilation"]] * 3, None)
-    torch.library.opcheck(OP, args)
+    torch.library.opcheck(OP, op_arguments(make(config, torch.float32)))
 
 
 def test_module_trains():

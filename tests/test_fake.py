@@ -6,19 +6,18 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import cutlassfuse
+from cutlassfuse.testing import make_inputs, op_arguments
 
 OP = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm.default
 
 
 def sample_args(channels_last=False, bias=True, affine=True):
-    x = torch.rand(2, 8, 3, 4, 5)
-    if channels_last:
-        x = x.contiguous(memory_format=torch.channels_last_3d)
-    w = torch.randn(8, 4, 3, 2, 3) * 0.2
-    b = torch.randn(8) if bias else None
-    gamma = torch.rand(8) + 0.5 if affine else None
-    beta = torch.randn(8) if affine else None
-    return (x, w, b, gamma, beta, 4, 1e-5, [2, 1, 1], [1, 0, 1], [1, 0, 0], 2, [1, 1, 2], None)
+    """The registered op's positional arguments: conv groups, per-dimension stride,
+    padding, output_padding and dilation."""
+    return op_arguments(make_inputs(batch=2, in_channels=8, out_channels=8, size=(3, 4, 5), kernel=(3, 2, 3),
+                                    stride=(2, 1, 1), padding=(1, 0, 1), output_padding=(1, 0, 0), groups=2,
+                                    dilation=(1, 1, 2), num_groups=4, bias=bias, affine=affine,
+                                    channels_last=channels_last))
 
 
 @pytest.mark.parametrize("channels_last", [False, True])

@@ -1,9 +1,13 @@
-"""The registered operator: schema, library loading, explain() and info()."""
+"""The registered operator and the package around it: schema, library loading, explain(),
+info(), the packed operands, cutlassfuse.backends' flags and the float32 mode."""
+
+import itertools
 
 import pytest
 import torch
 
 import cutlassfuse
+from cutlassfuse import backends
 
 EXPECTED_ARGUMENTS = [
     ("input", "Tensor"), ("weight", "Tensor"), ("bias", "Optional[Tensor]"), ("norm_weight", "Optional[Tensor]"),
@@ -56,26 +60,26 @@ def test_info_reports_build_facts():
 
 
 def test_pack_weight_is_the_kernel_layout():
-    w = torch.randn(4, 6, 3, 2, 1)
+    """Element (i, a, b, c, o) of the packed weight is weight[i, o, a, b, c]: each weight
+    value encodes its own index, and every packed element is checked to sit where the
+    kernel reads it."""
+    shape = (4, 6, 3, 2, 5)  # (C_in, C_out, kD, kH, kW)
+    w = torch.arange(torch.Size(shape).numel(), dtype=torch.float64).reshape(shape)
     packed = cutlassfuse.pack_weight(w)
-    assert packed.shape == (4, 3, 2, 1, 6) and packed.is_contiguous()
-    assert torch.equal(packed, w.permute(0, 2, 3, 4, 1))
+    assert packed.shape == (4, 3, 2, 5, 6) and packed.is_contiguous()
+    for i, a, b, c, o in itertools.product(*(range(n) for n in packed.shape)):
+        assert packed[i, a, b, c, o] == (((i * 6 + o) * 3 + a) * 2 + b) * 5 + c
+    assert cutlassfuse.pack_weight(w.requires_grad_()).grad_fn is None, "a packed copy is never differentiated"
 
 
-def test_packed_weight_gives_the_same_result():
-    x, w = torch.rand(1, 8, 3, 3, 3), torch.randn(8, 8, 3, 3, 3)
-    plain = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, num_groups=2)
-    packed = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, num_groups=2, packed_weight=cutlassfuse.pack_weight(w))
-    assert torch.equal(plain, packed)
-
-
-def test_packed_bias_gives_the_same_result():
-    x, w, b = torch.rand(2, 8, 3, 3, 3), torch.randn(8, 8, 2, 2, 2), torch.randn(8)
-    plain = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, b, 2, num_groups=2)
-    packed = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, b, 2, num_groups=2,
-                                                          packed_bias=cutlassfuse.pack_bias(b, 2))
-    assert torch.equal(plain, packed)
-    assert torch.equal(cutlassfuse.pack_bias(b, (2, 1, 3)), torch.cat([b] * 6))
+def test_pack_bias_repeats_the_bias_per_output_block():
+    """Value block * C_out + c of the packed bias is bias[c], for every one of the
+    stride_d * stride_h * stride_w blocks of a kernel == stride layer's GEMM row."""
+    b = torch.tensor([0.5, -1.0, 2.0])
+    for stride, blocks in [(1, 1), (2, 8), ((2, 1, 3), 6)]:
+        packed = cutlassfuse.pack_bias(b, stride)
+        assert packed.shape == (blocks * 3,) and packed.is_contiguous()
+        assert [packed[block * 3 + c].item() for block in range(blocks) for c in range(3)] == b.tolist() * blocks
 
 
 def test_module_packs_nothing_on_cpu():
@@ -83,42 +87,80 @@ def test_module_packs_nothing_on_cpu():
     assert layer.packed_weight() is None and layer.packed_bias() is None
 
 
-@pytest.mark.skipif(not cutlassfuse.info()["cuda_kernels"], reason="CPU-only build has no sm90 configurations")
-def test_set_dgrad_config_checks_names():
-    with pytest.raises(ValueError, match="unknown dgrad config.*128x128_pingpong_cluster2x1"):
-        cutlassfuse.set_dgrad_config("128x128_cluster2x1")  # clusters of two run on the ping-pong kernel only
-    for name in ["128x128_pingpong", "128x64_pingpong", "128x128_pingpong_cluster2x1", "128x128_cluster1x1",
-                 "128x64_cluster1x1"]:
-        cutlassfuse.set_dgrad_config(name)
-    cutlassfuse.set_dgrad_config(None)
+REMOVED_SWITCHES = ["set_dgrad_config", "set_skip_border_taps", "set_drawn_tile_schedule", "set_fused_path_enabled",
+                    "set_phase_streams"]
+DEFAULT_FLAGS = dict(fused_path=True, dgrad_config="auto", skip_border_taps=True, drawn_tile_schedule=True,
+                     phase_streams=1)
 
 
-def test_phase_streams_knob_takes_one_to_eight():
-    x, w = torch.rand(1, 8, 2, 2, 2), torch.rand(8, 8, 2, 2, 2)
-    expected = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, stride=2, num_groups=2)
-    cutlassfuse.set_phase_streams(8)
+def test_kernel_switches_live_in_backends_only():
+    for name in REMOVED_SWITCHES:
+        assert not hasattr(cutlassfuse, name), name
+        assert name not in cutlassfuse.__all__, name
+    for name in ("set_fused_path_enabled", "set_phase_streams"):
+        assert not hasattr(cutlassfuse.ops, name), name
+
+
+def test_backend_flags_default_set_and_restore():
+    """The flags exist in every build (a CPU-only one too, where they change nothing)."""
+    assert backends.get_flags() == DEFAULT_FLAGS
+    previous = backends.set_flags(fused_path=False, phase_streams=3)
     try:
-        assert torch.equal(cutlassfuse.conv_transpose3d_relu_group_norm(x, w, stride=2, num_groups=2), expected)
+        assert previous == DEFAULT_FLAGS
+        assert backends.get_flags() == {**DEFAULT_FLAGS, "fused_path": False, "phase_streams": 3}
+        # None leaves a flag as it is; the others change.
+        assert backends.set_flags(skip_border_taps=False) == {**DEFAULT_FLAGS, "fused_path": False,
+                                                             "phase_streams": 3}
+        assert backends.get_flags() == {**DEFAULT_FLAGS, "fused_path": False, "phase_streams": 3,
+                                         "skip_border_taps": False}
     finally:
-        cutlassfuse.set_phase_streams(1)
-    for lanes in (0, 9):
-        with pytest.raises(ValueError, match="1 to 8"):
-            cutlassfuse.set_phase_streams(lanes)
+        backends.set_flags(**DEFAULT_FLAGS)
+    assert backends.get_flags() == DEFAULT_FLAGS
 
 
-@pytest.mark.parametrize("switch,changed,default", [
-    (cutlassfuse.set_float32_tensor_cores, True, False),
-    (cutlassfuse.set_fused_path_enabled, False, True),
-    (cutlassfuse.set_skip_border_taps, False, True),
-    (cutlassfuse.set_drawn_tile_schedule, False, True),
-], ids=["float32_tensor_cores", "fused_path", "border_taps", "drawn_tile_schedule"])
-def test_path_switches_leave_the_cpu_reference(switch, changed, default):
-    x, w = torch.rand(1, 8, 2, 2, 2), torch.rand(8, 8, 3, 3, 3)
-    switch(changed)
-    try:
-        assert cutlassfuse.explain(x, w, num_groups=2).startswith("reference")
-    finally:
-        switch(default)
+def test_backend_flags_context_restores_on_exit_and_on_exceptions():
+    config = backends.dgrad_configs()[0]
+    changed = dict(fused_path=False, dgrad_config=config, skip_border_taps=False, drawn_tile_schedule=False,
+                   phase_streams=8)
+    with backends.flags(**changed):
+        assert backends.get_flags() == changed
+        with backends.flags(phase_streams=2):  # nested: only the flag given changes
+            assert backends.get_flags() == {**changed, "phase_streams": 2}
+        assert backends.get_flags() == changed
+    assert backends.get_flags() == DEFAULT_FLAGS
+    with pytest.raises(KeyError):  # the flags are restored whatever ends the block
+        with backends.flags(drawn_tile_schedule=False, dgrad_config=config):
+            assert backends.get_flags() == {**DEFAULT_FLAGS, "drawn_tile_schedule": False, "dgrad_config": config}
+            raise KeyError
+    assert backends.get_flags() == DEFAULT_FLAGS
+
+
+@pytest.mark.parametrize("invalid", [dict(phase_streams=0), dict(phase_streams=9), dict(phase_streams=-1),
+                                     dict(dgrad_config="128x128_cluster2x1"), dict(dgrad_config="heuristic")],
+                         ids=["streams_0", "streams_9", "streams_negative", "cluster2x1_without_pingpong",
+                              "unknown_config"])
+def test_invalid_backend_flags_raise_and_change_nothing(invalid):
+    with backends.flags(fused_path=False, skip_border_taps=False):
+        before = backends.get_flags()
+        with pytest.raises(ValueError):
+            backends.set_flags(drawn_tile_schedule=False, **invalid)  # a valid change beside the invalid one
+        assert backends.get_flags() == before
+        with pytest.raises(ValueError):
+            with backends.flags(**{"drawn_tile_schedule": False, **invalid}):
+                raise AssertionError("the block must not run")
+        assert backends.get_flags() == before
+    assert backends.get_flags() == DEFAULT_FLAGS
+
+
+def test_every_dgrad_config_is_accepted():
+    configs = backends.dgrad_configs()
+    assert configs and len(set(configs)) == len(configs) and "auto" not in configs
+    # Both kernel layers (CUTLASS's and the ping-pong kernel) and both cluster sizes.
+    assert {"128x128_pingpong", "128x128_pingpong_cluster2x1", "128x128_cluster1x1"} <= set(configs)
+    for name in configs:
+        with backends.flags(dgrad_config=name):
+            assert backends.get_flags()["dgrad_config"] == name
+    assert backends.get_flags()["dgrad_config"] == "auto"
 
 
 def test_float32_mode_setting():

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import cutlassfuse
-from cutlassfuse.testing import RELATIVE_TOLERANCE, errors, reference_float64
+from cutlassfuse.testing import RELATIVE_TOLERANCE, errors, make_inputs, reference_float64
 
 DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -57,11 +57,11 @@ def test_nan_stays_in_its_sample_and_group(device, conv_groups):
     """NaN in one sample's input: with one conv group it reaches every channel of that
     sample only; with two conv groups (= GroupNorm groups) only that sample's group. As
     in PyTorch."""
-    dtype = _dtype(device)
-    x = torch.rand(3, 16, 6, 6, 6, device=device, dtype=dtype)
-    w = 0.1 * torch.randn(16, 32 // conv_groups, 3, 3, 3, device=device, dtype=dtype)
+    inputs = make_inputs(batch=3, in_channels=16, out_channels=32, size=6, kernel=3, groups=conv_groups, num_groups=2,
+                         bias=False, affine=False, dtype=_dtype(device), device=device)
+    x, w = inputs["input"], inputs["weight"]
     x[1, 0, 2, 3, 4] = float("nan")
-    out = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, groups=conv_groups, num_groups=2)
+    out = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
     eager = nn.functional.group_norm(nn.functional.relu(nn.functional.conv_transpose3d(x, w, groups=conv_groups)), 2)
     nan_channels = slice(0, 32 // conv_groups)
     assert out[1, nan_channels].isnan().all()
@@ -73,8 +73,8 @@ def test_nan_stays_in_its_sample_and_group(device, conv_groups):
 
 @pytest.mark.gpu
 def test_out_of_memory_raises_and_leaks_nothing():
-    x = torch.rand(2, 16, 6, 6, 6, device="cuda", dtype=torch.float16)
-    w = 0.1 * torch.randn(16, 32, 3, 3, 3, device="cuda", dtype=torch.float16)
+    small = make_inputs(batch=2, in_channels=16, out_channels=32, size=6, kernel=3, num_groups=8, bias=False,
+                        affine=False, dtype=torch.float16, device="cuda")
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated()
@@ -95,5 +95,5 @@ def test_out_of_memory_raises_and_leaks_nothing():
     del large, large_weight
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == before
-    out = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, num_groups=8)
-    assert errors(out, reference_float64(x, w, num_groups=8)).relative < RELATIVE_TOLERANCE[torch.float16]
+    out = cutlassfuse.conv_transpose3d_relu_group_norm(**small)
+    assert errors(out, reference_float64(**small)).relative < RELATIVE_TOLERANCE[torch.float16]

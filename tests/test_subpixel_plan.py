@@ -1,5 +1,5 @@
 """The sub-pixel phase plan that the CUDA path launches for strided deconvolution
-(cpp/include/cutlassfuse/subpixel.h), executed here with ATen exactly as the CUTLASS
+(cpp/include/cutlassfuse/plan/subpixel.h), executed here with ATen exactly as the CUTLASS
 dgrad reads it: every phase takes views (offset + strides) of the packed NDHWC input,
 the packed [Cin, T, R, S, Cout] filter and the NDHWC output, and computes
 y[q] = sum_t x[q + lower - t * dilation] w[t] with the extents CUTLASS derives from
@@ -12,9 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
-from strategies import configurations, make_inputs  # tests/strategies.py
+from strategies import configurations  # tests/strategies.py
 
 import cutlassfuse  # noqa: F401  (loads torch.ops.cutlassfuse)
+from cutlassfuse.ops import transposed_conv_output_size
+from cutlassfuse.testing import make_inputs
 
 PHASE_FIELDS = 33  # three views of 8 values, then lower padding, upper padding, dilation
 
@@ -75,8 +77,7 @@ def reached_by_rule(o: int, size: int, kernel: int, stride: int, padding: int, d
 def deconvolve_by_phases(x, w, bias, stride, padding, output_padding, dilation):
     batch, cin = x.shape[:2]
     cout = w.shape[1]
-    dims = zip(x.shape[2:], w.shape[2:], stride, padding, output_padding, dilation, strict=True)
-    out_size = [(n - 1) * s - 2 * p + d * (k - 1) + op + 1 for n, k, s, p, op, d in dims]
+    out_size = transposed_conv_output_size(x.shape[2:], w.shape[2:], stride, padding, output_padding, dilation)
     unreached, phases = plan(x.shape, w.shape, stride, padding, output_padding, dilation)
     x_flat = x.permute(0, 2, 3, 4, 1).contiguous().flatten()
     filter_flat = w.permute(0, 2, 3, 4, 1).contiguous().flatten()
@@ -124,7 +125,7 @@ def test_phases_reassemble_conv_transpose3d(stride, kernel, padding, output_padd
 @settings(max_examples=150, deadline=None)
 @given(configurations(max_channels=4, allow_empty_batch=False, conv_groups=False))
 def test_phases_reassemble_any_configuration(config):
-    a = make_inputs(config, torch.float64, "cpu", torch.Generator().manual_seed(2))
+    a = make_inputs(**config, dtype=torch.float64, seed=2)
     expected = F.conv_transpose3d(a["input"], a["weight"], a["bias"], a["stride"], a["padding"],
                                   a["output_padding"], 1, a["dilation"])
     got = deconvolve_by_phases(a["input"], a["weight"], a["bias"], a["stride"], a["padding"], a["output_padding"],
@@ -134,7 +135,7 @@ def test_phases_reassemble_any_configuration(config):
 
 @pytest.mark.parametrize("stride", [(2, 2, 2), (3, 2, 1), (1, 1, 4)])
 def test_kernel_equal_to_stride_is_one_gemm_in_space_to_depth_order(stride):
-    """The pixel-shuffle GEMM of the CUDA path (subpixel.h): with kernel == stride and no
+    """The pixel-shuffle GEMM of the CUDA path (plan/subpixel.h): with kernel == stride and no
     padding, [input pixels, Cin] x the packed filter [Cin, T*R*S*Cout] gives, per input
     pixel, its block of output pixels in (t, r, s) order; depth-to-space of that is
     F.conv_transpose3d."""
@@ -149,7 +150,7 @@ def test_kernel_equal_to_stride_is_one_gemm_in_space_to_depth_order(stride):
     out_size = [e * s for e, s in zip(x.shape[2:], stride, strict=True)]
     y = blocks.permute(0, 7, 1, 4, 2, 5, 3, 6).reshape(batch, cout, *out_size)
     torch.testing.assert_close(y, F.conv_transpose3d(x, w, stride=stride), rtol=1e-12, atol=1e-12)
-    # The normalize pass's reading order (source_row in cpp/src/group_norm.cu): output
+    # The normalize pass's reading order (source_row in cpp/src/norm/group_norm.cu): output
     # pixel p of a sample is row source_row(p) of the sample's GEMM output.
     rows = torch.tensor([source_row(p, stride, out_size) for p in range(out_size[0] * out_size[1] * out_size[2])])
     per_sample = gemm.view(batch, -1, cout)                             # [n, rows, Cout]

@@ -4,7 +4,8 @@ On Hopper GPUs (sm_90) in float16/bfloat16 the op runs a CUTLASS implicit-GEMM
 deconvolution on tensor cores with bias, ReLU and GroupNorm statistics fused into its
 epilogue, then cutlassfuse's normalize kernel; other CUDA calls take a fallback
 (cuDNN's convolution, then cutlassfuse's ReLU/GroupNorm kernels), the CPU PyTorch's
-own kernels. ``cutlassfuse.explain(...)`` says which path a call takes.
+own kernels. ``cutlassfuse.explain(...)`` says which path a call takes;
+``cutlassfuse.backends`` holds the switches for benchmarking the kernels.
 """
 
 import torch  # noqa: F401  (libtorch must be loaded before the extension)
@@ -14,6 +15,7 @@ from ._loader import load_extension
 load_extension()
 
 from ._build_info import VERSION as __version__  # noqa: E402
+from . import backends  # noqa: E402
 from .info import info  # noqa: E402
 from .modules import ConvTranspose3dReLUGroupNorm  # noqa: E402
 from .ops import (  # noqa: E402
@@ -23,19 +25,15 @@ from .ops import (  # noqa: E402
     get_float32_mode,
     pack_bias,
     pack_weight,
-    set_dgrad_config,
     set_float32_mode,
     set_float32_tensor_cores,
-    set_fused_path_enabled,
-    set_phase_streams,
-    set_drawn_tile_schedule,
-    set_skip_border_taps,
 )
 from .rewrite import FuseResult, fuse  # noqa: E402
 
 __all__ = [
     "ConvTranspose3dReLUGroupNorm",
     "FuseResult",
+    "backends",
     "conv_transpose3d_relu_group_norm",
     "explain",
     "float32_mode",
@@ -44,12 +42,7 @@ __all__ = [
     "info",
     "pack_bias",
     "pack_weight",
-    "set_dgrad_config",
     "set_float32_mode",
     "set_float32_tensor_cores",
-    "set_fused_path_enabled",
-    "set_phase_streams",
-    "set_drawn_tile_schedule",
-    "set_skip_border_taps",
     "__version__",
 ]

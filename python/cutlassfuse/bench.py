@@ -24,7 +24,8 @@ from torch import nn
 
 from .benchmarking import times_ms
 from .modules import ConvTranspose3dReLUGroupNorm
-from .ops import float32_mode, set_fused_path_enabled, transposed_conv_output_size
+from . import backends
+from .ops import float32_mode, transposed_conv_output_size
 from .testing import reference_float64
 
 # Measured on H200 (docs/performance.md): fp16/bf16 dense matmul and copy bandwidth.
@@ -51,6 +52,12 @@ class BenchShape:
 
         return tuple(transposed_conv_output_size(self.size, triple(self.kernel), triple(self.stride),
                                                  triple(self.padding), triple(self.output_padding), triple(1)))
+
+    def make_inputs_keywords(self) -> dict:
+        """The layer's shape as keywords of cutlassfuse.testing.make_inputs."""
+        return dict(batch=self.batch, in_channels=self.in_channels, out_channels=self.out_channels, size=self.size,
+                    kernel=self.kernel, stride=self.stride, padding=self.padding,
+                    output_padding=self.output_padding, num_groups=self.groups)
 
     def tiny(self) -> BenchShape:
         """The same layer at a size for checking the command itself (CPU, CI): one sample,
@@ -168,15 +175,6 @@ class Candidate:
     whole_op: bool = True  # computes the whole block (its error against float64 is reported)
 
 
-@contextlib.contextmanager
-def _fused_path_off():
-    set_fused_path_enabled(False)
-    try:
-        yield
-    finally:
-        set_fused_path_enabled(True)
-
-
 def _strict_float32():
     return torch.backends.cudnn.flags(enabled=True, allow_tf32=False)
 
@@ -203,7 +201,7 @@ def _candidates(shape: BenchShape, dtype: torch.dtype, eager: nn.Module, fused: 
         torch._dynamo.reset()  # every case compiles afresh instead of piling up recompilations
         candidates["torch.compile"] = Candidate(torch.compile(eager))
     candidates["CUTLASS conv alone"] = Candidate(cutlass_conv, whole_op=False)
-    candidates["cutlassfuse fallback"] = Candidate(fused, _fused_path_off)
+    candidates["cutlassfuse fallback"] = Candidate(fused, lambda: backends.flags(fused_path=False))
     if dtype == torch.float32:
         candidates["cutlassfuse, TF32 off"] = Candidate(fused, _strict_float32)
         candidates["cutlassfuse bf16x3"] = Candidate(fused, lambda: float32_mode("bf16x3"))

@@ -3,38 +3,27 @@ and through plain PyTorch, with errors against float64 and timings."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from .bench import BenchShape, parse_shape
 from .benchmarking import median_ms
 from .modules import ConvTranspose3dReLUGroupNorm
 from .ops import explain
 from .testing import KernelBenchModel, errors, reference_float64
 
-
-@dataclass(frozen=True)
-class DemoShape:
-    batch: int
-    in_channels: int
-    out_channels: int
-    size: tuple[int, int, int]
-    kernel_size: int
-    groups: int
-
-    def __str__(self) -> str:
-        d, h, w = self.size
-        return (f"batch {self.batch}, {self.in_channels} -> {self.out_channels} channels, {d}x{h}x{w}, "
-                f"kernel {self.kernel_size}, {self.groups} groups")
-
-
-KERNELBENCH_61 = DemoShape(16, 64, 128, (32, 32, 32), 3, 8)
+KERNELBENCH_61 = parse_shape("kb61")
 # Small enough for the float64 reference and a few timed runs on a laptop CPU.
-CPU_DEMO = DemoShape(2, 16, 32, (8, 8, 8), 3, 8)
+CPU_DEMO = BenchShape("kb61_cpu", 2, 16, 32, (8, 8, 8), 3, 1, 0, 0, 8)
 
 
-def _models(shape: DemoShape, device: torch.device, dtype: torch.dtype):
-    args = (shape.in_channels, shape.out_channels, shape.kernel_size, shape.groups)
+def describe(shape: BenchShape) -> str:
+    d, h, w = shape.size
+    return (f"batch {shape.batch}, {shape.in_channels} -> {shape.out_channels} channels, {d}x{h}x{w}, "
+            f"kernel {shape.kernel}, {shape.groups} groups")
+
+
+def _models(shape: BenchShape, device: torch.device, dtype: torch.dtype):
+    args = (shape.in_channels, shape.out_channels, shape.kernel, shape.groups)
     torch.manual_seed(0)
     fused = ConvTranspose3dReLUGroupNorm(*args).to(device, dtype)
     torch.manual_seed(0)
@@ -48,7 +37,7 @@ def run_demo(device: torch.device | None = None, dtypes: tuple[torch.dtype, ...]
     shape = KERNELBENCH_61 if cuda else CPU_DEMO
     dtypes = dtypes or ((torch.float16, torch.bfloat16) if cuda else (torch.float32,))
     where = torch.cuda.get_device_name(device) if cuda else "CPU (no CUDA device: reduced size)"
-    print(f"cutlassfuse demo: KernelBench level2/61, {shape}, on {where}")
+    print(f"cutlassfuse demo: KernelBench level2/61, {describe(shape)}, on {where}")
 
     rows = []
     for dtype in dtypes:

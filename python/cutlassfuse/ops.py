@@ -82,44 +82,6 @@ def pack_bias(bias: Tensor, stride: IntOrTriple) -> Tensor:
     return bias.detach().repeat(strides[0] * strides[1] * strides[2])
 
 
-def set_dgrad_config(name: str | None) -> None:
-    """Pins the sm90 kernel's configuration (for benchmarking); None restores the
-    heuristic. Names (CTA tile, kernel layer, cluster): "128x128_pingpong",
-    "128x64_pingpong", "128x128_pingpong_cluster2x1" (this project's persistent
-    ping-pong kernel; the last in clusters of two CTAs along M sharing the filter tile
-    through TMA multicast), "128x128_cluster1x1", "128x64_cluster1x1" (CUTLASS's
-    non-persistent conv kernel)."""
-    torch.ops.cutlassfuse.set_dgrad_config(name or "")
-
-
-def set_skip_border_taps(enabled: bool) -> None:
-    """On (the default), the ping-pong kernel's tiles skip the filter's depth taps that read
-    outside the input for every pixel of the tile (a deconvolution's border planes),
-    whose K blocks the im2col loads fill with zeros; off runs them too, for measuring
-    what skipping saves. The output does not depend on it. No effect on a CPU-only
-    build."""
-    if hasattr(torch.ops.cutlassfuse, "set_skip_border_taps"):
-        torch.ops.cutlassfuse.set_skip_border_taps(bool(enabled))
-
-
-def set_drawn_tile_schedule(enabled: bool) -> None:
-    """On (the default), the CTAs of the ping-pong kernel (clusters of one) take their first
-    two tiles statically and draw the rest from a counter as they reach them, so that CTAs
-    whose tiles skip more border taps take more tiles; off, each CTA walks a static list
-    (every grid-size-th tile), for measuring what drawing saves. The output does not
-    depend on it. No effect on a CPU-only build."""
-    if hasattr(torch.ops.cutlassfuse, "set_drawn_tile_schedule"):
-        torch.ops.cutlassfuse.set_drawn_tile_schedule(bool(enabled))
-
-
-def set_fused_path_enabled(enabled: bool) -> None:
-    """Turns the sm90 fused path off (False) or back on (True) for this process, so
-    that CUDA calls take the fallback: for benchmarking the fallback on a Hopper GPU,
-    as other GPUs run it. No effect on a CPU-only build."""
-    if hasattr(torch.ops.cutlassfuse, "set_fused_path_enabled"):
-        torch.ops.cutlassfuse.set_fused_path_enabled(bool(enabled))
-
-
 def set_float32_mode(mode: str) -> None:
     """How float32 calls compute the convolution, for this process:
 
@@ -155,16 +117,6 @@ def float32_mode(mode: str) -> Iterator[None]:
 def set_float32_tensor_cores(enabled: bool) -> None:
     """``set_float32_mode("bf16x3")`` when True, ``set_float32_mode("pytorch")`` when False."""
     set_float32_mode("bf16x3" if enabled else "pytorch")
-
-
-def set_phase_streams(lanes: int) -> None:
-    """Spreads the sub-pixel phases of one strided call over `lanes` CUDA streams (1, the
-    default, to 8), forked from and joined back into the current stream: an experiment
-    knob for overlapping one phase's tail with the next. No effect on a CPU-only build."""
-    if not 1 <= lanes <= 8:
-        raise ValueError(f"cutlassfuse: set_phase_streams takes 1 to 8 streams, got {lanes}")
-    if hasattr(torch.ops.cutlassfuse, "set_phase_streams"):
-        torch.ops.cutlassfuse.set_phase_streams(int(lanes))
 
 
 def explain(*args, **kwargs) -> str:

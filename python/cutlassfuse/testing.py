@@ -1,7 +1,11 @@
-"""Helpers to check cutlassfuse against PyTorch: a float64 reference and error metrics."""
+"""Helpers to check cutlassfuse: random arguments for the op, float64 references (PyTorch's
+ops, and one from the definitions alone) and error metrics."""
 
 from __future__ import annotations
 
+import inspect
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -9,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .info import info
+from .ops import _op_arguments, conv_transpose3d_relu_group_norm, transposed_conv_output_size
 
 # Accepted error of the op against float64, per dtype: relative error is
 # ||out - ref|| / ||ref||. Half precision rounds the conv output and the result
@@ -20,6 +25,51 @@ def fused_path_expected() -> bool:
     """Whether calls the fused path takes run it here: a Hopper GPU (sm_90) and a build
     with the CUDA kernels. Elsewhere they run the CUDA fallback."""
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and info()["cuda_kernels"]
+
+
+IntOrTriple = int | Sequence[int]
+
+
+def _triple(value: IntOrTriple) -> tuple[int, int, int]:
+    return (value,) * 3 if isinstance(value, int) else tuple(value)
+
+
+def make_inputs(*, batch: int, in_channels: int, out_channels: int, size: IntOrTriple, kernel: IntOrTriple,
+                num_groups: int, stride: IntOrTriple = 1, padding: IntOrTriple = 0, output_padding: IntOrTriple = 0,
+                dilation: IntOrTriple = 1, groups: int = 1, bias: bool = True, affine: bool = True,
+                eps: float = 1e-5, channels_last: bool = False, dtype: torch.dtype = torch.float32,
+                device: str | torch.device = "cpu", seed: int = 0, requires_grad: bool = False) -> dict:
+    """Random arguments of one call of the op, as the keywords of
+    ``conv_transpose3d_relu_group_norm`` (also those of ``explain`` and ``reference_float64``).
+
+    The input is N(0, 1); the weight (in_channels, out_channels / groups, *kernel) is
+    N(0, 1 / fan_in), fan_in the input channels of one conv group times the kernel volume,
+    so that the convolution's output is of order one on any layer; the bias N(0, 0.2^2);
+    GroupNorm's gamma 1 + N(0, 0.2^2) and beta N(0, 0.2^2). ``bias``/``affine`` False give
+    None instead. Drawn in float32 from a generator on `device` seeded with `seed`, then
+    cast to `dtype`; ``channels_last`` lays the input out channels_last_3d;
+    ``requires_grad`` makes every tensor a leaf that wants its gradient."""
+    device = torch.device(device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    kernel = _triple(kernel)
+    fan_in = in_channels // groups * kernel[0] * kernel[1] * kernel[2]
+
+    def randn(*shape: int, scale: float = 1.0, offset: float = 0.0) -> Tensor:
+        return (torch.randn(*shape, generator=generator, device=device) * scale + offset).to(dtype)
+
+    x = randn(batch, in_channels, *_triple(size))
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    inputs = dict(
+        input=x, weight=randn(in_channels, out_channels // groups, *kernel, scale=fan_in**-0.5),
+        bias=randn(out_channels, scale=0.2) if bias else None, stride=stride, padding=padding,
+        output_padding=output_padding, groups=groups, dilation=dilation, num_groups=num_groups,
+        norm_weight=randn(out_channels, scale=0.2, offset=1.0) if affine else None,
+        norm_bias=randn(out_channels, scale=0.2) if affine else None, eps=eps)
+    for value in inputs.values():
+        if isinstance(value, Tensor):
+            value.requires_grad_(requires_grad)
+    return inputs
 
 
 def _float64(t: Tensor | None) -> Tensor | None:
@@ -36,6 +86,59 @@ def reference_float64(input: Tensor, weight: Tensor, bias: Tensor | None = None,
     # torch.group_norm, not F.group_norm: the functional refuses groups of one element
     # ("more than 1 value per channel when training"), which the op normalizes to beta.
     return torch.group_norm(F.relu(y), num_groups, _float64(norm_weight), _float64(norm_bias), eps)
+
+
+def reference_by_definition(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntOrTriple = 1,
+                            padding: IntOrTriple = 0, output_padding: IntOrTriple = 0, groups: int = 1,
+                            dilation: IntOrTriple = 1, *, num_groups: int, norm_weight: Tensor | None = None,
+                            norm_bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """GroupNorm(ReLU(ConvTranspose3d)) in float64 from the definitions, with none of
+    PyTorch's convolution or normalization kernels: input pixel i adds x[i] * w[t] to
+    output pixel i * stride + t * dilation - padding, for every filter tap t (summed over
+    the input channels of its conv group), then each (sample, group) is shifted by its
+    mean and divided by sqrt(biased variance + eps). A loop over the taps: small shapes
+    only."""
+    x, w = _float64(input), _float64(weight)
+    stride, padding, output_padding, dilation = map(_triple, (stride, padding, output_padding, dilation))
+    batch, in_channels, *size = x.shape
+    per_group, kernel = w.shape[1], tuple(w.shape[2:])
+    out_channels = per_group * groups
+    out_size = transposed_conv_output_size(size, kernel, stride, padding, output_padding, dilation)
+    # Output pixels before the padding is cropped: every tap's reach, and the cropped window.
+    full = [max((i - 1) * s + d * (k - 1) + 1, p + o)
+            for i, s, d, k, p, o in zip(size, stride, dilation, kernel, padding, out_size, strict=True)]
+    y = x.new_zeros(batch, groups, per_group, *full)
+    x_by_group = x.reshape(batch, groups, in_channels // groups, *size)
+    w_by_group = w.reshape(groups, in_channels // groups, per_group, *kernel)
+    for tap in itertools.product(*(range(k) for k in kernel)):
+        products = torch.einsum("ngcdhw,gco->ngodhw", x_by_group, w_by_group[(..., *tap)])
+        reached = tuple(slice(t * d, t * d + (i - 1) * s + 1, s)
+                        for t, d, i, s in zip(tap, dilation, size, stride, strict=True))
+        y[(slice(None), slice(None), slice(None), *reached)] += products
+    window = tuple(slice(p, p + o) for p, o in zip(padding, out_size, strict=True))
+    y = y.reshape(batch, out_channels, *full)[(slice(None), slice(None), *window)]
+    if bias is not None:
+        y = y + _float64(bias).view(1, -1, 1, 1, 1)
+    y = torch.where(y < 0, torch.zeros_like(y), y)  # ReLU; NaN stays NaN
+    per_norm_group = out_channels // num_groups * out_size[0] * out_size[1] * out_size[2]
+    values = y.reshape(batch, num_groups, per_norm_group)
+    mean = values.sum(dim=2, keepdim=True) / per_norm_group
+    variance = ((values - mean) ** 2).sum(dim=2, keepdim=True) / per_norm_group
+    out = ((values - mean) / torch.sqrt(variance + eps)).reshape(batch, out_channels, *out_size)
+    if norm_weight is not None:
+        out = out * _float64(norm_weight).view(1, -1, 1, 1, 1)
+    if norm_bias is not None:
+        out = out + _float64(norm_bias).view(1, -1, 1, 1, 1)
+    return out
+
+
+def op_arguments(inputs: dict) -> tuple:
+    """The registered op's positional arguments (``torch.ops.cutlassfuse.
+    conv_transpose3d_relu_group_norm``, ``torch.library.opcheck``) for keyword arguments
+    of the functional op, such as ``make_inputs`` gives."""
+    bound = inspect.signature(conv_transpose3d_relu_group_norm).bind(**inputs)
+    bound.apply_defaults()
+    return _op_arguments(**bound.arguments)
 
 
 def poison_cuda_allocator(nbytes: int) -> None:

@@ -4,14 +4,16 @@ hands to the reference path. Run on the device: scripts/device_iteration.sh."""
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import cutlassfuse
-from cutlassfuse.testing import RELATIVE_TOLERANCE, errors, poison_cuda_allocator, reference_float64
+from cutlassfuse.bench import DEFAULT_SHAPES
+from cutlassfuse.testing import (RELATIVE_TOLERANCE, errors, fused_path_expected, make_inputs, poison_cuda_allocator,
+                                 reference_float64)
 
 # float32 is held to float64 and bitwise repeatable: PyTorch's strict, deterministic setting.
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("strict_float32")]
@@ -36,13 +38,9 @@ class Case:
     fused: bool = True  # the sm90 fused path must take it (on an sm_90 GPU)
 
 
-CASES = [
-    Case("kb61", 16, 64, 128, (32, 32, 32), 3, 8),
-    Case("kb61_v0", 16, 64, 128, (8, 16, 16), 3, 8),
-    Case("unet_k2s2", 2, 256, 128, (24, 24, 24), 2, 8, stride=2),
+# The benchmark layers (cutlassfuse.bench.DEFAULT_SHAPES), then edge cases.
+CASES = [Case(shape.name, **shape.make_inputs_keywords()) for shape in DEFAULT_SHAPES] + [
     Case("unet_k2s2_bias_channels_last", 2, 64, 32, (6, 7, 5), 2, 4, stride=2, bias=True, channels_last=True),
-    Case("gan_k4s2p1", 32, 256, 128, (8, 8, 8), 4, 32, stride=2, padding=1),
-    Case("vid_k3s2p1op1", 4, 128, 64, (8, 32, 32), 3, 16, stride=2, padding=1, output_padding=1),
     Case("kernel1_stride2_bias", 2, 16, 32, (5, 6, 7), 1, 4, stride=2, output_padding=1, bias=True),
     Case("kernel2_stride3_padding1", 2, 32, 48, (4, 5, 6), 2, 6, stride=3, padding=1, bias=True,
          channels_last=True),
@@ -61,23 +59,9 @@ DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 FLOAT32_MAX_ABS = 1e-4  # strict fp32 (TF32 off); a TF32 convolution lands ~3e-3 away
 
 
-def make_inputs(case: Case, dtype: torch.dtype, generator: torch.Generator) -> dict:
-    def randn(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=generator, device="cuda") * scale).to(dtype)
-
-    memory_format = torch.channels_last_3d if case.channels_last else torch.contiguous_format
-    fan_in = case.in_channels * case.kernel**3
-    return dict(
-        input=torch.rand(case.batch, case.in_channels, *case.size, generator=generator, device="cuda").to(dtype)
-        .contiguous(memory_format=memory_format),
-        weight=randn(case.in_channels, case.out_channels, case.kernel, case.kernel, case.kernel,
-                     scale=fan_in**-0.5),
-        bias=randn(case.out_channels, scale=0.1) if case.bias else None,
-        stride=case.stride, padding=case.padding, output_padding=case.output_padding, dilation=case.dilation,
-        num_groups=case.num_groups,
-        norm_weight=1 + randn(case.out_channels, scale=0.1) if case.affine else None,
-        norm_bias=randn(case.out_channels, scale=0.1) if case.affine else None,
-    )
+def case_inputs(case: Case, dtype: torch.dtype) -> dict:
+    shape = {k: v for k, v in asdict(case).items() if k not in ("name", "fused")}
+    return make_inputs(**shape, dtype=dtype, device="cuda", seed=zlib.crc32(f"{case.name}/{dtype}".encode()))
 
 
 def eager(inputs: dict) -> torch.Tensor:
@@ -89,11 +73,9 @@ def eager(inputs: dict) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_matches_float64(case: Case, dtype: torch.dtype):
-    generator = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{case.name}/{dtype}".encode()))
-    inputs = make_inputs(case, dtype, generator)
-    on_sm90 = torch.cuda.get_device_capability() == (9, 0)
+    inputs = case_inputs(case, dtype)
     path = cutlassfuse.explain(**inputs)
-    if case.fused and on_sm90 and dtype != torch.float32:
+    if case.fused and fused_path_expected() and dtype != torch.float32:
         assert path.startswith("fused_sm90"), path
 
     expected_like = eager(inputs)  # shape and dtype of PyTorch's result
@@ -202,7 +184,7 @@ def test_nan_and_inf_propagate_like_eager(stride, special):
     w = (torch.randn(16, 32, 3, 3, 3, generator=g, device="cuda") * 0.05).to(torch.float16)
     x[1, 3, 2, 2, 2] = special
     args = dict(stride=stride, padding=1, num_groups=4)
-    assert cutlassfuse.explain(x, w, **args).startswith("fused_sm90") or torch.cuda.get_device_capability() != (9, 0)
+    assert cutlassfuse.explain(x, w, **args).startswith("fused_sm90") or not fused_path_expected()
     out = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, **args)
     expected = reference_float64(x, w, **args)
     assert torch.equal(out.isnan(), expected.isnan())
@@ -211,7 +193,7 @@ def test_nan_and_inf_propagate_like_eager(stride, special):
 
 def test_misaligned_views_take_a_path_that_reads_them():
     """A channels-last view at a 2-byte offset: TMA cannot read it at its address, so the call must not take the
-    fused kernels' direct read (found by review: the descriptors' own checks are compiled out)."""
+    fused kernels' direct read (the TMA descriptors' own alignment checks are compiled out)."""
     g = torch.Generator(device="cuda").manual_seed(3)
     flat = torch.rand(2 * 16 * 5 * 6 * 7 + 1, generator=g, device="cuda", dtype=torch.half)
     x = flat[1:].view(2, 5, 6, 7, 16).permute(0, 4, 1, 2, 3)  # channels_last_3d, 2-byte aligned
@@ -221,3 +203,30 @@ def test_misaligned_views_take_a_path_that_reads_them():
     out = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, num_groups=4)
     assert errors(out, reference_float64(x, w, num_groups=4)).relative <= RELATIVE_TOLERANCE[torch.float16]
 
+
+
+@pytest.mark.requires_sm90
+@pytest.mark.parametrize("kernel,stride", [(3, 1), (3, 2), (2, 2)],
+                         ids=["unit_stride", "sub_pixel_phases", "pixel_shuffle_gemm"])
+def test_fused_path_reads_the_packed_operands(kernel, stride):
+    """A layer passes pack_weight(weight) and pack_bias(bias, stride) to skip re-packing them
+    on every call: with them the result is bitwise the call's without them, and the fused
+    kernels read the packed copies in place of the weight (and, in kernel == stride
+    layers, the bias): copies packed from other tensors give those tensors' result, which
+    is why the module re-packs when its parameters change."""
+    inputs = make_inputs(batch=2, in_channels=32, out_channels=64, size=(4, 5, 6), kernel=kernel, stride=stride,
+                         num_groups=8, dtype=torch.float16, device="cuda", seed=kernel * 10 + stride)
+    assert cutlassfuse.explain(**inputs).startswith("fused_sm90")
+    other = make_inputs(batch=2, in_channels=32, out_channels=64, size=(4, 5, 6), kernel=kernel, stride=stride,
+                        num_groups=8, dtype=torch.float16, device="cuda", seed=kernel * 10 + stride + 1)
+
+    def packed(source: dict) -> dict:
+        return dict(packed_weight=cutlassfuse.pack_weight(source["weight"]),
+                    packed_bias=cutlassfuse.pack_bias(source["bias"], stride))
+
+    plain = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
+    assert torch.equal(cutlassfuse.conv_transpose3d_relu_group_norm(**inputs, **packed(inputs)), plain)
+    bias_read = other["bias"] if kernel == stride else inputs["bias"]
+    expected = cutlassfuse.conv_transpose3d_relu_group_norm(**dict(inputs, weight=other["weight"], bias=bias_read))
+    assert not torch.equal(expected, plain)
+    assert torch.equal(cutlassfuse.conv_transpose3d_relu_group_norm(**inputs, **packed(other)), expected)

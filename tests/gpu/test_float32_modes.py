@@ -12,21 +12,25 @@ import torch
 import torch.nn.functional as F
 
 import cutlassfuse
-from cutlassfuse.testing import fused_path_expected
+from cutlassfuse.bench import parse_shape
+from cutlassfuse.ops import transposed_conv_output_size
+from cutlassfuse.testing import KernelBenchModel, make_inputs
 
 pytestmark = pytest.mark.gpu
 
 TF32 = [pytest.param(True, id="tf32_allowed"), pytest.param(False, id="tf32_disallowed")]
 
 
-def eager(x, w, b, stride, padding, output_padding, num_groups, gamma, beta):
-    y = F.relu(F.conv_transpose3d(x, w, b, stride, padding, output_padding))
-    return F.group_norm(y, num_groups, gamma, beta)
+def eager(call: dict) -> torch.Tensor:
+    """The call through PyTorch's modules' functions, in the call's dtype."""
+    y = F.relu(F.conv_transpose3d(call["input"], call["weight"], call["bias"], call["stride"], call["padding"],
+                                  call["output_padding"], call["groups"], call["dilation"]))
+    return F.group_norm(y, call["num_groups"], call["norm_weight"], call["norm_bias"], call["eps"])
 
 
 def random_layers(count: int, seed: int = 0) -> list[dict]:
     """Layers with strides 1-2, kernels 1-4, padding, output padding, bias on and off,
-    NCDHW and channels_last_3d input."""
+    NCDHW and channels_last_3d input (make_inputs keywords)."""
     rng = random.Random(seed)
     layers = []
     while len(layers) < count:
@@ -34,7 +38,8 @@ def random_layers(count: int, seed: int = 0) -> list[dict]:
         padding = rng.randint(0, min(2, kernel - 1))
         output_padding = rng.randint(0, stride - 1)
         size = tuple(rng.randint(3, 9) for _ in range(3))
-        out = [(s - 1) * stride - 2 * padding + kernel + output_padding for s in size]
+        out = transposed_conv_output_size(size, (kernel,) * 3, (stride,) * 3, (padding,) * 3, (output_padding,) * 3,
+                                          (1, 1, 1))
         if min(out) < 1:
             continue
         num_groups = rng.choice([1, 2, 4, 8])
@@ -45,44 +50,25 @@ def random_layers(count: int, seed: int = 0) -> list[dict]:
     return layers
 
 
-def make_call(layer: dict, seed: int) -> dict:
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    c_in, c_out, k = layer["in_channels"], layer["out_channels"], layer["kernel"]
-    x = torch.rand(layer["batch"], c_in, *layer["size"], device="cuda", generator=g)
-    if layer["channels_last"]:
-        x = x.contiguous(memory_format=torch.channels_last_3d)
-    w = torch.randn(c_in, c_out, k, k, k, device="cuda", generator=g) * (c_in * k**3) ** -0.5
-    b = 0.1 * torch.randn(c_out, device="cuda", generator=g) if layer["bias"] else None
-    gamma = 1 + 0.1 * torch.randn(c_out, device="cuda", generator=g)
-    beta = 0.1 * torch.randn(c_out, device="cuda", generator=g)
-    return dict(x=x, w=w, b=b, stride=layer["stride"], padding=layer["padding"],
-                output_padding=layer["output_padding"], num_groups=layer["num_groups"], gamma=gamma, beta=beta)
-
-
-def fused_op(x, w, b, stride, padding, output_padding, num_groups, gamma, beta):
-    return cutlassfuse.conv_transpose3d_relu_group_norm(x, w, b, stride, padding, output_padding,
-                                                        num_groups=num_groups, norm_weight=gamma, norm_bias=beta)
-
-
 @pytest.mark.parametrize("allow_tf32", TF32)
 @pytest.mark.parametrize("index", range(24))
 def test_pytorch_mode_matches_eager_on_random_layers(index, allow_tf32):
-    call = make_call(random_layers(24)[index], seed=index)
+    call = make_inputs(**random_layers(24)[index], device="cuda", seed=index)
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=allow_tf32):
-        assert "float32 mode 'pytorch'" in cutlassfuse.explain(call["x"], call["w"], call["b"], call["stride"],
-                                                               call["padding"], call["output_padding"],
-                                                               num_groups=call["num_groups"])
-        torch.testing.assert_close(fused_op(**call), eager(**call), atol=1e-4, rtol=1e-4)
+        assert "float32 mode 'pytorch'" in cutlassfuse.explain(**call)
+        torch.testing.assert_close(cutlassfuse.conv_transpose3d_relu_group_norm(**call), eager(call), atol=1e-4,
+                                   rtol=1e-4)
 
 
 def test_pytorch_mode_follows_the_tf32_switch_on_kernelbench_61():
-    """KernelBench level2/61 in float32 (16 x 64 -> 128 channels, 32^3, kernel 3, 8 groups):
-    within allclose(1e-4, 1e-4) of eager in both settings, and as far from the other
-    setting's result as eager is."""
+    """KernelBench level2/61 in float32 (the benchmark shape kb61): within allclose(1e-4,
+    1e-4) of eager in both settings, and as far from the other setting's result as eager
+    is."""
+    shape = parse_shape("kb61")
     torch.manual_seed(0)
-    model = cutlassfuse.testing.KernelBenchModel(64, 128, 3, 8).cuda()
+    model = KernelBenchModel(shape.in_channels, shape.out_channels, shape.kernel, shape.groups).cuda()
     block = cutlassfuse.ConvTranspose3dReLUGroupNorm.from_modules(model.conv_transpose, model.group_norm)
-    x = torch.rand(16, 64, 32, 32, 32, device="cuda")
+    x = torch.rand(shape.batch, shape.in_channels, *shape.size, device="cuda")
     results = {}
     with torch.no_grad():
         for allow_tf32 in (True, False):
@@ -95,12 +81,13 @@ def test_pytorch_mode_follows_the_tf32_switch_on_kernelbench_61():
 
 
 def test_pytorch_mode_is_deterministic_when_pytorch_is():
-    call = make_call(random_layers(1, seed=5)[0], seed=5)
+    call = make_inputs(**random_layers(1, seed=5)[0], device="cuda", seed=5)
     with torch.backends.cudnn.flags(enabled=True, deterministic=True):
-        assert torch.equal(fused_op(**call), fused_op(**call))
+        assert torch.equal(cutlassfuse.conv_transpose3d_relu_group_norm(**call),
+                           cutlassfuse.conv_transpose3d_relu_group_norm(**call))
 
 
-@pytest.mark.skipif(not fused_path_expected(), reason="the fused path needs an sm_90 GPU")
+@pytest.mark.requires_sm90
 def test_bf16x3_mode_takes_the_fused_path():
     x = torch.rand(2, 16, 6, 6, 6, device="cuda")
     w = 0.1 * torch.randn(16, 32, 3, 3, 3, device="cuda")

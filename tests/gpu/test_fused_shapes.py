@@ -3,19 +3,25 @@ straddle samples (output D*H*W of 1, 7, not a multiple of the tile, above 2^16),
 groups of one channel, of Cout/8 channels, of all channels, groups crossing an N-tile
 boundary, padding 0-2, kernels 1-5, dilation 1-2, per-dimension strides 1-3 (sub-pixel
 phases, pixels no input reaches), output_padding, batch 1 and 32, bias and affine on
-and off; every kernel configuration; and outputs that do not change when tiles skip
-the taps reaching none of their pixels."""
+and off; every kernel configuration; and outputs that do not change by one bit when
+tiles skip the taps reaching none of their pixels, when CTAs draw their tiles from a
+counter, or when phases run on several streams, on layers where explain() reports that
+the feature ran."""
 
 from __future__ import annotations
 
 import random
+import re
 import zlib
 
 import pytest
 import torch
 
 import cutlassfuse
-from cutlassfuse.testing import errors, fused_path_expected, poison_cuda_allocator, reference_float64
+from cutlassfuse import backends
+from cutlassfuse.bench import parse_shape
+from cutlassfuse.ops import transposed_conv_output_size
+from cutlassfuse.testing import errors, fused_path_expected, make_inputs, poison_cuda_allocator, reference_float64
 
 pytestmark = pytest.mark.gpu
 
@@ -29,13 +35,16 @@ RELATIVE = {torch.float16: 5e-3, torch.bfloat16: 2e-2, torch.float32: 5e-5}
 
 @pytest.fixture
 def float32_on_tensor_cores():
-    cutlassfuse.set_float32_tensor_cores(True)
-    yield
-    cutlassfuse.set_float32_tensor_cores(False)
+    with cutlassfuse.float32_mode("bf16x3"):
+        yield
 
 
-def output_extent(size, kernel, stride, padding, output_padding, dilation):
-    return (size - 1) * stride - 2 * padding + dilation * (kernel - 1) + output_padding + 1
+def output_size(c: dict) -> tuple[int, int, int]:
+    def triple(value):
+        return (value,) * 3 if isinstance(value, int) else tuple(value)
+
+    return tuple(transposed_conv_output_size(c["size"], triple(c["kernel"]), c["stride"], triple(c["padding"]),
+                                             c["output_padding"], triple(c["dilation"])))
 
 
 def random_case(rng: random.Random, **fixed) -> dict:
@@ -60,10 +69,8 @@ def random_case(rng: random.Random, **fixed) -> dict:
         cout = c["out_channels"]
         if "num_groups" not in fixed:
             c["num_groups"] = rng.choice([1, cout // 8, cout] + [g for g in (3, 5, 6, 12) if cout % g == 0])
-        out = [output_extent(s, c["kernel"], st, c["padding"], op, c["dilation"])
-               for s, st, op in zip(c["size"], c["stride"], c["output_padding"], strict=True)]
+        out = output_size(c)
         if min(out) >= 1 and c["batch"] * cout * out[0] * out[1] * out[2] <= 40_000_000:
-            c["output_size"] = tuple(out)
             return c
 
 
@@ -132,7 +139,7 @@ CASES = NAMED_CASES + random_cases(36)
 
 
 def case_id(c: dict) -> str:
-    return (f"n{c['batch']}-{c['in_channels']}to{c['out_channels']}-{'x'.join(map(str, c['output_size']))}"
+    return (f"n{c['batch']}-{c['in_channels']}to{c['out_channels']}-{'x'.join(map(str, output_size(c)))}"
             f"-k{c['kernel']}s{''.join(map(str, c['stride']))}p{c['padding']}"
             f"op{''.join(map(str, c['output_padding']))}d{c['dilation']}-g{c['num_groups']}"
             + ("-bias" if c["bias"] else "") + ("" if c["affine"] else "-noaffine")
@@ -140,33 +147,18 @@ def case_id(c: dict) -> str:
 
 
 def output_numel(c: dict) -> int:
-    return c["batch"] * c["out_channels"] * torch.Size(c["output_size"]).numel()
+    return c["batch"] * c["out_channels"] * torch.Size(output_size(c)).numel()
 
 
-def make_inputs(c: dict, dtype: torch.dtype) -> dict:
-    g = torch.Generator(device="cuda").manual_seed(zlib.crc32(case_id(c).encode()))
-    k = c["kernel"]
-    x = torch.randn(c["batch"], c["in_channels"], *c["size"], generator=g, device="cuda").to(dtype)
-    if c["channels_last"]:
-        x = x.contiguous(memory_format=torch.channels_last_3d)
-    w = torch.randn(c["in_channels"], c["out_channels"], k, k, k, generator=g, device="cuda")
-    w = (w * (c["in_channels"] * k**3) ** -0.5).to(dtype)
-    cout = c["out_channels"]
-    return dict(
-        input=x, weight=w,
-        bias=(0.2 * torch.randn(cout, generator=g, device="cuda")).to(dtype) if c["bias"] else None,
-        stride=c["stride"], padding=c["padding"], output_padding=c["output_padding"], dilation=c["dilation"],
-        num_groups=c["num_groups"],
-        norm_weight=(1 + 0.2 * torch.randn(cout, generator=g, device="cuda")).to(dtype) if c["affine"] else None,
-        norm_bias=(0.2 * torch.randn(cout, generator=g, device="cuda")).to(dtype) if c["affine"] else None,
-    )
+def case_inputs(c: dict, dtype: torch.dtype) -> dict:
+    return make_inputs(**c, dtype=dtype, device="cuda", seed=zlib.crc32(case_id(c).encode()))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32],
                          ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_fused_path_matches_float64(case: dict, dtype: torch.dtype, float32_on_tensor_cores):
-    inputs = make_inputs(case, dtype)
+    inputs = case_inputs(case, dtype)
     if fused_path_expected():
         path = cutlassfuse.explain(**inputs)
         assert path.startswith("fused_sm90"), path
@@ -182,38 +174,32 @@ def test_fused_path_matches_float64(case: dict, dtype: torch.dtype, float32_on_t
     assert torch.equal(out, cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)), "two runs differ"
 
 
+@pytest.mark.requires_sm90
 @pytest.mark.parametrize("size, reads_as_is", [((4, 4, 6), True), ((3, 3, 3), False)], ids=["96px", "27px"])
 @pytest.mark.parametrize("channels_last", [False, True], ids=["ncdhw", "cl"])
 def test_pixel_shuffle_gemm_reads_ncdhw_input_as_it_is(size, reads_as_is: bool, channels_last: bool):
     """explain() names the pixel-major GEMM exactly for NCDHW 16-bit inputs whose pixels per sample TMA can
     address (a multiple of 8); the others keep the transposed (or channels-last) input."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the fused sm90 path runs on sm_90 only")
     case = random_case(random.Random(7), batch=2, out_channels=64, num_groups=8, size=size,
                        **{**PIXEL_MAJOR, "channels_last": channels_last})
     for dtype, expected in [(torch.float16, reads_as_is and not channels_last), (torch.float32, False)]:
-        path = cutlassfuse.explain(**make_inputs(case, dtype))
+        path = cutlassfuse.explain(**case_inputs(case, dtype))
         assert ("reading the NCDHW input as it is" in path) == expected, path
 
 
 # Every kernel configuration, whichever the heuristic picks: both kernel layers (the
 # ping-pong kernel's multi-phase launches, CUTLASS's one launch per phase), both tiles
 # and both cluster sizes, on the named edge cases.
-CONFIGS = ["128x128_pingpong", "128x64_pingpong", "128x128_pingpong_cluster2x1", "128x128_cluster1x1",
-           "128x64_cluster1x1"]
-
-
-@pytest.fixture(params=CONFIGS)
+@pytest.fixture(params=backends.dgrad_configs())
 def dgrad_config(request):
-    cutlassfuse.set_dgrad_config(request.param)
-    yield request.param
-    cutlassfuse.set_dgrad_config(None)
+    with backends.flags(dgrad_config=request.param):
+        yield request.param
 
 
 @pytest.mark.parametrize("case", NAMED_CASES, ids=case_id)
 def test_every_config_matches_float64(case: dict, dgrad_config: str):
-    inputs = make_inputs(case, torch.float16)
-    if torch.cuda.get_device_capability() == (9, 0):
+    inputs = case_inputs(case, torch.float16)
+    if fused_path_expected():
         assert dgrad_config in cutlassfuse.explain(**inputs)
     poison_cuda_allocator(8 * 2 * output_numel(case))
     out = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
@@ -224,30 +210,32 @@ def test_every_config_matches_float64(case: dict, dgrad_config: str):
     assert torch.equal(out, cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)), "two runs differ"
 
 
+def run_poisoned(inputs: dict, numel: int) -> torch.Tensor:
+    """The op's output, written into memory the allocator holds NaN in."""
+    poison_cuda_allocator(8 * inputs["input"].element_size() * numel)
+    return cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
+
+
 # Clusters change who loads the filter tile (each CTA of a pair loads half, multicast to
 # both), not one product or sum: the 2x1 kernel must match the 1x1 kernel bit for bit,
 # including the pairs whose second tile lies past the problem (an odd number of M tiles).
+@pytest.mark.requires_sm90
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("case", NAMED_CASES[:3] + NAMED_CASES[10:14], ids=case_id)
 def test_cluster_2x1_equals_cluster_1x1_bitwise(case: dict, dtype: torch.dtype):
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the sm90 configurations run on sm_90 only")
-    inputs = make_inputs(case, dtype)
+    inputs = case_inputs(case, dtype)
     outputs = {}
-    try:
-        for config in ["128x128_pingpong", "128x128_pingpong_cluster2x1"]:
-            cutlassfuse.set_dgrad_config(config)
+    for config in ["128x128_pingpong", "128x128_pingpong_cluster2x1"]:
+        with backends.flags(dgrad_config=config):
             assert f"{config} (epilogue" in cutlassfuse.explain(**inputs)
-            poison_cuda_allocator(8 * 2 * output_numel(case))
-            outputs[config] = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
-    finally:
-        cutlassfuse.set_dgrad_config(None)
+            outputs[config] = run_poisoned(inputs, output_numel(case))
     assert torch.isfinite(outputs["128x128_pingpong_cluster2x1"]).all()
     assert torch.equal(outputs["128x128_pingpong"], outputs["128x128_pingpong_cluster2x1"])
 
 
 # Clusters of two CTAs for sub-pixel phases beyond one N tile; clusters of one, drawing
 # their tiles, for stride-1 layers (kb61 and layers of two N tiles measured faster).
+@pytest.mark.requires_sm90
 @pytest.mark.parametrize(("out_channels", "batch", "size", "stride", "config"), [
     (64, 2, (30, 30, 30), 1, "128x64_pingpong"),
     (128, 2, (6, 6, 6), 1, "128x128_pingpong"),
@@ -258,28 +246,59 @@ def test_cluster_2x1_equals_cluster_1x1_bitwise(case: dict, dtype: torch.dtype):
     (136, 2, (6, 6, 6), 2, "128x128_pingpong_cluster2x1"),
     (256, 2, (6, 6, 6), 2, "128x128_pingpong_cluster2x1")])
 def test_heuristic_pairs_ctas(out_channels: int, batch: int, size: tuple, stride: int, config: str):
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the sm90 configurations run on sm_90 only")
     case = random_case(random.Random(11), out_channels=out_channels, batch=batch, size=size, num_groups=8, kernel=3,
                        padding=0, dilation=1, stride=(stride,) * 3, output_padding=(0, 0, 0))
-    assert f"{config} (epilogue" in cutlassfuse.explain(**make_inputs(case, torch.float16))
+    assert f"{config} (epilogue" in cutlassfuse.explain(**case_inputs(case, torch.float16))
+
+
+# What explain() reports of the ping-pong kernel's features, under the current flags.
+SKIPPED_PHASES = re.compile(r"border taps skipped in (\d+) of (\d+) phases")
+DRAWN, WALKED = "tiles drawn from a counter", "tiles walked statically"
+
+
+def on_and_off(inputs: dict, numel: int, flag: str, expect_on, expect_off, **pinned) -> torch.Tensor:
+    """The op's output with a kernel feature's flag on (its default) and off, `pinned`
+    flags set for both: explain() must report the feature running (expect_on(path)) and
+    not running (expect_off(path)); the outputs, written into poisoned memory, finite
+    and equal bit for bit."""
+    outputs = []
+    for enabled, expect in ((True, expect_on), (False, expect_off)):
+        with backends.flags(**pinned, **{flag: enabled}):
+            path = cutlassfuse.explain(**inputs)
+            assert expect(path), f"{flag}={enabled}: {path}"
+            outputs.append(run_poisoned(inputs, numel))
+    on, off = outputs
+    assert torch.isfinite(on).all(), "unwritten (poisoned) or non-finite output elements"
+    assert torch.equal(on, off), f"{flag} on and off differ"
+    return on
+
+
+def skipped_in_some_phase(path: str) -> bool:
+    match = SKIPPED_PHASES.search(path)
+    return match is not None and int(match[1]) > 0
+
+
+def skipped_in_no_phase(path: str) -> bool:
+    match = SKIPPED_PHASES.search(path)
+    return match is not None and int(match[1]) == 0
 
 
 # Skipping the K blocks of depth taps that reach none of a tile's pixels (tap_window.h) drops
 # only blocks the im2col loads fill with zeros, and walks the rest in the same order:
-# the output must not change by one bit. kb61_v0's layer (output 10x18x18 from a 3x3x3
-# kernel) skips a sixth of its K blocks; the border cases skip with dilation, padding,
-# kernel 5, ragged channel blocks and sub-pixel phases; the named cases (mostly planes
-# too small to skip) check that the host's rule leaves the rest alone.
-KB61_V0 = dict(batch=16, in_channels=64, out_channels=128, size=(8, 16, 16), output_size=(10, 18, 18), kernel=3,
-               stride=(1, 1, 1), padding=0, output_padding=(0, 0, 0), dilation=1, num_groups=8, bias=False,
-               affine=True, channels_last=False)
+# the output must not change by one bit. The host skips in the phases whose 128-pixel
+# tiles skip more than one K block on average (planes of more than 128 pixels, several
+# depth taps); each layer below has such phases, so explain() must report skipping on,
+# and off when the flag is off.
 PINGPONG_CONFIGS = ["128x128_pingpong", "128x64_pingpong", "128x128_pingpong_cluster2x1"]
 
 
+# The benchmark layer kb61_v0: output planes of 18x18 pixels, ten per sample; a tile skips
+# 5 of its 27 K blocks on average.
+KB61_V0 = dict(parse_shape("kb61_v0").make_inputs_keywords(), stride=(1, 1, 1), output_padding=(0, 0, 0), dilation=1,
+               bias=False, affine=True, channels_last=False)
+
+
 def border_cases() -> list[dict]:
-    """Layers whose tiles skip (the host tests where a sample's tiles skip more than one K block
-    on average): planes of more than 128 pixels, several depth taps."""
     rng = random.Random(15)
     unit = dict(stride=(1, 1, 1), output_padding=(0, 0, 0))
     return [
@@ -290,7 +309,7 @@ def border_cases() -> list[dict]:
         # dilation 2, a channel block half empty (32 input channels)
         random_case(rng, batch=3, in_channels=32, out_channels=96, num_groups=12, size=(12, 12, 12), kernel=3,
                     padding=0, dilation=2, **unit),
-        # 136 channels: a ragged third channel block, two N tiles (clusters of two by default)
+        # 136 channels: a ragged third channel block, two N tiles
         random_case(rng, batch=2, in_channels=136, out_channels=136, num_groups=17, size=(6, 16, 16), kernel=3,
                     padding=1, dilation=1, **unit),
         # sub-pixel phases that skip (every phase of kernel 4, stride 2; 256 input channels)
@@ -299,47 +318,30 @@ def border_cases() -> list[dict]:
         # phases of one launch that skip and that do not (kernel 3, stride 2, output_padding 1)
         random_case(rng, batch=2, in_channels=256, out_channels=64, num_groups=16, size=(8, 12, 12), kernel=3,
                     stride=(2, 2, 2), padding=1, dilation=1, output_padding=(1, 1, 1)),
+        # 64 -> 128 channels, 16^3 input, kernel 3: 18 planes of 324 pixels, a tile skips 2.7 K blocks on average
+        random_case(rng, batch=2, in_channels=64, out_channels=128, num_groups=8, size=(16, 16, 16), kernel=3,
+                    padding=0, dilation=1, **unit),
     ]
 
 
 BORDER_CASES = border_cases()
 
 
-def same_output_on_and_off(switch, inputs: dict, numel: int, config: str | None = None) -> torch.Tensor:
-    """The op's output with a kernel switch (on by default) on, checked equal bit for bit
-    to the output with it off, each call writing into poisoned memory; `config` pinned."""
-    outputs = []
-    try:
-        cutlassfuse.set_dgrad_config(config)
-        for enabled in (True, False):
-            switch(enabled)
-            poison_cuda_allocator(8 * inputs["input"].element_size() * numel)
-            outputs.append(cutlassfuse.conv_transpose3d_relu_group_norm(**inputs))
-    finally:
-        switch(True)
-        cutlassfuse.set_dgrad_config(None)
-    on, off = outputs
-    assert torch.isfinite(on).all(), "unwritten (poisoned) or non-finite output elements"
-    assert torch.equal(on, off)
-    return on
-
-
+@pytest.mark.requires_sm90
 @pytest.mark.parametrize("config", PINGPONG_CONFIGS)
-@pytest.mark.parametrize("case", NAMED_CASES + BORDER_CASES, ids=case_id)
+@pytest.mark.parametrize("case", BORDER_CASES, ids=case_id)
 def test_skipping_border_taps_changes_no_bit(case: dict, config: str):
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the sm90 configurations run on sm_90 only")
-    same_output_on_and_off(cutlassfuse.set_skip_border_taps, make_inputs(case, torch.float16), output_numel(case),
-                           config)
+    on_and_off(case_inputs(case, torch.float16), output_numel(case), "skip_border_taps", skipped_in_some_phase,
+               skipped_in_no_phase, dgrad_config=config)
 
 
+@pytest.mark.requires_sm90
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=lambda d: str(d).removeprefix("torch."))
-@pytest.mark.parametrize("case", NAMED_CASES[8:14] + BORDER_CASES, ids=case_id)
+@pytest.mark.parametrize("case", BORDER_CASES, ids=case_id)
 def test_skipping_border_taps_changes_no_bit_in_other_dtypes(case: dict, dtype: torch.dtype,
                                                              float32_on_tensor_cores):
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the sm90 configurations run on sm_90 only")
-    same_output_on_and_off(cutlassfuse.set_skip_border_taps, make_inputs(case, dtype), output_numel(case))
+    on_and_off(case_inputs(case, dtype), output_numel(case), "skip_border_taps", skipped_in_some_phase,
+               skipped_in_no_phase)
 
 
 # Drawn tile schedule (unit_schedule.cuh): the CTAs of clusters of one draw their third
@@ -372,38 +374,54 @@ DRAWING_PHASES = random_case(random.Random(19), batch=18, in_channels=256, out_c
                              output_padding=(0, 0, 0))
 
 
+def drawn(path: str) -> bool:
+    return DRAWN in path and WALKED not in path and skipped_in_some_phase(path)
+
+
+def walked(path: str) -> bool:
+    return WALKED in path and DRAWN not in path
+
+
+@pytest.mark.requires_sm90
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda d: str(d).removeprefix("torch."))
-@pytest.mark.parametrize("config", [None, "128x128_pingpong", "128x64_pingpong"])
+@pytest.mark.parametrize("config", ["auto", "128x128_pingpong", "128x64_pingpong"])
 @pytest.mark.parametrize("case", DRAWING_CASES + [DRAWING_PHASES], ids=case_id)
-def test_drawn_tile_schedule_changes_no_bit(case: dict, config: str | None, dtype: torch.dtype):
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the sm90 configurations run on sm_90 only")
-    inputs = make_inputs(case, dtype)
-    drawn = same_output_on_and_off(cutlassfuse.set_drawn_tile_schedule, inputs, output_numel(case), config)
-    if config is None:
+def test_drawn_tile_schedule_changes_no_bit(case: dict, config: str, dtype: torch.dtype):
+    inputs = case_inputs(case, dtype)
+    out = on_and_off(inputs, output_numel(case), "drawn_tile_schedule", drawn, walked, dgrad_config=config)
+    if config == "auto":
         tolerance = 2e-2 if dtype == torch.bfloat16 else 5e-3
-        assert errors(drawn, reference_float64(**inputs)).relative <= tolerance
+        assert errors(out, reference_float64(**inputs)).relative <= tolerance
 
 
-def test_drawn_tile_schedule_on_phase_streams():
-    """Each phase its own launch on one of four streams, all drawing at once."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the sm90 configurations run on sm_90 only")
-    inputs = make_inputs(DRAWING_PHASES, torch.float16)
-    drawn = same_output_on_and_off(cutlassfuse.set_drawn_tile_schedule, inputs, output_numel(DRAWING_PHASES))
-    try:
-        cutlassfuse.set_phase_streams(4)
-        on_streams = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
-    finally:
-        cutlassfuse.set_phase_streams(1)
-    assert torch.equal(on_streams, drawn)
+@pytest.mark.requires_sm90
+def test_clusters_of_two_walk_their_tiles_statically():
+    """The CTAs of a pair must take the same tiles in step: no drawing, whatever the flag."""
+    inputs = case_inputs(DRAWING_CASES[0], torch.float16)
+    with backends.flags(dgrad_config="128x128_pingpong_cluster2x1"):
+        assert walked(cutlassfuse.explain(**inputs))
 
 
+@pytest.mark.requires_sm90
+@pytest.mark.parametrize("lanes", [2, 4, 8])
+def test_phase_streams_change_no_bit(lanes: int):
+    """Each phase its own launch on one of `lanes` streams, all drawing at once from
+    counters of their own."""
+    inputs = case_inputs(DRAWING_PHASES, torch.float16)
+    one_stream = run_poisoned(inputs, output_numel(DRAWING_PHASES))
+    with backends.flags(phase_streams=lanes):
+        path = cutlassfuse.explain(**inputs)
+        assert f"phases on {lanes} streams" in path and drawn(path), path
+        on_streams = run_poisoned(inputs, output_numel(DRAWING_PHASES))
+    assert torch.isfinite(on_streams).all(), "unwritten (poisoned) or non-finite output elements"
+    assert torch.equal(on_streams, one_stream)
+
+
+@pytest.mark.requires_sm90
 @pytest.mark.parametrize("case", DRAWING_CASES[:2] + [DRAWING_PHASES], ids=case_id)
 def test_drawn_tile_schedule_in_cuda_graph_replays(case: dict):
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the sm90 configurations run on sm_90 only")
-    inputs = make_inputs(case, torch.float16)
+    inputs = case_inputs(case, torch.float16)
+    assert drawn(cutlassfuse.explain(**inputs))
     static_input = inputs["input"].clone()
     captured = dict(inputs, input=static_input)
     stream = torch.cuda.Stream()

@@ -11,31 +11,20 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import cutlassfuse
-from cutlassfuse.testing import (RELATIVE_TOLERANCE, errors, fused_path_expected, poison_cuda_allocator,
-                                 reference_float64)
+from cutlassfuse.testing import RELATIVE_TOLERANCE, errors, make_inputs, poison_cuda_allocator, reference_float64
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture
-def fused_path():
-    if not fused_path_expected():
-        pytest.skip("the fused sm90 path runs on sm_90 only")
+pytestmark = [pytest.mark.gpu, pytest.mark.requires_sm90]
 
 
-def make(seed, batch=2, cin=64, cout=128, size=(8, 16, 16), kernel=3, stride=1, channels_last=False,
-         dtype=torch.float16):
-    """A layer's call: the packed weight and bias its module caches (without them the op
-    permutes the weight, and repeats the bias for the pixel-shuffle GEMM)."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.rand(batch, cin, *size, generator=g, device="cuda").to(dtype)
-    if channels_last:
-        x = x.contiguous(memory_format=torch.channels_last_3d)
-    fan_in = cin * kernel**3
-    weight = (torch.randn(cin, cout, kernel, kernel, kernel, generator=g, device="cuda") * fan_in**-0.5).to(dtype)
-    bias = (torch.randn(cout, generator=g, device="cuda") * 0.1).to(dtype)
-    return dict(input=x, weight=weight, bias=bias, stride=stride, num_groups=8,
-                packed_weight=cutlassfuse.pack_weight(weight), packed_bias=cutlassfuse.pack_bias(bias, stride))
+def layer_call(seed, batch=2, size=(8, 16, 16), kernel=3, stride=1, channels_last=False, num_groups=8) -> dict:
+    """A layer's float16 call, 64 -> 128 channels with bias: the packed weight and bias its
+    module caches (without them the op permutes the weight, and repeats the bias for the
+    pixel-shuffle GEMM)."""
+    inputs = make_inputs(batch=batch, in_channels=64, out_channels=128, size=size, kernel=kernel, stride=stride,
+                         num_groups=num_groups, affine=False, channels_last=channels_last, dtype=torch.float16,
+                         device="cuda", seed=seed)
+    return dict(inputs, packed_weight=cutlassfuse.pack_weight(inputs["weight"]),
+                packed_bias=cutlassfuse.pack_bias(inputs["bias"], stride))
 
 
 def device_operations(fn) -> list[str]:
@@ -61,16 +50,16 @@ LAYOUTS = [
 
 
 @pytest.mark.parametrize("layout,kernel,stride,conversion", LAYOUTS, ids=[c[0] for c in LAYOUTS])
-def test_two_launches(layout, kernel, stride, conversion, fused_path):
-    args = make(0, kernel=kernel, stride=stride, channels_last=layout.startswith("channels_last"))
+def test_two_launches(layout, kernel, stride, conversion):
+    args = layer_call(0, kernel=kernel, stride=stride, channels_last=layout.startswith("channels_last"))
     names = device_operations(lambda: cutlassfuse.conv_transpose3d_relu_group_norm(**args))
     assert_operations(names, [*conversion, "PingpongPhasesKernel", "group_norm_finish"])
 
 
-def test_whole_gpu_calls_on_concurrent_streams(fused_path):
+def test_whole_gpu_calls_on_concurrent_streams():
     """Four streams each run calls whose grids take every SM: finishing kernels whose
     blocks wait for other blocks' finalize must not deadlock by holding part of it."""
-    cases = [make(seed, batch=8) for seed in range(4)]
+    cases = [layer_call(seed, batch=8) for seed in range(4)]
     expected = [cutlassfuse.conv_transpose3d_relu_group_norm(**c) for c in cases]
     streams = [torch.cuda.Stream() for _ in cases]
     results = [[] for _ in cases]
@@ -86,14 +75,13 @@ def test_whole_gpu_calls_on_concurrent_streams(fused_path):
 
 
 @pytest.mark.parametrize("layout", ["channels_last", "ncdhw"])
-def test_finishing_kernel_with_more_items_than_resident_blocks(layout, fused_path):
+def test_finishing_kernel_with_more_items_than_resident_blocks(layout):
     """64 samples x 128 groups: the finalize blocks alone outnumber the blocks the GPU
     holds at once, so normalize blocks start while later samples are still finalizing."""
-    args = make(2, batch=64, size=(4, 8, 8), channels_last=layout == "channels_last")
-    args.update(num_groups=128)
+    args = layer_call(2, batch=64, size=(4, 8, 8), channels_last=layout == "channels_last", num_groups=128)
     poison_cuda_allocator(64 * 128 * 6 * 10 * 10 * 2)  # the fp16 output's bytes (6 x 10 x 10 pixels)
     out = cutlassfuse.conv_transpose3d_relu_group_norm(**args)
-    reference = reference_float64(args["input"], args["weight"], args["bias"], num_groups=128)
+    reference = reference_float64(**{k: v for k, v in args.items() if not k.startswith("packed_")})
     err = errors(out, reference)
     assert err.relative <= RELATIVE_TOLERANCE[torch.float16] and err.max_abs <= 3e-2, err
     assert torch.equal(out, cutlassfuse.conv_transpose3d_relu_group_norm(**args))

@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import cutlassfuse
-from cutlassfuse.testing import errors, poison_cuda_allocator, reference_float64
-from strategies import configurations, make_inputs  # tests/strategies.py
+from cutlassfuse.testing import errors, make_inputs, poison_cuda_allocator, reference_float64
+from strategies import configurations  # tests/strategies.py
 
 # float32 is held to float64 and bitwise repeatable: PyTorch's strict, deterministic setting.
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("strict_float32")]
@@ -30,7 +30,7 @@ MAX_ABS = {torch.float16: 5e-2, torch.bfloat16: 2.5e-1, torch.float32: 1e-4}
                  configurations(max_channels=64, max_size=8, fused_friendly=True)),
        st.sampled_from([torch.float16, torch.bfloat16, torch.float32]))
 def test_cuda_matches_float64(config, dtype):
-    a = make_inputs(config, dtype, "cuda", torch.Generator(device="cuda").manual_seed(0))
+    a = make_inputs(**config, dtype=dtype, device="cuda", seed=0)
     poison_cuda_allocator(1 << 22)
     out = cutlassfuse.conv_transpose3d_relu_group_norm(**a)
     reference = reference_float64(**a)

@@ -1,4 +1,4 @@
-"""Streams, threads and tensors past 2^31 elements . The op launches on the
+"""Streams, threads and tensors past 2^31 elements. The op launches on the
 current stream, keeps no mutable global state on the hot path, and either computes
 large problems correctly (the GroupNorm kernels index with 64 bits) or routes them away
 from the 32-bit CUTLASS problem shape: to the CUDA fallback when cuDNN can split the
@@ -10,16 +10,16 @@ import pytest
 import torch
 
 import cutlassfuse
-from cutlassfuse.testing import Errors, fused_path_expected
+from cutlassfuse import backends
+from cutlassfuse.testing import Errors, fused_path_expected, make_inputs
 
 pytestmark = pytest.mark.gpu
 
 
-def make(seed, batch=2, cin=32, cout=64, size=(6, 7, 8), dtype=torch.float16):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    return dict(input=torch.rand(batch, cin, *size, generator=g, device="cuda").to(dtype),
-                weight=(torch.randn(cin, cout, 3, 3, 3, generator=g, device="cuda") * 0.05).to(dtype),
-                padding=1, num_groups=8)
+def make(seed, size=(6, 7, 8), **layer):
+    """A float16 call, 32 -> 64 channels, kernel 3, padding 1."""
+    return make_inputs(batch=2, in_channels=32, out_channels=64, size=size, kernel=3, padding=1, num_groups=8,
+                       bias=False, affine=False, dtype=torch.float16, device="cuda", seed=seed, **layer)
 
 
 def test_non_default_stream():
@@ -95,15 +95,16 @@ def slab_errors(actual, expected, slabs: int = 32) -> Errors:
     return Errors(relative=(squared_diff / squared_reference) ** 0.5, max_abs=max_abs)
 
 
+@pytest.mark.requires_sm90
 @pytest.mark.parametrize("lanes", [2, 4])
 def test_phases_on_side_streams_match_one_stream(lanes):
     """Sub-pixel phases spread over side streams give the bitwise result of one stream,
     on the caller's (non-default) stream, also inside a CUDA graph."""
-    args = make(3, size=(5, 6, 7))
-    args.update(stride=2, padding=1, output_padding=1)
+    args = make(3, size=(5, 6, 7), stride=2, output_padding=1)  # eight sub-pixel phases
     expected = cutlassfuse.conv_transpose3d_relu_group_norm(**args)
-    cutlassfuse.set_phase_streams(lanes)
-    try:
+    with backends.flags(phase_streams=lanes):
+        path = cutlassfuse.explain(**args)
+        assert f"phases on {lanes} streams" in path, path
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -113,7 +114,5 @@ def test_phases_on_side_streams_match_one_stream(lanes):
                 captured = cutlassfuse.conv_transpose3d_relu_group_norm(**args)
             graph.replay()
         side.synchronize()
-    finally:
-        cutlassfuse.set_phase_streams(1)
     assert torch.equal(out, expected)
     assert torch.equal(captured, expected)

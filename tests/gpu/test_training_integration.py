@@ -9,48 +9,38 @@ import torch.nn.functional as F
 from torch import nn
 
 import cutlassfuse
-from cutlassfuse.testing import errors, fused_path_expected
+from cutlassfuse.testing import errors, fused_path_expected, make_inputs, op_arguments
 
 pytestmark = pytest.mark.gpu
 
 OP = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm.default
 GRAD_TOLERANCE = {torch.float16: 2e-2, torch.bfloat16: 6e-2}
+TENSORS = ("input", "weight", "bias", "norm_weight", "norm_bias")
 
 
-def inputs(dtype, requires_grad=True):
-    g = torch.Generator(device="cuda").manual_seed(5)
-
-    def t(*shape, scale=1.0, offset=0.0):
-        values = torch.randn(*shape, generator=g, device="cuda") * scale + offset
-        return values.to(dtype).requires_grad_(requires_grad)
-
-    return [t(4, 32, 6, 7, 8), t(32, 64, 3, 3, 3, scale=0.05), t(64, scale=0.1), t(64, scale=0.1, offset=1.0),
-            t(64, scale=0.1)]
-
-
-def run(op_inputs, dtype):
-    x, w, b, gamma, beta = op_inputs
-    return cutlassfuse.conv_transpose3d_relu_group_norm(x, w, b, padding=1, num_groups=8, norm_weight=gamma,
-                                                        norm_bias=beta)
+def layer_call(dtype, requires_grad=True) -> dict:
+    """32 -> 64 channels, kernel 3, padding 1, bias and affine: every tensor wants its gradient."""
+    return make_inputs(batch=4, in_channels=32, out_channels=64, size=(6, 7, 8), kernel=3, padding=1, num_groups=8,
+                       dtype=dtype, device="cuda", seed=5, requires_grad=requires_grad)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
 def test_gradients_against_float64(dtype):
-    ours = inputs(dtype)
-    path = cutlassfuse.explain(*[t.detach() for t in ours[:3]], padding=1, num_groups=8)
+    ours = layer_call(dtype)
+    path = cutlassfuse.explain(**layer_call(dtype, requires_grad=False))
     assert path.startswith("fused_sm90") or not fused_path_expected(), path
-    reference = [t.detach().double().requires_grad_() for t in ours]
+    reference = {k: v.detach().double().requires_grad_() if isinstance(v, torch.Tensor) else v
+                 for k, v in ours.items()}
     grad = torch.randn(4, 64, 6, 7, 8, device="cuda")
-    run(ours, dtype).backward(grad.to(dtype))
-    run(reference, torch.float64).backward(grad.double())
-    for name, mine, ref in zip(("input", "weight", "bias", "gamma", "beta"), ours, reference, strict=True):
-        err = errors(mine.grad, ref.grad)
+    cutlassfuse.conv_transpose3d_relu_group_norm(**ours).backward(grad.to(dtype))
+    cutlassfuse.conv_transpose3d_relu_group_norm(**reference).backward(grad.double())
+    for name in TENSORS:
+        err = errors(ours[name].grad, reference[name].grad)
         assert err.relative <= GRAD_TOLERANCE[dtype], f"{name}: {err}"
 
 
 def test_opcheck_cuda():
-    x, w, b, gamma, beta = inputs(torch.float16)
-    torch.library.opcheck(OP, (x, w, b, gamma, beta, 8, 1e-5, [1] * 3, [1] * 3, [0] * 3, 1, [1] * 3, None))
+    torch.library.opcheck(OP, op_arguments(layer_call(torch.float16)))
 
 
 def test_cuda_graph_replay():

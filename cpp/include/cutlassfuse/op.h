@@ -1,6 +1,6 @@
 // The torch-facing operator: argument validation, the reference (composite)
-// implementation, and the CUDA implementation that picks the fused kernels when
-// they apply. Schema in src/registration.cpp.
+// implementation, and the CUDA implementation that routes a call to a kernel path.
+// Schemas in src/torch/registration.cpp.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "cutlassfuse/problem.h"
+#include "cutlassfuse/plan/problem.h"
 
 namespace cutlassfuse {
 
@@ -47,27 +47,19 @@ at::MemoryFormat output_memory_format(const at::Tensor& input, const at::Tensor&
 // GroupNorm(ReLU(ConvTranspose3d(...))) through ATen's own kernels on any device.
 at::Tensor reference_forward(const OpArgs& args);
 
+// What explain() says of calls that run reference_forward.
+inline constexpr const char* kReferenceDescription = "reference: ATen conv_transpose3d + relu + group_norm";
+
 #if CUTLASSFUSE_WITH_CUDA
-// Empty when the fused sm90 path takes the call, else why not.
-std::string fused_path_unsupported_reason(const OpArgs& args, const Problem& problem);
-// Process-wide switch of the fused path (on by default), for benchmarking the fallback.
-void set_fused_path_enabled(bool enabled);
-// How many streams the fused path spreads sub-pixel phases over (1, the default, to 8).
-void set_phase_streams(int64_t lanes);
-// The fused sm90 path's result, or nothing when it does not take the call
-// (fused_path_unsupported_reason says why); the call's launches are planned once.
-std::optional<at::Tensor> fused_forward_cuda(const OpArgs& args, const Problem& problem);
-// What the fused path runs for `problem` (kernel configuration included).
-std::string fused_path_description(const OpArgs& args, const Problem& problem);
-// Empty when the CUDA fallback takes the call (cuDNN's convolution, then this
-// project's ReLU + GroupNorm kernels), else why not.
-std::string fallback_unsupported_reason(const OpArgs& args, const Problem& problem);
-at::Tensor fallback_forward_cuda(const OpArgs& args, const Problem& problem);
-// What the fallback runs for a call of this dtype.
-std::string fallback_description(const OpArgs& args);
+// The op's CUDA kernel: the first kernel path that takes the call (dispatch/routing.cpp),
+// else reference_forward.
+at::Tensor forward_cuda(const OpArgs& args);
+// Which path forward_cuda takes for these arguments, what it runs, and why the paths
+// preferred to it do not take the call.
+std::string explain_cuda(const OpArgs& args);
 // ConvTranspose3d alone through the stock CUTLASS sm90 dgrad (plain store, NDHWC
 // output): the baseline of the fused epilogue, for benchmarks.
-at::Tensor cutlass_dgrad_plain(const OpArgs& args, const Problem& problem);
+at::Tensor cutlass_dgrad_plain(const OpArgs& args);
 #endif
 
 }  // namespace cutlassfuse

@@ -1,0 +1,30 @@
+// Layout conversions of the deconvolution's operands: the input from NCDHW (PyTorch's
+// default) to the NDHWC the tensor-core kernel reads through TMA, one pass at memory
+// bandwidth (ATen's generic permuted copy runs at a fifth of it on this access
+// pattern); the bias repeated per block of the pixel-shuffle GEMM's columns.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "cutlassfuse/plan/problem.h"
+
+namespace cutlassfuse {
+
+// src: [batch, channels, spatial] packed; dst: [batch, spatial, channels] packed.
+// channels must be a multiple of 8 (16-byte stores).
+void ncdhw_to_ndhwc(ElementType element, const void* src, void* dst, int64_t batch, int64_t channels, int64_t spatial,
+                    cudaStream_t stream);
+
+// The float32 path's left operand in one pass: src float32, [batch, channels, spatial]
+// (NCDHW) or [batch, spatial, channels] (channels_last_source); dst bfloat16
+// [batch, spatial, kProducts * channels], channel block b holding piece input_piece(b)
+// of each value (float32_split.h). channels % 8 == 0.
+void split_float32_ndhwc(const void* src, bool channels_last_source, void* dst, int64_t batch, int64_t channels,
+                         int64_t spatial, cudaStream_t stream);
+
+// dst[i * row_bytes + j] = row[j] for i < copies, j < row_bytes.
+void repeat_row(const void* row, int64_t row_bytes, int64_t copies, void* dst, cudaStream_t stream);
+
+}  // namespace cutlassfuse

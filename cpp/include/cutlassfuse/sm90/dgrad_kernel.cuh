@@ -1,0 +1,101 @@
+// Type assembly of the sm90 fused dgrad family: epilogue visitor tree, collective
+// epilogue and mainloop from CUTLASS's builders, kernel and device adapter.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/conv/collective/collective_builder.hpp>
+#include <cutlass/conv/convnd_problem_shape.hpp>
+#include <cutlass/conv/device/conv_universal_adapter.hpp>
+#include <cutlass/conv/kernel/conv_universal.hpp>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
+#include <cutlass/epilogue/thread/activation.h>
+
+#include <type_traits>
+
+#include "cutlassfuse/sm90/dgrad_config.h"
+#include "cutlassfuse/sm90/dgrad_pingpong.cuh"
+#include "cutlassfuse/sm90/group_norm_stats_visitor.cuh"
+
+namespace cutlassfuse::sm90 {
+
+// Kernel layers: CUTLASS's own (non-persistent, one launch per phase) or this
+// project's persistent ping-pong kernel (dgrad_pingpong.cuh, several phases per launch).
+enum class Schedule { kNonPersistent, kPingpong };
+
+template <int TileM, int TileN, int ClusterM, Schedule KernelSchedule = Schedule::kNonPersistent>
+struct TileConfig {
+  // The conv builders expect the K mode wrapped in its own tuple.
+  using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Shape<cute::_64>>;
+  using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::_1, cute::_1>;
+  static constexpr bool kPingpong = KernelSchedule == Schedule::kPingpong;
+  // Epilogue subtile: CUTLASS's choice (64x32) for its own kernel; 64x64 for the
+  // ping-pong kernel, half the subtiles (each a barrier and a TMA store) per tile.
+  using EpilogueTile =
+      std::conditional_t<kPingpong, cute::Shape<cute::_64, cute::_64>, cutlass::epilogue::collective::EpilogueTileAuto>;
+};
+
+template <class Element, class TileShape>
+struct FusedEpilogueTree {
+  using Accumulator = float;
+  static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+  static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;  // 16-byte vectors
+  template <class... Ts>
+  using EVT = cutlass::epilogue::fusion::Sm90EVT<Ts...>;
+  template <template <class> class Fn>
+  using Compute = cutlass::epilogue::fusion::Sm90Compute<Fn, Accumulator, Accumulator, kRound>;
+
+  // bias[channel] broadcast along the pixels; a null pointer reads as zeros, so one
+  // instantiation serves layers with and without bias.
+  using Bias = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, Element, Accumulator,
+                                                           cute::Stride<cute::_0, cute::_1, int64_t>, kAlignment>;
+  using BiasRelu = EVT<Compute<cutlass::epilogue::thread::ReLu>,
+                       EVT<Compute<cutlass::plus>, cutlass::epilogue::fusion::Sm90AccFetch, Bias>>;
+  // Root: passes ReLU(acc + bias) to the store and reduces GroupNorm partials of it.
+  using Tree = EVT<Sm90GroupNormStats<Element, TileShape>, BiasRelu>;
+};
+
+// ElementIn: input and filter (the tensor-core operands); ElementOut: bias, the stored
+// activation and the statistics' staging tile. Equal for float16/bfloat16 calls;
+// float32 calls in bf16x3 run bfloat16 operands (three products; sm90/left_operand.h)
+// with a float32 activation.
+template <class ElementIn, class ElementOut, class Config_>
+struct DgradFusedKernel {
+  using Config = Config_;
+  using Layout = cutlass::layout::TensorNDHWC;
+  using Accumulator = float;
+  using TileShape = typename Config::TileShape;
+  using ClusterShape = typename Config::ClusterShape;
+  using Trees = FusedEpilogueTree<ElementOut, TileShape>;
+  static constexpr int kAlignmentIn = 128 / cutlass::sizeof_bits<ElementIn>::value;  // 16-byte vectors
+  static constexpr int kAlignmentOut = Trees::kAlignment;
+
+  template <class Callbacks>
+  using EpilogueWith = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape, typename Config::EpilogueTile,
+      Accumulator, Accumulator, void, Layout, kAlignmentOut, ElementOut, Layout, kAlignmentOut,
+      cutlass::epilogue::TmaWarpSpecialized, Callbacks>::CollectiveOp;
+  using Epilogue = EpilogueWith<typename Trees::Tree>;
+
+  // CUTLASS's sm90 conv kernel is non-persistent: its mainloop and epilogue shared
+  // memory are a union, so the statistics' staging tile need not be carved out of the
+  // mainloop's stages; carve out what the epilogue needs without it. The ping-pong
+  // kernel runs epilogues while the mainloop loads: everything is carved out.
+  static constexpr int kCarveout =
+      Config::kPingpong ? pingpong_carveout_bytes<Epilogue>()
+                        : static_cast<int>(sizeof(typename EpilogueWith<typename Trees::BiasRelu>::SharedStorage));
+
+  using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kDgrad, ElementIn, Layout,
+      kAlignmentIn, ElementIn, Layout, kAlignmentIn, Accumulator, TileShape, ClusterShape,
+      cutlass::conv::collective::StageCountAutoCarveout<kCarveout>,
+      cutlass::conv::collective::KernelScheduleAuto>::CollectiveOp;
+
+  using ProblemShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kDgrad, 3>;
+  using Kernel =
+      std::conditional_t<Config::kPingpong, PingpongPhasesKernel<DgradShape, Mainloop, Epilogue, kMaxPhasesPerLaunch>,
+                         cutlass::conv::kernel::ConvUniversal<ProblemShape, Mainloop, Epilogue>>;
+  static_assert(sizeof(typename Kernel::SharedStorage) <= 227 * 1024, "shared memory over the sm90 limit");
+};
+
+}  // namespace cutlassfuse::sm90

@@ -1,0 +1,185 @@
+// NCDHW -> NDHWC through shared-memory tiles, and row repetition. See cutlassfuse/common/layout.h.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "cutlassfuse/common/device_utils.cuh"
+#include "cutlassfuse/plan/float32_split.h"
+#include "cutlassfuse/common/layout.h"
+
+namespace cutlassfuse {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kTile = 64;  // kTile spatial positions x kTile channels per block iteration
+
+// Block (spatial tile, channel tile, n). Reads: 16-byte vectors of 8 spatial positions
+// of one channel when the rows allow it (a warp covers 4 channels x 128 contiguous
+// bytes), else one element per lane (a warp covers 64 contiguous bytes): 2-byte loads
+// leave a third of the bandwidth unused. Writes:
+// 16-byte vectors along the channels, 8 lanes covering one 128-byte row of a spatial
+// position.
+template <class T, bool kVectorLoads>
+__global__ void __launch_bounds__(kThreads)
+ncdhw_to_ndhwc_kernel(const T* __restrict__ src, T* __restrict__ dst, int channels, int64_t spatial) {
+  __shared__ T tile[kTile][kTile + 2];  // [s][c]; +2 elements keeps the transposed writes off one bank
+  const int64_t n = blockIdx.z;
+  const int64_t s_begin = blockIdx.x * int64_t{kTile};
+  const int c_begin = blockIdx.y * kTile;
+  const int s_count = static_cast<int>(min(spatial - s_begin, int64_t{kTile}));
+  const int c_count = min(kTile, channels - c_begin);
+  const T* src_tile = src + (n * channels + c_begin) * spatial + s_begin;
+
+  if constexpr (kVectorLoads) {
+    // spatial % kVector == 0, so s_count is a whole number of vectors.
+    constexpr int kVectorsPerChannel = kTile / kVector;  // 8
+    const int load_s = (threadIdx.x % kVectorsPerChannel) * kVector;
+    if (load_s < s_count) {
+      for (int c = threadIdx.x / kVectorsPerChannel; c < c_count; c += kThreads / kVectorsPerChannel) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(src_tile + c * spatial + load_s);
+        const T* elems = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int k = 0; k < kVector; ++k) tile[load_s + k][c] = elems[k];
+      }
+    }
+  } else {
+    const int load_s = threadIdx.x % kTile;
+    if (load_s < s_count) {
+      for (int c = threadIdx.x / kTile; c < c_count; c += kThreads / kTile) {
+        tile[load_s][c] = src_tile[c * spatial + load_s];
+      }
+    }
+  }
+  __syncthreads();
+
+  constexpr int kVectorsPerRow = kTile / kVector;  // 8
+  const int store_c = (threadIdx.x % kVectorsPerRow) * kVector;
+  if (store_c < c_count) {
+    for (int s = threadIdx.x / kVectorsPerRow; s < s_count; s += kThreads / kVectorsPerRow) {
+      uint4 raw;
+      T* elems = reinterpret_cast<T*>(&raw);
+#pragma unroll
+      for (int k = 0; k < kVector; ++k) elems[k] = tile[s][store_c + k];
+      *reinterpret_cast<uint4*>(dst + (n * spatial + s_begin + s) * channels + c_begin + store_c) = raw;
+    }
+  }
+}
+
+// Block (spatial tile, channel tile, n), as above, reading float32 (through the tile
+// when the source is NCDHW) and writing, per 8 channels of a pixel, one 16-byte
+// bfloat16 vector into each of the kProducts channel blocks (float32_split.h).
+template <bool kChannelsLastSource>
+__global__ void __launch_bounds__(kThreads)
+split_float32_kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ dst, int channels, int64_t spatial) {
+  __shared__ float tile[kTile][kTile + 1];  // [s][c]; +1 keeps the transposed accesses off one bank
+  const int64_t n = blockIdx.z;
+  const int64_t s_begin = blockIdx.x * int64_t{kTile};
+  const int c_begin = blockIdx.y * kTile;
+  const int s_count = static_cast<int>(min(spatial - s_begin, int64_t{kTile}));
+  const int c_count = min(kTile, channels - c_begin);
+
+  const int inner = threadIdx.x % kTile;  // along the source's contiguous dimension
+  for (int outer = threadIdx.x / kTile; outer < (kChannelsLastSource ? s_count : c_count); outer += kThreads / kTile) {
+    if constexpr (kChannelsLastSource) {
+      if (inner < c_count) tile[outer][inner] = src[(n * spatial + s_begin + outer) * channels + c_begin + inner];
+    } else {
+      if (inner < s_count) tile[inner][outer] = src[(n * channels + c_begin + outer) * spatial + s_begin + inner];
+    }
+  }
+  __syncthreads();
+
+  using namespace float32_split;
+  constexpr int kVectorsPerRow = kTile / kVector;
+  const int store_c = (threadIdx.x % kVectorsPerRow) * kVector;
+  if (store_c >= c_count) return;
+  for (int s = threadIdx.x / kVectorsPerRow; s < s_count; s += kThreads / kVectorsPerRow) {
+    uint4 raw[kPieces];
+#pragma unroll
+    for (int k = 0; k < kVector; ++k) {
+      float rest = tile[s][store_c + k];
+#pragma unroll
+      for (int piece = 0; piece < kPieces; ++piece) {
+        const __nv_bfloat16 part = __float2bfloat16_rn(rest);
+        reinterpret_cast<__nv_bfloat16*>(&raw[piece])[k] = part;
+        rest -= __bfloat162float(part);
+        // A non-finite value is all in its first piece (inf - inf would make the rest NaN).
+        if (!isfinite(rest)) rest = 0.f;
+      }
+    }
+    __nv_bfloat16* row = dst + (n * spatial + s_begin + s) * kProducts * channels + c_begin + store_c;
+#pragma unroll
+    for (int block = 0; block < kProducts; ++block) {
+      *reinterpret_cast<uint4*>(row + block * channels) = raw[input_piece(block)];
+    }
+  }
+}
+
+// Byte by byte: rows are a bias (at most a few KB in all), whose pointer may be any view.
+__global__ void __launch_bounds__(kThreads)
+repeat_row_kernel(const unsigned char* __restrict__ row, int64_t row_bytes, int64_t total_bytes,
+                  unsigned char* __restrict__ dst) {
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < total_bytes; i += int64_t{gridDim.x} * kThreads) {
+    dst[i] = row[i % row_bytes];
+  }
+}
+
+dim3 tile_grid(int64_t batch, int64_t channels, int64_t spatial) {
+  return dim3(static_cast<unsigned>(ceil_div(spatial, kTile)), static_cast<unsigned>(ceil_div(channels, kTile)),
+              static_cast<unsigned>(batch));
+}
+
+void check_shape(const char* what, int64_t batch, int64_t channels) {
+  if (channels % kVector != 0)
+    throw std::invalid_argument(std::string("cutlassfuse: ") + what + " needs channels % 8 == 0");
+  if (batch > 65535) throw std::invalid_argument(std::string("cutlassfuse: ") + what + " takes at most 65535 samples");
+}
+
+template <class T>
+void launch(const void* src, void* dst, int64_t batch, int64_t channels, int64_t spatial, cudaStream_t stream) {
+  const dim3 grid = tile_grid(batch, channels, spatial);
+  const auto* in = static_cast<const T*>(src);
+  auto* out = static_cast<T*>(dst);
+  const bool vector_rows = spatial % kVector == 0 && reinterpret_cast<uintptr_t>(src) % sizeof(uint4) == 0;
+  if (vector_rows) {
+    ncdhw_to_ndhwc_kernel<T, true><<<grid, kThreads, 0, stream>>>(in, out, static_cast<int>(channels), spatial);
+  } else {
+    ncdhw_to_ndhwc_kernel<T, false><<<grid, kThreads, 0, stream>>>(in, out, static_cast<int>(channels), spatial);
+  }
+  check_launch("ncdhw_to_ndhwc_kernel");
+}
+
+}  // namespace
+
+void ncdhw_to_ndhwc(ElementType element, const void* src, void* dst, int64_t batch, int64_t channels, int64_t spatial,
+                    cudaStream_t stream) {
+  check_shape("ncdhw_to_ndhwc", batch, channels);
+  switch (element) {
+    case ElementType::kFloat16: return launch<__half>(src, dst, batch, channels, spatial, stream);
+    case ElementType::kBFloat16: return launch<__nv_bfloat16>(src, dst, batch, channels, spatial, stream);
+    default: throw std::invalid_argument("cutlassfuse: ncdhw_to_ndhwc takes float16 or bfloat16");
+  }
+}
+
+void repeat_row(const void* row, int64_t row_bytes, int64_t copies, void* dst, cudaStream_t stream) {
+  const int64_t total = row_bytes * copies;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(total, kThreads), 1024));
+  repeat_row_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const unsigned char*>(row), row_bytes, total,
+                                                     static_cast<unsigned char*>(dst));
+  check_launch("repeat_row_kernel");
+}
+
+void split_float32_ndhwc(const void* src, bool channels_last_source, void* dst, int64_t batch, int64_t channels,
+                         int64_t spatial, cudaStream_t stream) {
+  check_shape("split_float32_ndhwc", batch, channels);
+  const auto* in = static_cast<const float*>(src);
+  auto* out = static_cast<__nv_bfloat16*>(dst);
+  const dim3 grid = tile_grid(batch, channels, spatial);
+  if (channels_last_source) {
+    split_float32_kernel<true><<<grid, kThreads, 0, stream>>>(in, out, static_cast<int>(channels), spatial);
+  } else {
+    split_float32_kernel<false><<<grid, kThreads, 0, stream>>>(in, out, static_cast<int>(channels), spatial);
+  }
+  check_launch("split_float32_kernel");
+}
+
+}  // namespace cutlassfuse

@@ -1,0 +1,46 @@
+#include "cutlassfuse/settings.h"
+
+#include <c10/util/Exception.h>
+
+#include <mutex>
+
+namespace cutlassfuse {
+namespace {
+
+std::mutex g_lock;
+CallOptions g_settings;  // guarded by g_lock
+
+}  // namespace
+
+CallOptions current_options() {
+  const std::lock_guard<std::mutex> lock(g_lock);
+  return g_settings;
+}
+
+void set_float32_mode(Float32Mode mode) {
+  const std::lock_guard<std::mutex> lock(g_lock);
+  g_settings.float32_mode = mode;
+}
+
+BackendFlags exchange_backend_flags(const std::function<BackendFlags(BackendFlags)>& change) {
+  const std::lock_guard<std::mutex> lock(g_lock);
+  const BackendFlags previous = g_settings.backend;
+  const BackendFlags flags = change(previous);
+  TORCH_CHECK_VALUE(flags.phase_streams >= 1 && flags.phase_streams <= kMaxPhaseStreams,
+                    "cutlassfuse: phase_streams takes 1 to ", kMaxPhaseStreams, " streams, got ", flags.phase_streams);
+  g_settings.backend = flags;
+  return previous;
+}
+
+const char* float32_mode_name(Float32Mode mode) { return mode == Float32Mode::kBf16x3 ? "bf16x3" : "pytorch"; }
+
+std::optional<Float32Mode> float32_mode_from_name(std::string_view name) {
+  for (Float32Mode mode : {Float32Mode::kPyTorch, Float32Mode::kBf16x3}) {
+    if (name == float32_mode_name(mode)) return mode;
+  }
+  return std::nullopt;
+}
+
+const char* float32_mode_names() { return "pytorch, bf16x3"; }
+
+}  // namespace cutlassfuse

@@ -1,0 +1,121 @@
+// The CUDA fallback for calls the fused sm90 path does not take (other GPUs, float32,
+// channel counts TMA cannot align, conv groups, ...): cuDNN's transposed convolution
+// without bias, then this project's ReLU + GroupNorm statistics, finalize and
+// normalize kernels (group_norm_generic.h), the normalize in place.
+//
+// float32 runs the convolution as PyTorch does (float32 mode "pytorch", settings.h):
+// ATen's convolution, the call nn.ConvTranspose3d makes (its bias added after), reads
+// PyTorch's switches (TF32, deterministic, benchmark). float16/bfloat16 ask cuDNN for
+// deterministic algorithms, so two calls are bitwise equal.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "fallback/fallback_path.h"
+
+#include "cutlassfuse/common/nvtx.h"
+#include "cutlassfuse/norm/group_norm_generic.h"
+#include "dispatch/op_arguments.h"
+
+namespace cutlassfuse {
+namespace {
+
+// The convolution without its bias (the ReLU pass adds it).
+at::Tensor convolution(const OpArgs& a) {
+  if (a.input.scalar_type() == at::kFloat) {
+    return at::convolution(a.input, a.weight, std::nullopt, a.stride, a.padding, a.dilation, /*transposed=*/true,
+                           a.output_padding, a.groups);
+  }
+  return at::cudnn_convolution_transpose(a.input, a.weight, a.padding, a.output_padding, a.stride, a.dilation, a.groups,
+                                         at::globalContext().benchmarkCuDNN(), /*deterministic=*/true,
+                                         /*allow_tf32=*/false);
+}
+
+std::string unsupported_reason(const OpArgs& a, const Problem& p) {
+  const cudaDeviceProp* props = at::cuda::getDeviceProperties(a.input.device().index());
+  if (props->major < 8)
+    return "GPU is sm_" + std::to_string(props->major * 10 + props->minor) +
+           ", cutlassfuse's kernels need sm_80 or newer";
+  if (!at::detail::getCUDAHooks().compiledWithCuDNN() || !at::globalContext().userEnabledCuDNN())
+    return "cuDNN is unavailable or disabled";
+  if (!element_type(a.input.scalar_type())) return "dtype is not float16, bfloat16 or float32";
+  if (!affine_element_type(a)) return "norm_weight/norm_bias are not both float32, float16 or bfloat16 of one dtype";
+  if (p.batch == 0) return "empty batch";
+  if (p.batch > 65535) return "batch larger than 65535 (grid y limit of the finalize kernel)";
+  // Legal when dilation > stride, but cuDNN rejects it (PyTorch's CUDA path avoids cuDNN there too).
+  for (int i = 0; i < 3; ++i)
+    if (p.output_padding[i] >= p.stride[i]) return "output_padding >= stride in some dimension (cuDNN rejects it)";
+  // PyTorch's cuDNN convolution splits the batch to keep each call under 2^31
+  // elements; one sample past that it cannot take.
+  constexpr int64_t kMax32 = (int64_t{1} << 31) - 1;
+  if (p.input_numel() / p.batch > kMax32 || p.output_numel() / p.batch > kMax32)
+    return "one sample has more than 2^31 elements (cuDNN's limit)";
+  return {};
+}
+
+class FallbackCall final : public PlannedCall {
+ public:
+  explicit FallbackCall(const Call& call) : call_(call) {}
+
+  std::string description() const override {
+    const char* conv = call_.args.input.scalar_type() == at::kFloat
+                           ? "PyTorch's conv_transpose3d under its switches (float32 mode 'pytorch': TF32 where "
+                             "torch.backends.cudnn allows it)"
+                           : "cuDNN conv_transpose3d (deterministic)";
+    return std::string(conv) + " + cutlassfuse ReLU/GroupNorm kernels";
+  }
+
+  at::Tensor run() const override;
+
+ private:
+  Call call_;
+};
+
+at::Tensor FallbackCall::run() const {
+  const OpArgs& a = call_.args;
+  const Problem& p = call_.problem;
+  const NvtxRange op_range("cutlassfuse.conv_transpose3d_relu_group_norm");
+  const c10::cuda::CUDAGuard device_guard(a.input.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const ElementType element = *element_type(a.input.scalar_type());
+
+  at::Tensor y;
+  {
+    const NvtxRange range("cutlassfuse.cudnn_conv_transpose3d");
+    y = convolution(a).contiguous(output_memory_format(a.input, a.weight));
+  }
+  const ActivationLayout layout =
+      y.is_contiguous() ? ActivationLayout::kChannelsFirst : ActivationLayout::kChannelsLast;
+
+  std::optional<at::Tensor> bias, gamma, beta;
+  const void* bias_ptr = data_or_null(a.bias, bias);
+  const GroupNormShape shape = group_norm_shape(p);
+  StatisticsSources sources;
+  sources.regions[0] = {generic_stats_tiles(shape), shape.spatial, 0};
+  sources.region_count = 1;
+  static_assert(sizeof(WelfordPartial) == 3 * sizeof(float));
+  const auto options = a.input.options();
+  at::Tensor partials = at::empty({sources.regions[0].tiles.slots(shape), 3}, options.dtype(at::kFloat));
+  auto* partials_ptr = reinterpret_cast<WelfordPartial*>(partials.data_ptr<float>());
+  at::Tensor scale_shift = at::empty({group_norm_scale_shift_bytes(shape)}, options.dtype(at::kByte));
+  const GroupNormAffine affine{data_or_null(a.norm_weight, gamma), data_or_null(a.norm_bias, beta),
+                               *affine_element_type(a)};
+
+  const NvtxRange range("cutlassfuse.relu_group_norm");
+  relu_group_norm_stats(element, y.data_ptr(), layout, bias_ptr, shape, partials_ptr, stream);
+  group_norm_finalize(statistics_finalize(partials_ptr, sources, element, shape, affine, static_cast<float>(p.eps),
+                                          scale_shift.data_ptr()),
+                      stream);
+  relu_group_norm_normalize(element, y.data_ptr(), layout, bias_ptr, scale_shift.data_ptr(), shape, stream);
+  return y;
+}
+
+}  // namespace
+
+Routing plan_fallback_call(const Call& call) {
+  if (std::string why = unsupported_reason(call.args, call.problem); !why.empty()) return why;
+  return std::make_unique<FallbackCall>(call);
+}
+
+}  // namespace cutlassfuse
