@@ -113,7 +113,7 @@ if wanted compare; then
       "$PYTHON" "$1/benchmarks/kernel_breakdown.py" --shape "$shape"
     done
   }
-  for round in 1 2 3 4; do
+  for round in 1 2 3; do
     PYTHONPATH=/tmp/baseline:/tmp/site breakdowns /tmp/baseline-src >"$LOGS/compare-before-$round.log" 2>&1
     breakdowns . >"$LOGS/compare-after-$round.log" 2>&1
   done
