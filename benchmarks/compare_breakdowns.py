@@ -5,7 +5,8 @@
 Each log holds the output of `kernel_breakdown.py` for one or more shapes, one round of
 the build; several rounds of each build (run alternately, so that clock and thermal drift
 reach both alike) give each kernel's median. Prints every kernel of every run with the
-ratio after/before and marks those outside the tolerance; the last line counts them.
+ratio after/before and marks those outside the tolerance (differences within the logs'
+0.1 us print resolution count as equal); the last line counts them.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import re
 import statistics
 from collections import defaultdict
 
-HEADER = re.compile(r"^(?P<case>\S+ \S+): ")  # "kb61 float16: fused_sm90: ..."
+HEADER = re.compile(r"^(?P<case>\S+ (?:float16|bfloat16|float32)): ")  # "kb61 float16: fused_sm90: ..."
 RUN = re.compile(r"^(?P<run>[^:]+): [\d.]+ us of kernels, (?P<launches>[\d.]+) launches per call")
 KERNEL = re.compile(r"^\s+(?P<us>[\d.]+) us  (?P<name>.+)$")
 
 Key = tuple[str, str, str]  # (case, run, kernel)
+RESOLUTION_US = 0.1  # kernel_breakdown.py prints one decimal
 
 
 def parse(path: str) -> dict[Key, float]:
@@ -62,7 +64,7 @@ def main() -> None:
             print(f"{key[0]:24} {key[1]:52} {key[2]:42} {b!s:>9} {a!s:>9}  only in one build  <<")
             continue
         ratio = a / b if b else float("inf") if a else 1.0
-        mark = "  <<" if abs(ratio - 1.0) > args.tolerance else ""
+        mark = "  <<" if abs(ratio - 1.0) > args.tolerance and abs(a - b) > RESOLUTION_US else ""
         outside += bool(mark)
         print(f"{key[0]:24} {key[1][:52]:52} {key[2][:42]:42} {b:9.1f} {a:9.1f} {ratio:7.3f}{mark}")
     print(f"{outside} of {len(before.keys() | after.keys())} entries outside +-{args.tolerance:.0%}")
