@@ -64,7 +64,7 @@ def main() -> None:
             print(f"{key[0]:24} {key[1]:52} {key[2]:42} {b!s:>9} {a!s:>9}  only in one build  <<")
             continue
         ratio = a / b if b else float("inf") if a else 1.0
-        mark = "  <<" if abs(ratio - 1.0) > args.tolerance and abs(a - b) > RESOLUTION_US else ""
+        mark = "  <<" if abs(ratio - 1.0) > args.tolerance and round(abs(a - b), 3) > RESOLUTION_US else ""
         outside += bool(mark)
         print(f"{key[0]:24} {key[1][:52]:52} {key[2][:42]:42} {b:9.1f} {a:9.1f} {ratio:7.3f}{mark}")
     print(f"{outside} of {len(before.keys() | after.keys())} entries outside +-{args.tolerance:.0%}")
