@@ -36,15 +36,38 @@ def tensors(a):
     return [a[k] for k in TENSORS if a[k] is not None]
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=range(len(CONFIGS)))
-def test_gradcheck_float64(config):
-    a = make(config, torch.float64)
+def op_of_tensors(a):
+    """The op as a function of the call's tensors (for gradcheck), and those tensors."""
     names = [k for k in TENSORS if a[k] is not None]
 
     def f(*ts):
         return cutlassfuse.conv_transpose3d_relu_group_norm(**{**a, **dict(zip(names, ts, strict=True))})
 
-    assert torch.autograd.gradcheck(f, tuple(a[n] for n in names))
+    return f, tuple(a[n] for n in names)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=range(len(CONFIGS)))
+def test_gradcheck_float64(config):
+    assert torch.autograd.gradcheck(*op_of_tensors(make(config, torch.float64)))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=range(len(CONFIGS)))
+def test_gradgradcheck_float64(config):
+    """Double backward (create_graph) through the op's backward."""
+    assert torch.autograd.gradgradcheck(*op_of_tensors(make(config, torch.float64)))
+
+
+def test_second_order_gradients_match_eager():
+    """A gradient penalty (the gradient's norm, differentiated again), as WGAN-GP trains."""
+    ours, theirs = make(CONFIGS[1], torch.float64), make(CONFIGS[1], torch.float64)
+    grads = {}
+    for name, a, fn in (("ours", ours, lambda a: cutlassfuse.conv_transpose3d_relu_group_norm(**a)),
+                        ("eager", theirs, eager)):
+        (dx,) = torch.autograd.grad(fn(a).pow(2).sum(), a["input"], create_graph=True)
+        dx.pow(2).sum().backward()
+        grads[name] = [t.grad for t in tensors(a)]
+    for mine, reference in zip(grads["ours"], grads["eager"], strict=True):
+        torch.testing.assert_close(mine, reference, rtol=1e-9, atol=1e-10)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=range(len(CONFIGS)))

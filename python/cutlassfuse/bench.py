@@ -138,7 +138,7 @@ class Row:
     note: str = ""
 
 
-def _models(shape: BenchShape, dtype: torch.dtype,
+def layer_models(shape: BenchShape, dtype: torch.dtype,
             device: torch.device) -> tuple[nn.Module, ConvTranspose3dReLUGroupNorm]:
     """The layers as a PyTorch user builds them: nn.ConvTranspose3d's defaults (with
     bias), ReLU, nn.GroupNorm; the fused block holds the same parameters."""
@@ -218,7 +218,7 @@ def _max_abs_error(candidate: Candidate, x: torch.Tensor, reference: torch.Tenso
 def bench_case(shape: BenchShape, dtype: torch.dtype, channels_last: bool, *, with_compile: bool, warmup: int,
                repeats: int, device: torch.device | None = None) -> list[Row]:
     device = device or torch.device("cuda")
-    eager, fused = _models(shape, dtype, device)
+    eager, fused = layer_models(shape, dtype, device)
     memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
     one = torch.rand(shape.batch, shape.in_channels, *shape.size, device=device, dtype=dtype)
     copies = max(1, min(16, int(2 * 60e6 // (one.numel() * one.element_size())) + 1)) if device.type == "cuda" else 1

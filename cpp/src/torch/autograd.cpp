@@ -2,15 +2,15 @@
 //
 // In C++ rather than with torch.library.register_autograd: a Python autograd kernel
 // runs on every call, gradients wanted or not, and converts the op's 14 arguments to
-// Python objects and back (measured ~4 us per call on a fast host, several times that
-// on the GPU machine's, where small-shape calls are bound by the host). Here a call
-// that needs no gradient costs one redispatch.
+// Python objects and back (a few microseconds per call; small-shape calls are bound by
+// the host). Here a call that needs no gradient costs one redispatch.
 //
 // What is saved: the op's inputs only. Backward recomputes the pre-norm activation
 // y = ReLU(ConvTranspose3d(x)) with one deconvolution instead of keeping it alive from
 // forward to backward (for KernelBench level2/61 in fp16 that tensor is 161 MB per
 // call, as large as the output). Everything is ATen ops on symbolic sizes, so AOT
-// autograd traces it for torch.compile and torch.export.
+// autograd traces it for torch.compile and torch.export. Under create_graph the
+// gradients are themselves differentiable (differentiable_backward).
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -66,6 +66,8 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const variable_list saved = ctx->get_saved_variables();
     const std::array<bool, kDifferentiable> need = needed_gradients(ctx, saved);
+    // Grad mode is on here only under create_graph (double backward).
+    if (at::GradMode::is_enabled()) return differentiable_backward(ctx, saved, need, grad_outputs[0]);
     const at::Tensor &input = saved[kInput], &weight = saved[kWeight], &bias = saved[kBias];
     const at::Tensor &norm_weight = saved[kNormWeight], &norm_bias = saved[kNormBias];
     const auto ints = [&](const char* key) { return ctx->saved_data[key].toIntVector(); };
@@ -105,6 +107,33 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
   }
 
  private:
+  // The gradients as a graph of their own: the block recomputed with ATen's
+  // differentiable ops from the saved inputs, and differentiated by autograd with
+  // create_graph, so that a second backward runs through it (ATen's GroupNorm backward
+  // kernel has no derivative of its own).
+  static variable_list differentiable_backward(AutogradContext* ctx, const variable_list& saved,
+                                               const std::array<bool, kDifferentiable>& need, const at::Tensor& grad) {
+    const auto ints = [&](const char* key) { return ctx->saved_data[key].toIntVector(); };
+    const at::Tensor& bias = saved[kBias];
+    const at::Tensor& norm_weight = saved[kNormWeight];
+    const at::Tensor& norm_bias = saved[kNormBias];
+    const at::Tensor y = at::group_norm(
+        at::relu(at::conv_transpose3d(saved[kInput], saved[kWeight], bias, ints("stride"), ints("padding"),
+                                      ints("output_padding"), ctx->saved_data["groups"].toInt(), ints("dilation"))),
+        ctx->saved_data["num_groups"].toInt(), norm_weight, norm_bias, ctx->saved_data["eps"].toDouble());
+    variable_list wanted;
+    for (int i = 0; i < kDifferentiable; ++i) {
+      if (need[i]) wanted.push_back(saved[i]);
+    }
+    const variable_list found = torch::autograd::grad({y}, wanted, {grad}, /*retain_graph=*/true,
+                                                      /*create_graph=*/true, /*allow_unused=*/true);
+    variable_list grads(kOpArguments);
+    for (int i = 0, next = 0; i < kDifferentiable; ++i) {
+      if (need[i]) grads[i] = found[next++];
+    }
+    return grads;
+  }
+
   // needs_input_grad counts the tensors the call passed (absent optionals take no
   // edge): map them back to the op's argument positions.
   static std::array<bool, kDifferentiable> needed_gradients(AutogradContext* ctx, const variable_list& saved) {
