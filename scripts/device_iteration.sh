@@ -78,6 +78,8 @@ else
   tail -50 "$LOGS/build.log"; echo "build failed"; exit 1
 fi
 grep -E "registers|spill" "$LOGS/build.log" | sort | uniq -c | head -20
+# The benchmark shapes' names (cutlassfuse.bench.DEFAULT_SHAPES).
+BENCH_SHAPES="$("$PYTHON" -c 'from cutlassfuse.bench import DEFAULT_SHAPES; print(*(s.name for s in DEFAULT_SHAPES))')"
 
 if wanted tests; then
   step "GPU tests"
@@ -99,7 +101,7 @@ fi
 
 if wanted breakdown; then
   step "kernel breakdown"
-  for shape in kb61 kb61_v0 unet_k2s2 gan_k4s2p1 vid_k3s2p1op1; do
+  for shape in $BENCH_SHAPES; do
     "$PYTHON" benchmarks/kernel_breakdown.py --shape "$shape"
   done 2>&1 | tee "$LOGS/breakdown.log"
   "$PYTHON" benchmarks/kernel_breakdown.py --shape kb61 --dtype float32 2>&1 | tee -a "$LOGS/breakdown.log"
@@ -109,7 +111,7 @@ if wanted compare; then
   step "per-kernel times against the baseline build"
   wait "$baseline_build" || { tail -30 "$LOGS/baseline-build.log"; echo "baseline build failed"; exit 1; }
   breakdowns() {  # $1: source tree whose benchmarks/kernel_breakdown.py runs
-    for shape in kb61 kb61_v0 unet_k2s2 gan_k4s2p1 vid_k3s2p1op1; do
+    for shape in $BENCH_SHAPES; do
       "$PYTHON" "$1/benchmarks/kernel_breakdown.py" --shape "$shape"
     done
   }

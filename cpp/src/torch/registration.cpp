@@ -91,13 +91,21 @@ void set_float32_mode_by_name(c10::string_view name) {
 
 std::string float32_mode_name_now() { return float32_mode_name(current_options().float32_mode); }
 
+std::vector<std::string> dgrad_config_names() {
+  std::vector<std::string> names;
+  for (sm90::DgradConfig c : sm90::kDgradConfigs) names.emplace_back(sm90::config_name(c));
+  return names;
+}
+
 // The sm90 kernel configuration named `name`, or nothing for "auto" (the heuristic).
 std::optional<sm90::DgradConfig> dgrad_config_named(std::string_view name) {
   if (name == "auto") return std::nullopt;
   const auto config = sm90::config_from_name(name);
-  std::string known = "auto";
-  for (sm90::DgradConfig c : sm90::kDgradConfigs) known += std::string(", ") + sm90::config_name(c);
-  TORCH_CHECK_VALUE(config.has_value(), "cutlassfuse: unknown dgrad_config '", name, "'; known: ", known);
+  if (!config) {
+    std::string known = "auto";
+    for (const std::string& n : dgrad_config_names()) known += ", " + n;
+    TORCH_CHECK_VALUE(false, "cutlassfuse: unknown dgrad_config '", name, "'; known: ", known);
+  }
   return config;
 }
 
@@ -123,12 +131,6 @@ FlagsTuple set_backend_flags_from_schema(std::optional<bool> fused_path, std::op
 }
 
 FlagsTuple backend_flags_for_schema() { return flags_tuple(current_options().backend); }
-
-std::vector<std::string> dgrad_config_names() {
-  std::vector<std::string> names;
-  for (sm90::DgradConfig c : sm90::kDgradConfigs) names.emplace_back(sm90::config_name(c));
-  return names;
-}
 
 }  // namespace
 
