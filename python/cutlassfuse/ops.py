@@ -14,6 +14,8 @@ from torch._prims_common import suggest_memory_format
 IntOrTriple = int | Sequence[int]
 
 _OP = "cutlassfuse::conv_transpose3d_relu_group_norm"
+_OP_FOR_BACKWARD = "cutlassfuse::conv_transpose3d_relu_group_norm_for_backward"
+_BACKWARD = "cutlassfuse::relu_group_norm_backward"
 
 
 def _triple(value: IntOrTriple, name: str) -> list[int]:
@@ -223,3 +225,33 @@ def _conv_transpose3d_relu_group_norm_fake(input, weight, bias, norm_weight, nor
     channels_last = torch.channels_last_3d in (suggest_memory_format(input), suggest_memory_format(weight))
     return torch.empty((input.shape[0], out_channels, *spatial), dtype=input.dtype, device=input.device,
                        memory_format=torch.channels_last_3d if channels_last else torch.contiguous_format)
+
+
+@torch.library.register_fake(_OP_FOR_BACKWARD)
+def _for_backward_fake(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding,
+                       output_padding, groups, dilation, packed_weight=None, packed_bias=None):
+    """The op's output, and what its backward reads: the activation (channels_last_3d, the
+    op's dtype) and GroupNorm's mean and rstd ([batch, num_groups], float64 for float64
+    calls, else float32)."""
+    out = _conv_transpose3d_relu_group_norm_fake(input, weight, bias, norm_weight, norm_bias, num_groups, eps,
+                                                 stride, padding, output_padding, groups, dilation, packed_weight,
+                                                 packed_bias)
+    activation = torch.empty(out.shape, dtype=out.dtype, device=out.device, memory_format=torch.channels_last_3d)
+    statistics = out.new_empty((out.shape[0], num_groups), dtype=_statistics_dtype(out.dtype))
+    return out, activation, statistics, statistics.clone()
+
+
+@torch.library.register_fake(_BACKWARD)
+def _relu_group_norm_backward_fake(grad_output, activation, mean, rstd, norm_weight, num_groups):
+    """The gradients of the convolution's output (channels_last_3d, the activation's
+    dtype), gamma, beta and the convolution's bias ([channels] each, float64 for float64
+    activations, else float32)."""
+    channels = activation.shape[1]
+    dz = torch.empty(activation.shape, dtype=activation.dtype, device=activation.device,
+                     memory_format=torch.channels_last_3d)
+    return dz, *(activation.new_empty((channels,), dtype=_statistics_dtype(activation.dtype)) for _ in range(3))
+
+
+def _statistics_dtype(dtype: torch.dtype) -> torch.dtype:
+    """GroupNorm's accumulation type."""
+    return torch.float64 if dtype == torch.float64 else torch.float32

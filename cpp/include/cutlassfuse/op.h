@@ -8,6 +8,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "cutlassfuse/plan/problem.h"
 
@@ -47,6 +48,24 @@ at::MemoryFormat output_memory_format(const at::Tensor& input, const at::Tensor&
 // GroupNorm(ReLU(ConvTranspose3d(...))) through ATen's own kernels on any device.
 at::Tensor reference_forward(const OpArgs& args);
 
+// The op's output and what its backward reads: the activation ReLU(ConvTranspose3d(...)),
+// channels_last_3d in the op's dtype, and its GroupNorm mean and rstd, [batch,
+// num_groups] in statistics_type().
+using ForwardForBackward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+// GroupNorm's accumulation type: float64 for float64, else float32.
+inline at::ScalarType statistics_type(at::ScalarType type) { return type == at::kDouble ? at::kDouble : at::kFloat; }
+ForwardForBackward reference_forward_for_backward(const OpArgs& args);
+
+// The gradients of the convolution's output z (with its bias; the activation's dtype,
+// channels_last_3d), of gamma, beta and the conv bias ([channels] in statistics_type() each; gamma's
+// and beta's as if they were given when they are not), from the output gradient and
+// what reference_forward_for_backward keeps.
+using ReluGroupNormGradients = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+ReluGroupNormGradients reference_relu_group_norm_backward(const at::Tensor& grad_output, const at::Tensor& activation,
+                                                          const at::Tensor& mean, const at::Tensor& rstd,
+                                                          const std::optional<at::Tensor>& norm_weight,
+                                                          int64_t num_groups);
+
 // What explain() says of calls that run reference_forward.
 inline constexpr const char* kReferenceDescription = "reference: ATen conv_transpose3d + relu + group_norm";
 
@@ -54,6 +73,11 @@ inline constexpr const char* kReferenceDescription = "reference: ATen conv_trans
 // The op's CUDA kernel: the first kernel path that takes the call (dispatch/routing.cpp),
 // else reference_forward.
 at::Tensor forward_cuda(const OpArgs& args);
+// forward_cuda keeping what the backward reads (reference_forward_for_backward).
+ForwardForBackward forward_for_backward_cuda(const OpArgs& args);
+ReluGroupNormGradients relu_group_norm_backward_cuda(const at::Tensor& grad_output, const at::Tensor& activation,
+                                                     const at::Tensor& mean, const at::Tensor& rstd,
+                                                     const std::optional<at::Tensor>& norm_weight, int64_t num_groups);
 // Which path forward_cuda takes for these arguments, what it runs, and why the paths
 // preferred to it do not take the call.
 std::string explain_cuda(const OpArgs& args);

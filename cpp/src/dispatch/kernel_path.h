@@ -21,6 +21,17 @@ struct Call {
   const OpArgs& args;
   const Problem& problem;
   const CallOptions& options;
+  // A backward follows: the call also returns what it reads (ForwardOutputs).
+  bool keep_for_backward = false;
+};
+
+// A call's results: the op's output and, when the call keeps them, what the backward
+// reads.
+struct ForwardOutputs {
+  at::Tensor out;
+  at::Tensor activation;  // ReLU(ConvTranspose3d(input) + bias), the op's dtype, channels_last_3d
+  at::Tensor mean;        // [batch, num_groups] float32 (the kernels take no float64), of the activation
+  at::Tensor rstd;        // [batch, num_groups] float32
 };
 
 // A kernel path's plan for one call.
@@ -29,8 +40,8 @@ class PlannedCall {
   virtual ~PlannedCall() = default;
   // What the launches are, for explain().
   virtual std::string description() const = 0;
-  // Launches on the current stream and returns the op's output.
-  virtual at::Tensor run() const = 0;
+  // Launches on the current stream.
+  virtual ForwardOutputs run() const = 0;
 };
 
 // The plan, or why the path does not take the call.

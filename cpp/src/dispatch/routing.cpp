@@ -49,9 +49,19 @@ at::Tensor forward_cuda(const OpArgs& args) {
     const NvtxRange range("cutlassfuse.route");
     return route({args, problem, options});
   }();
-  if (routed.plan) return routed.plan->run();
+  if (routed.plan) return routed.plan->run().out;
   const NvtxRange range("cutlassfuse.reference");
   return reference_forward(args);
+}
+
+ForwardForBackward forward_for_backward_cuda(const OpArgs& args) {
+  const Problem problem = validate_and_describe(args);
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const CallOptions options = current_options();
+  const Routed routed = route({args, problem, options, /*keep_for_backward=*/true});
+  if (!routed.plan) return reference_forward_for_backward(args);
+  ForwardOutputs o = routed.plan->run();
+  return {std::move(o.out), std::move(o.activation), std::move(o.mean), std::move(o.rstd)};
 }
 
 std::string explain_cuda(const OpArgs& args) {

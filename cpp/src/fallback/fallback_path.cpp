@@ -66,15 +66,20 @@ class FallbackCall final : public PlannedCall {
     return std::string(conv) + " + cutlassfuse ReLU/GroupNorm kernels";
   }
 
-  at::Tensor run() const override;
+  ForwardOutputs run() const override;
 
  private:
   Call call_;
 };
 
-at::Tensor FallbackCall::run() const {
+ForwardOutputs FallbackCall::run() const {
   const OpArgs& a = call_.args;
   const Problem& p = call_.problem;
+  if (call_.keep_for_backward) {
+    // The activation must outlive the normalize, which these kernels run in place.
+    auto [out, activation, mean, rstd] = reference_forward_for_backward(a);
+    return {std::move(out), std::move(activation), std::move(mean), std::move(rstd)};
+  }
   const NvtxRange op_range("cutlassfuse.conv_transpose3d_relu_group_norm");
   const c10::cuda::CUDAGuard device_guard(a.input.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -108,7 +113,7 @@ at::Tensor FallbackCall::run() const {
                                           scale_shift.data_ptr()),
                       stream);
   relu_group_norm_normalize(element, y.data_ptr(), layout, bias_ptr, scale_shift.data_ptr(), shape, stream);
-  return y;
+  return {y};
 }
 
 }  // namespace

@@ -64,13 +64,15 @@ Launches describe_launches(const Call& call, MathMode math) {
   const BackendFlags& flags = call.options.backend;
   Launches l;
   l.math = math;
-  l.conv = is_pixel_shuffle_gemm(p) ? pixel_shuffle_gemm_problem(p) : p;
+  // A call keeping its activation for backward keeps it in pixel order: the
+  // pixel-shuffle GEMM's space-to-depth order would need a backward of its own.
+  const bool shuffle_gemm = is_pixel_shuffle_gemm(p) && !call.keep_for_backward;
+  l.conv = shuffle_gemm ? pixel_shuffle_gemm_problem(p) : p;
   l.conv.in_channels = gemm_in_channels(math, l.conv.in_channels);
   l.subpixel = plan_subpixel(l.conv);
   // The pixel-major GEMM is the 128x128 ping-pong configuration (clusters of one) for
   // NCDHW input: a pinned configuration other than that runs as pinned.
-  l.pixel_major = is_pixel_shuffle_gemm(p) &&
-                  (!flags.dgrad_config || *flags.dgrad_config == DgradConfig::k128x128_pingpong) &&
+  l.pixel_major = shuffle_gemm && (!flags.dgrad_config || *flags.dgrad_config == DgradConfig::k128x128_pingpong) &&
                   reads_pixel_major(call.args.input, math, l.conv);
   l.config = l.pixel_major ? DgradConfig::k128x128_pingpong : flags.dgrad_config.value_or(choose_config(l.conv));
   l.schedule = {flags.skip_border_taps, flags.drawn_tile_schedule};
@@ -121,7 +123,7 @@ class FusedCall final : public PlannedCall {
   FusedCall(const Call& call, Launches launches) : call_(call), l_(std::move(launches)) {}
 
   std::string description() const override;
-  at::Tensor run() const override;
+  ForwardOutputs run() const override;
 
  private:
   std::string schedule_description() const;
@@ -231,7 +233,7 @@ void FusedCall::launch_deconvolution(const DgradOperands& operands, int sm_count
   });
 }
 
-at::Tensor FusedCall::run() const {
+ForwardOutputs FusedCall::run() const {
   const OpArgs& a = call_.args;
   const Problem& p = call_.problem;
   const NvtxRange op_range("cutlassfuse.conv_transpose3d_relu_group_norm");
@@ -248,14 +250,22 @@ at::Tensor FusedCall::run() const {
   // is read and written by the same thread, after the statistics are complete.
   const at::MemoryFormat format = output_memory_format(a.input, a.weight);
   const bool channels_last = format == at::MemoryFormat::ChannelsLast3d;
-  const bool in_place = channels_last && l_.order.identity();
-  at::Tensor out = at::empty({p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]},
-                             options.memory_format(format));
+  const bool keep = call_.keep_for_backward;
+  const bool in_place = channels_last && l_.order.identity() && !keep;
+  const std::vector<int64_t> size{p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]};
+  ForwardOutputs result;
+  result.out = at::empty(size, options.memory_format(format));
+  const at::Tensor& out = result.out;
+  if (keep) {
+    result.activation = at::empty(size, options.memory_format(at::MemoryFormat::ChannelsLast3d));
+    result.mean = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
+    result.rstd = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
+  }
 
   CallWorkspace workspace;
   const LeftOperand left(a.input, l_.math, p, l_.pixel_major, workspace);
   const auto activation_region =
-      in_place ? std::nullopt : std::optional(workspace.reserve(c.output_numel() * element_bytes));
+      in_place || keep ? std::nullopt : std::optional(workspace.reserve(c.output_numel() * element_bytes));
   static_assert(sizeof(WelfordPartial) == 3 * sizeof(float));
   const auto partials_region = workspace.reserve(l_.slots * static_cast<int64_t>(sizeof(WelfordPartial)));
   const auto scale_shift_region = workspace.reserve(group_norm_scale_shift_bytes(shape));
@@ -279,7 +289,7 @@ at::Tensor FusedCall::run() const {
     epilogue_bias = workspace.at(*block_bias_region);
     repeat_row(sources.bias, p.out_channels * element_bytes, l_.blocks(), workspace.at(*block_bias_region), stream);
   }
-  void* activation = in_place ? out.data_ptr() : workspace.at(*activation_region);
+  void* activation = keep ? result.activation.data_ptr() : in_place ? out.data_ptr() : workspace.at(*activation_region);
   auto* partials = workspace.at<WelfordPartial>(partials_region);
   if (l_.subpixel.unreached_pixels > 0) {
     const NvtxRange range("cutlassfuse.fill_unreached_pixels");
@@ -290,8 +300,12 @@ at::Tensor FusedCall::run() const {
   const DgradOperands operands{input, filter.data_ptr(), epilogue_bias, activation, partials, counters, unit_counters};
   const GroupNormAffine affine{data_or_null(a.norm_weight, gamma), data_or_null(a.norm_bias, beta),
                                *affine_element_type(a)};
-  const StatisticsFinalize finalize = statistics_finalize(partials, sources, element, shape, affine,
-                                                          static_cast<float>(p.eps), workspace.at(scale_shift_region));
+  StatisticsFinalize finalize = statistics_finalize(partials, sources, element, shape, affine,
+                                                    static_cast<float>(p.eps), workspace.at(scale_shift_region));
+  if (keep) {
+    finalize.mean = result.mean.data_ptr<float>();
+    finalize.rstd = result.rstd.data_ptr<float>();
+  }
   launch_deconvolution(operands, sm_count, stream);
 
   const NvtxRange range("cutlassfuse.group_norm_finish");
@@ -301,7 +315,7 @@ at::Tensor FusedCall::run() const {
   } else {
     group_norm_finish(finalize, counters, activation, l_.order, shape.spatial, channels_last, out.data_ptr(), stream);
   }
-  return out;
+  return result;
 }
 
 }  // namespace

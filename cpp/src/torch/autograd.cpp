@@ -5,12 +5,14 @@
 // Python objects and back (a few microseconds per call; small-shape calls are bound by
 // the host). Here a call that needs no gradient costs one redispatch.
 //
-// What is saved: the op's inputs only. Backward recomputes the pre-norm activation
-// y = ReLU(ConvTranspose3d(x)) with one deconvolution instead of keeping it alive from
-// forward to backward (for KernelBench level2/61 in fp16 that tensor is 161 MB per
-// call, as large as the output). Everything is ATen ops on symbolic sizes, so AOT
-// autograd traces it for torch.compile and torch.export. Under create_graph the
-// gradients are themselves differentiable (differentiable_backward).
+// What is saved: what eager's modules keep, the activation a = ReLU(ConvTranspose3d(x))
+// and GroupNorm's per-(sample, group) mean and rstd, returned by the forward that
+// computes the output (conv_transpose3d_relu_group_norm_for_backward); calls that need
+// no gradient keep nothing. Backward: the ReLU + GroupNorm backward op, then the
+// convolution's gradients through ATen's convolution_backward (cuDNN on CUDA, under
+// PyTorch's switches). Under create_graph the gradients are themselves differentiable
+// (differentiable_backward). Everything is ops on symbolic sizes, so AOT autograd
+// traces it for torch.compile and torch.export.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -36,8 +38,19 @@ at::Tensor call_below_autograd(const at::Tensor& input, const at::Tensor& weight
 }
 
 // The differentiable inputs, in the op's order; packed_weight and packed_bias are
-// detached copies of the weight's and the bias's layouts, never differentiated.
-enum Differentiable { kInput, kWeight, kBias, kNormWeight, kNormBias, kDifferentiable };
+// detached copies of the weight's and the bias's layouts, never differentiated. Then
+// what the forward kept.
+enum Saved {
+  kInput,
+  kWeight,
+  kBias,
+  kNormWeight,
+  kNormBias,
+  kDifferentiable,
+  kActivation = kDifferentiable,
+  kMean,
+  kRstd
+};
 // Backward returns one gradient per argument of the schema (registration.cpp).
 constexpr int kOpArguments = 14;
 
@@ -49,10 +62,14 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
                             at::IntArrayRef padding, at::IntArrayRef output_padding, int64_t groups,
                             at::IntArrayRef dilation, const OptionalTensor& packed_weight,
                             const OptionalTensor& packed_bias) {
-    at::Tensor out = call_below_autograd(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding,
-                                         output_padding, groups, dilation, packed_weight, packed_bias);
+    const auto [out, activation, mean, rstd] = [&] {
+      const at::AutoDispatchBelowADInplaceOrView below_autograd;
+      return for_backward_op().call(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding,
+                                    output_padding, groups, dilation, packed_weight, packed_bias);
+    }();
     auto or_undefined = [](const OptionalTensor& t) { return present(t) ? *t : at::Tensor(); };
-    ctx->save_for_backward({input, weight, or_undefined(bias), or_undefined(norm_weight), or_undefined(norm_bias)});
+    ctx->save_for_backward({input, weight, or_undefined(bias), or_undefined(norm_weight), or_undefined(norm_bias),
+                            activation, mean, rstd});
     ctx->saved_data["num_groups"] = num_groups;
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["stride"] = stride.vec();
@@ -73,34 +90,21 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
     const auto ints = [&](const char* key) { return ctx->saved_data[key].toIntVector(); };
     const std::vector<int64_t> stride = ints("stride"), padding = ints("padding"),
                                output_padding = ints("output_padding"), dilation = ints("dilation");
-    const int64_t groups = ctx->saved_data["groups"].toInt();
-    const int64_t num_groups = ctx->saved_data["num_groups"].toInt();
-
-    const at::Tensor y =
-        at::relu(at::conv_transpose3d(input, weight, bias, stride, padding, output_padding, groups, dilation));
-    const c10::SymInt n = y.sym_size(0), c = y.sym_size(1), spatial = y.sym_numel() / (n * c);
-    const OptionalTensor gamma = norm_weight.defined() ? OptionalTensor(norm_weight.to(y.scalar_type())) : std::nullopt;
-    // ATen's GroupNorm kernels accumulate statistics and gradients in fp32 inside the
-    // kernels, with no full-size fp32 temporaries.
-    const double eps = ctx->saved_data["eps"].toDouble();
-    const auto [unused_output, mean, rstd] =
-        at::native_group_norm_symint(y, gamma, std::nullopt, n, c, spatial, num_groups, eps);
-    const auto [dy, dgamma, dbeta] = at::native_group_norm_backward_symint(
-        grad_outputs[0].contiguous(y.suggest_memory_format()), y, mean, rstd, gamma, n, c, spatial, num_groups,
-        {true, need[kNormWeight], need[kNormBias]});
-    // ReLU passes the gradient where its output is positive.
-    const at::Tensor da = at::threshold_backward(dy, y, 0);
-    const std::vector<c10::SymInt> bias_sizes{bias.defined() ? bias.sym_size(0) : c10::SymInt(0)};
-    const auto [grad_input, grad_weight, grad_bias] = at::convolution_backward_symint(
-        da, input, weight, bias.defined() ? at::OptionalSymIntArrayRef(bias_sizes) : std::nullopt,
-        c10::fromIntArrayRefSlow(stride), c10::fromIntArrayRefSlow(padding), c10::fromIntArrayRefSlow(dilation),
-        /*transposed=*/true, c10::fromIntArrayRefSlow(output_padding), groups,
-        {need[kInput], need[kWeight], need[kBias]});
+    const auto [dz, dgamma, dbeta, dbias] = relu_group_norm_backward_op().call(
+        grad_outputs[0], saved[kActivation], saved[kMean], saved[kRstd],
+        norm_weight.defined() ? OptionalTensor(norm_weight) : std::nullopt, ctx->saved_data["num_groups"].toInt());
+    at::Tensor grad_input, grad_weight;
+    if (need[kInput] || need[kWeight]) {
+      std::tie(grad_input, grad_weight, std::ignore) = at::convolution_backward_symint(
+          dz, input, weight, std::nullopt, c10::fromIntArrayRefSlow(stride), c10::fromIntArrayRefSlow(padding),
+          c10::fromIntArrayRefSlow(dilation), /*transposed=*/true, c10::fromIntArrayRefSlow(output_padding),
+          ctx->saved_data["groups"].toInt(), {need[kInput], need[kWeight], false});
+    }
 
     variable_list grads(kOpArguments);  // the non-tensor arguments and the packed copies get none
     grads[kInput] = grad_input;
     grads[kWeight] = grad_weight;
-    grads[kBias] = grad_bias;
+    if (need[kBias]) grads[kBias] = dbias.to(bias.scalar_type());
     if (need[kNormWeight]) grads[kNormWeight] = dgamma.to(norm_weight.scalar_type());
     if (need[kNormBias]) grads[kNormBias] = dbeta.to(norm_bias.scalar_type());
     return grads;

@@ -6,6 +6,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <optional>
+#include <tuple>
 
 namespace cutlassfuse {
 
@@ -24,6 +25,28 @@ inline const c10::TypedOperatorHandle<OpSignature>& fused_op() {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("cutlassfuse::conv_transpose3d_relu_group_norm", "")
                              .typed<OpSignature>();
+  return op;
+}
+
+// The op keeping what its backward reads, and that backward (registration.cpp).
+using Tensors4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using ForBackwardSignature = Tensors4(const at::Tensor&, const at::Tensor&, const OptionalTensor&,
+                                      const OptionalTensor&, const OptionalTensor&, int64_t, double, at::IntArrayRef,
+                                      at::IntArrayRef, at::IntArrayRef, int64_t, at::IntArrayRef, const OptionalTensor&,
+                                      const OptionalTensor&);
+inline const c10::TypedOperatorHandle<ForBackwardSignature>& for_backward_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("cutlassfuse::conv_transpose3d_relu_group_norm_for_backward", "")
+                             .typed<ForBackwardSignature>();
+  return op;
+}
+
+using BackwardSignature = Tensors4(const at::Tensor& grad_output, const at::Tensor& activation, const at::Tensor& mean,
+                                   const at::Tensor& rstd, const OptionalTensor& norm_weight, int64_t num_groups);
+inline const c10::TypedOperatorHandle<BackwardSignature>& relu_group_norm_backward_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("cutlassfuse::relu_group_norm_backward", "")
+                             .typed<BackwardSignature>();
   return op;
 }
 

@@ -2,23 +2,74 @@
 // The CPU kernel of the op, and its CUDA kernel for calls no kernel path takes.
 #include <ATen/ATen.h>
 
+#include <array>
+
 #include "cutlassfuse/op.h"
 
 namespace cutlassfuse {
 
-at::Tensor reference_forward(const OpArgs& a) {
+namespace {
+
+// ATen's CUDA GroupNorm reads gamma and beta as the input's type; the op takes them in
+// any floating type (float32 ones with a float16 input under autocast).
+std::optional<at::Tensor> as_type(const std::optional<at::Tensor>& t, at::ScalarType type) {
+  return t.has_value() && t->defined() ? std::optional<at::Tensor>(t->to(type)) : std::nullopt;
+}
+
+at::Tensor activation_of(const OpArgs& a) {
   at::Tensor y =
       at::conv_transpose3d(a.input, a.weight, a.bias, a.stride, a.padding, a.output_padding, a.groups, a.dilation);
-  y.relu_();
-  // ATen's CUDA GroupNorm reads gamma and beta as the input's type; the op takes them in
-  // any floating type (float32 ones with a float16 input under autocast).
-  const auto as_input_type = [&](const std::optional<at::Tensor>& t) {
-    return t.has_value() && t->defined() ? std::optional<at::Tensor>(t->to(y.scalar_type())) : t;
-  };
-  y = at::group_norm(y, a.num_groups, as_input_type(a.norm_weight), as_input_type(a.norm_bias), a.eps);
+  return y.relu_();
+}
+
+// (batch, channels, pixels per sample) of a 5-D activation.
+std::array<int64_t, 3> group_norm_extents(const at::Tensor& y) {
+  const int64_t n = y.size(0), c = y.size(1);
+  return {n, c, n * c > 0 ? y.numel() / (n * c) : 0};
+}
+
+}  // namespace
+
+at::Tensor reference_forward(const OpArgs& a) {
+  at::Tensor y = activation_of(a);
+  const at::ScalarType type = y.scalar_type();
+  y = at::group_norm(y, a.num_groups, as_type(a.norm_weight, type), as_type(a.norm_bias, type), a.eps);
   // ATen's kernels already follow this rule; stating it keeps the op's contract
   // (and its fake kernel) independent of backend details.
   return y.contiguous(output_memory_format(a.input, a.weight));
+}
+
+ForwardForBackward reference_forward_for_backward(const OpArgs& a) {
+  // GroupNorm of the activation as reference_forward lays it out, so that the output is
+  // the same bit for bit; the activation kept channels-last, as the backward reads it.
+  const at::Tensor y = activation_of(a);
+  const at::ScalarType type = y.scalar_type();
+  const auto [n, c, pixels] = group_norm_extents(y);
+  const auto [out, mean, rstd] =
+      at::native_group_norm(y.contiguous(y.suggest_memory_format()), as_type(a.norm_weight, type),
+                            as_type(a.norm_bias, type), n, c, pixels, a.num_groups, a.eps);
+  return {out.contiguous(output_memory_format(a.input, a.weight)), y.contiguous(at::MemoryFormat::ChannelsLast3d),
+          mean.to(statistics_type(type)).view({n, a.num_groups}),
+          rstd.to(statistics_type(type)).view({n, a.num_groups})};
+}
+
+ReluGroupNormGradients reference_relu_group_norm_backward(const at::Tensor& grad_output, const at::Tensor& activation,
+                                                          const at::Tensor& mean, const at::Tensor& rstd,
+                                                          const std::optional<at::Tensor>& norm_weight,
+                                                          int64_t num_groups) {
+  const at::ScalarType type = activation.scalar_type();
+  const auto [n, c, pixels] = group_norm_extents(activation);
+  // Without gamma GroupNorm's input gradient is that of gamma = 1; with it given, the
+  // kernel also returns gamma's and beta's gradients.
+  const at::Tensor gamma =
+      norm_weight.has_value() && norm_weight->defined() ? norm_weight->to(type) : at::ones({c}, activation.options());
+  const auto [da, dgamma, dbeta] =
+      at::native_group_norm_backward(grad_output.contiguous(at::MemoryFormat::ChannelsLast3d), activation,
+                                     mean.to(type), rstd.to(type), gamma, n, c, pixels, num_groups, {true, true, true});
+  // ReLU passes the gradient where its output is positive.
+  const at::Tensor dz = at::threshold_backward(da, activation, 0).contiguous(at::MemoryFormat::ChannelsLast3d);
+  const at::ScalarType statistics = statistics_type(type);
+  return {dz, dgamma.to(statistics), dbeta.to(statistics), dz.sum({0, 2, 3, 4}, /*keepdim=*/false, statistics)};
 }
 
 }  // namespace cutlassfuse

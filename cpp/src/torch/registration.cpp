@@ -27,6 +27,12 @@ Result kernel(const at::Tensor& input, const at::Tensor& weight, const std::opti
                dilation, packed_weight, packed_bias});
 }
 
+ForwardForBackward forward_for_backward_reference(const OpArgs& args) {
+  validate_and_describe(args);
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return reference_forward_for_backward(args);
+}
+
 at::Tensor forward_reference(const OpArgs& args) {
   validate_and_describe(args);
   // The composite's own autograd bookkeeping is not wanted inside the op.
@@ -138,6 +144,16 @@ TORCH_LIBRARY(cutlassfuse, m) {
   m.def((std::string("conv_transpose3d_relu_group_norm") + kArguments + " -> Tensor").c_str());
   // Which implementation a call with these arguments takes, and why.
   m.def((std::string("explain") + kArguments + " -> str").c_str());
+  // The op keeping what its backward reads (autograd.cpp): (output, activation =
+  // ReLU(ConvTranspose3d(...)) channels_last_3d, mean, rstd [batch, num_groups]; op.h).
+  m.def((std::string("conv_transpose3d_relu_group_norm_for_backward") + kArguments +
+         " -> (Tensor, Tensor, Tensor, Tensor)")
+            .c_str());
+  // From the output gradient and what the forward kept: the gradients of the
+  // convolution's output (with bias), gamma, beta and the convolution's bias.
+  m.def(
+      "relu_group_norm_backward(Tensor grad_output, Tensor activation, Tensor mean, Tensor rstd, Tensor? norm_weight, "
+      "int num_groups) -> (Tensor, Tensor, Tensor, Tensor)");
   // How float32 calls compute the convolution (settings.h); "pytorch" by default.
   m.def("set_float32_mode(str mode) -> ()", &set_float32_mode_by_name);
   m.def("float32_mode() -> str", &float32_mode_name_now);
@@ -162,6 +178,8 @@ TORCH_LIBRARY(cutlassfuse, m) {
 
 TORCH_LIBRARY_IMPL(cutlassfuse, CPU, m) {
   m.impl("conv_transpose3d_relu_group_norm", &kernel<at::Tensor, &forward_reference>);
+  m.impl("conv_transpose3d_relu_group_norm_for_backward", &kernel<ForwardForBackward, &forward_for_backward_reference>);
+  m.impl("relu_group_norm_backward", &reference_relu_group_norm_backward);
   m.impl("explain", &kernel<std::string, &explain_reference>);
 }
 
@@ -171,10 +189,14 @@ TORCH_LIBRARY_IMPL(cutlassfuse, Meta, m) { m.impl("explain", &kernel<std::string
 TORCH_LIBRARY_IMPL(cutlassfuse, CUDA, m) {
 #if CUTLASSFUSE_WITH_CUDA
   m.impl("conv_transpose3d_relu_group_norm", &kernel<at::Tensor, &forward_cuda>);
+  m.impl("conv_transpose3d_relu_group_norm_for_backward", &kernel<ForwardForBackward, &forward_for_backward_cuda>);
+  m.impl("relu_group_norm_backward", &relu_group_norm_backward_cuda);
   m.impl("explain", &kernel<std::string, &explain_cuda>);
   m.impl("conv_transpose3d_cutlass", &kernel<at::Tensor, &cutlass_dgrad_plain>);
 #else
   m.impl("conv_transpose3d_relu_group_norm", &kernel<at::Tensor, &forward_reference>);
+  m.impl("conv_transpose3d_relu_group_norm_for_backward", &kernel<ForwardForBackward, &forward_for_backward_reference>);
+  m.impl("relu_group_norm_backward", &reference_relu_group_norm_backward);
   m.impl("explain", &kernel<std::string, &explain_reference>);
 #endif
 }

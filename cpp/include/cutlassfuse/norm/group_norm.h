@@ -122,6 +122,9 @@ struct StatisticsFinalize {
   GroupNormAffine affine{};
   float eps = 0.f;
   float2* scale_shift = nullptr;  // [batch, channels]: (scale, shift)
+  // [batch, num_groups] each, written when not null: what a backward needs.
+  float* mean = nullptr;
+  float* rstd = nullptr;
 };
 
 // `element`: the activation's type, which the bias in `sources` shares.

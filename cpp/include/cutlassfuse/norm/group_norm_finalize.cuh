@@ -192,6 +192,10 @@ __device__ void finalize_group(const StatisticsFinalize& f, int64_t n, int g, in
     const float variance = total.count > 0.f ? total.m2 / total.count : 0.f;  // biased, as GroupNorm
     scratch.mean = total.mean;
     scratch.rstd = rsqrtf(variance + f.eps);
+    if (f.mean != nullptr) {
+      f.mean[n * f.num_groups + g] = scratch.mean;
+      f.rstd[n * f.num_groups + g] = scratch.rstd;
+    }
   }
   sync();
   const GroupNormAffine& affine = f.affine;

@@ -1,0 +1,216 @@
+// ReLU + GroupNorm backward. See cutlassfuse/norm/group_norm_backward.h.
+//
+// With x^ = (a - mean) * rstd over a (sample, group) of K = channels_per_group * spatial
+// elements and out = x^ * gamma + beta, GroupNorm's input gradient is
+//   da = rstd * (gamma dy - A / K - x^ B / K),  A = sum gamma dy,  B = sum gamma dy x^,
+// and with the per-channel sums S1 = sum dy, S2 = sum dy a:
+//   A = sum_c gamma_c S1_c,  B = rstd * sum_c gamma_c (S2_c - mean S1_c),
+//   da = c1 dy + c2 a + c3,  c1 = rstd gamma_c,  c2 = -rstd B / K,  c3 = -rstd A / K - mean c2;
+//   dgamma_c = sum_n rstd (S2_c - mean S1_c),  dbeta_c = sum_n S1_c.
+// ReLU's backward passes da where a > 0 (PyTorch's threshold_backward on the output).
+#include <algorithm>
+
+#include "cutlassfuse/common/device_utils.cuh"
+#include "cutlassfuse/norm/group_norm_backward.h"
+#include "cutlassfuse/norm/group_norm_finalize.cuh"
+
+namespace cutlassfuse {
+namespace {
+
+constexpr int kThreads = 256;
+
+// A block's threads over a chunk of a sample's rows: consecutive threads take
+// consecutive channels (coalesced), `row_lanes` groups of them interleave the rows.
+struct ChunkLanes {
+  int cols;       // threads along the channels
+  int row_lanes;  // groups of `cols` threads along the rows
+  int col;        // this thread's
+  int row_lane;   // this thread's; >= row_lanes: idle
+
+  __device__ explicit ChunkLanes(int channels) {
+    cols = channels < kThreads ? channels : kThreads;
+    row_lanes = kThreads / cols;
+    col = static_cast<int>(threadIdx.x) % cols;
+    row_lane = static_cast<int>(threadIdx.x) / cols;
+  }
+};
+
+struct Chunk {
+  int64_t n;
+  int64_t chunk;
+  int64_t row_begin;  // global rows (n * spatial + pixel)
+  int64_t row_end;
+
+  __device__ explicit Chunk(const GroupNormBackwardShape& s) {
+    n = blockIdx.y;
+    chunk = blockIdx.x;
+    const int64_t first = chunk * s.rows_per_chunk;
+    row_begin = n * s.norm.spatial + first;
+    row_end = n * s.norm.spatial + std::min(s.norm.spatial, first + s.rows_per_chunk);
+  }
+  __device__ int64_t slot(const GroupNormBackwardShape& s, int64_t c) const {
+    return (n * s.chunks + chunk) * s.norm.channels + c;
+  }
+};
+
+__device__ __forceinline__ float2 operator+(float2 a, float2 b) { return {a.x + b.x, a.y + b.y}; }
+
+// Sums each lane group's values of channel c0 + col in a fixed order (lane group 0
+// first); the total is valid at row lane 0. Every thread of the block must call it.
+template <class V>
+__device__ V reduce_row_lanes(V value, const ChunkLanes& lanes, V* scratch, V zero) {
+  scratch[threadIdx.x] = value;
+  __syncthreads();
+  V total = zero;
+  if (lanes.row_lane == 0) {
+    for (int l = 0; l < lanes.row_lanes; ++l) total = total + scratch[l * lanes.cols + lanes.col];
+  }
+  __syncthreads();
+  return total;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+backward_sums_kernel(const T* __restrict__ dy, const T* __restrict__ a, const GroupNormBackwardShape shape,
+                     float2* __restrict__ sums) {
+  __shared__ float2 scratch[kThreads];
+  const ChunkLanes lanes(static_cast<int>(shape.norm.channels));
+  const Chunk chunk(shape);
+  const int64_t channels = shape.norm.channels;
+  for (int64_t c0 = 0; c0 < channels; c0 += lanes.cols) {
+    const int64_t c = c0 + lanes.col;
+    float2 s{0.f, 0.f};
+    if (lanes.row_lane < lanes.row_lanes && c < channels) {
+      for (int64_t r = chunk.row_begin + lanes.row_lane; r < chunk.row_end; r += lanes.row_lanes) {
+        const float g = to_float(dy[r * channels + c]);
+        s.x += g;
+        s.y = fmaf(g, to_float(a[r * channels + c]), s.y);
+      }
+    }
+    const float2 total = reduce_row_lanes(s, lanes, scratch, float2{0.f, 0.f});
+    if (lanes.row_lane == 0 && c < channels) sums[chunk.slot(shape, c)] = total;
+  }
+}
+
+// One block per (sample, group), grid (num_groups, batch).
+__global__ void __launch_bounds__(kThreads)
+backward_coefficients_kernel(const GroupNormBackwardShape shape, const float* __restrict__ mean,
+                             const float* __restrict__ rstd, const void* gamma, ElementType affine_element,
+                             const GroupNormBackwardTerms terms) {
+  __shared__ float2 scratch[kThreads];
+  const int64_t n = blockIdx.y;
+  const int g = static_cast<int>(blockIdx.x);
+  const GroupNormShape& s = shape.norm;
+  const int64_t cpg = s.channels / s.num_groups;
+  const float m = mean[n * s.num_groups + g];
+  const float r = rstd[n * s.num_groups + g];
+  float2 ab{0.f, 0.f};  // this thread's share of (A, sum gamma (S2 - mean S1))
+  for (int64_t c = g * cpg + threadIdx.x; c < (g + 1) * cpg; c += kThreads) {
+    float2 total{0.f, 0.f};
+    for (int64_t k = 0; k < shape.chunks; ++k) total = total + terms.sums[(n * shape.chunks + k) * s.channels + c];
+    const float gamma_c = load_affine(gamma, affine_element, c, 1.f);
+    const float centered = fmaf(-m, total.x, total.y);  // S2 - mean S1
+    ab.x = fmaf(gamma_c, total.x, ab.x);
+    ab.y = fmaf(gamma_c, centered, ab.y);
+    terms.scale_dy[n * s.channels + c] = r * gamma_c;
+    terms.affine_terms[n * s.channels + c] = {r * centered, total.x};
+  }
+  // The block's sum in a fixed order: a tree over the threads.
+  scratch[threadIdx.x] = ab;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) scratch[threadIdx.x] = scratch[threadIdx.x] + scratch[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    const float k = static_cast<float>(cpg) * static_cast<float>(s.spatial);
+    const float a_sum = scratch[0].x;
+    const float b_sum = r * scratch[0].y;
+    const float c2 = -r * b_sum / k;
+    terms.group_terms[n * s.num_groups + g] = {c2, fmaf(-m, c2, -r * a_sum / k)};
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+backward_grad_kernel(const T* __restrict__ dy, const T* __restrict__ a, const GroupNormBackwardShape shape,
+                     const GroupNormBackwardTerms terms, T* __restrict__ dz) {
+  __shared__ float scratch[kThreads];
+  const ChunkLanes lanes(static_cast<int>(shape.norm.channels));
+  const Chunk chunk(shape);
+  const int64_t channels = shape.norm.channels;
+  const int64_t cpg = channels / shape.norm.num_groups;
+  for (int64_t c0 = 0; c0 < channels; c0 += lanes.cols) {
+    const int64_t c = c0 + lanes.col;
+    float bias_sum = 0.f;
+    if (lanes.row_lane < lanes.row_lanes && c < channels) {
+      const float c1 = terms.scale_dy[chunk.n * channels + c];
+      const float2 c23 = terms.group_terms[chunk.n * shape.norm.num_groups + c / cpg];
+      for (int64_t r = chunk.row_begin + lanes.row_lane; r < chunk.row_end; r += lanes.row_lanes) {
+        const int64_t i = r * channels + c;
+        const float av = to_float(a[i]);
+        const float v = av > 0.f ? fmaf(c1, to_float(dy[i]), fmaf(c23.x, av, c23.y)) : 0.f;
+        dz[i] = from_float<T>(v);
+        bias_sum += v;
+      }
+    }
+    const float total = reduce_row_lanes(bias_sum, lanes, scratch, 0.f);
+    if (lanes.row_lane == 0 && c < channels) terms.bias_terms[chunk.slot(shape, c)] = total;
+  }
+}
+
+dim3 chunk_grid(const GroupNormBackwardShape& s) {
+  return dim3(static_cast<unsigned>(s.chunks), static_cast<unsigned>(s.norm.batch));
+}
+
+template <class F>
+void with_type(ElementType element, F&& f) {
+  switch (element) {
+    case ElementType::kFloat16: return f(__half{});
+    case ElementType::kBFloat16: return f(__nv_bfloat16{});
+    default: return f(float{});
+  }
+}
+
+}  // namespace
+
+GroupNormBackwardShape GroupNormBackwardShape::plan(const GroupNormShape& norm, int sm_count) {
+  // Eight blocks per SM in all, chunks of at least 64 pixels.
+  const int64_t wanted = ceil_div(int64_t{8} * sm_count, std::max<int64_t>(norm.batch, 1));
+  const int64_t chunks = std::clamp<int64_t>(wanted, 1, std::max<int64_t>(ceil_div(norm.spatial, 64), 1));
+  const int64_t rows = std::max<int64_t>(ceil_div(norm.spatial, chunks), 1);
+  return {norm, rows, ceil_div(norm.spatial, rows)};
+}
+
+void relu_group_norm_backward_sums(ElementType element, const void* dy, const void* activation,
+                                   const GroupNormBackwardShape& shape, const GroupNormBackwardTerms& terms,
+                                   cudaStream_t stream) {
+  with_type(element, [&](auto t) {
+    using T = decltype(t);
+    backward_sums_kernel<T><<<chunk_grid(shape), kThreads, 0, stream>>>(
+        static_cast<const T*>(dy), static_cast<const T*>(activation), shape, terms.sums);
+  });
+  check_launch("backward_sums_kernel");
+}
+
+void relu_group_norm_backward_coefficients(const GroupNormBackwardShape& shape, const float* mean, const float* rstd,
+                                           const void* gamma, ElementType affine_element,
+                                           const GroupNormBackwardTerms& terms, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(shape.norm.num_groups), static_cast<unsigned>(shape.norm.batch));
+  backward_coefficients_kernel<<<grid, kThreads, 0, stream>>>(shape, mean, rstd, gamma, affine_element, terms);
+  check_launch("backward_coefficients_kernel");
+}
+
+void relu_group_norm_backward_grad(ElementType element, const void* dy, const void* activation,
+                                   const GroupNormBackwardShape& shape, const GroupNormBackwardTerms& terms,
+                                   void* grad_pre_activation, cudaStream_t stream) {
+  with_type(element, [&](auto t) {
+    using T = decltype(t);
+    backward_grad_kernel<T><<<chunk_grid(shape), kThreads, 0, stream>>>(static_cast<const T*>(dy),
+                                                                        static_cast<const T*>(activation), shape, terms,
+                                                                        static_cast<T*>(grad_pre_activation));
+  });
+  check_launch("backward_grad_kernel");
+}
+
+}  // namespace cutlassfuse

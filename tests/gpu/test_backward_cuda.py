@@ -1,0 +1,107 @@
+"""The backward on the GPU: every gradient of 36 layers (sub-pixel phases, kernel ==
+stride, unreached pixels, NCDHW and channels_last_3d, with and without bias and affine,
+gamma with zeros and negatives) against float64, no further from it than eager's own
+gradients in the same dtype (1.25x, plus a floor of the dtype's rounding of the
+gradient); gradients repeat bit for bit; the backward kernels write every element."""
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cutlassfuse
+from cutlassfuse.testing import errors, make_inputs, poison_cuda_allocator
+
+pytestmark = pytest.mark.gpu
+
+TENSORS = ("input", "weight", "bias", "norm_weight", "norm_bias")
+# A gradient's max abs may exceed eager's by one rounding of the gradient itself.
+FLOOR = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+
+
+def layers() -> list[dict]:
+    rng = random.Random(31)
+    cases = []
+    for i in range(36):
+        kernel, stride = rng.choice([(3, 1), (3, 2), (2, 2), (4, 2), (1, 1), (1, 2), (3, 3)])
+        padding = rng.choice([0, 1]) if kernel > 1 else 0
+        output_padding = rng.choice([0, stride - 1]) if stride > 1 else 0
+        out_channels = rng.choice([16, 32, 64, 128])
+        cases.append(dict(batch=rng.choice([1, 2, 3]), in_channels=rng.choice([8, 16, 32, 64]),
+                          out_channels=out_channels, size=tuple(rng.randint(2, 7) for _ in range(3)),
+                          kernel=kernel, stride=stride, padding=padding, output_padding=output_padding,
+                          num_groups=rng.choice([g for g in (1, 2, 4, 8) if out_channels % g == 0]),
+                          bias=i % 3 != 0, affine=i % 4 != 1, channels_last=i % 2 == 0, seed=i))
+    return cases
+
+
+LAYERS = layers()
+
+
+def gradients(a: dict, fn, grad: torch.Tensor) -> dict:
+    a = {k: v.detach().clone().requires_grad_() if k in TENSORS and v is not None else v for k, v in a.items()}
+    fn(a).backward(grad.to(a["input"].dtype))
+    return {k: a[k].grad for k in TENSORS if a[k] is not None}
+
+
+def eager(a: dict) -> torch.Tensor:
+    y = F.conv_transpose3d(a["input"], a["weight"], a["bias"], a["stride"], a["padding"], a["output_padding"],
+                           a["groups"], a["dilation"])
+    return F.group_norm(F.relu(y), a["num_groups"], a["norm_weight"], a["norm_bias"], a["eps"])
+
+
+def ours(a: dict) -> torch.Tensor:
+    return cutlassfuse.conv_transpose3d_relu_group_norm(**a)
+
+
+def with_signed_gamma(a: dict) -> dict:
+    """gamma with zeros and negatives, as trained layers have."""
+    if a["norm_weight"] is not None:
+        gamma = a["norm_weight"].detach().clone()
+        gamma[::3] = 0
+        gamma[1::3] *= -1
+        a["norm_weight"] = gamma
+    return a
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("layer", LAYERS, ids=range(len(LAYERS)))
+def test_gradients_no_further_from_float64_than_eager(layer: dict, dtype: torch.dtype):
+    a = with_signed_gamma(make_inputs(**layer, dtype=dtype, device="cuda"))
+    reference = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in a.items()}
+    grad = torch.randn(eager(reference).shape, device="cuda", dtype=torch.float64)
+    exact = gradients(reference, eager, grad)
+    mine, theirs = gradients(a, ours, grad), gradients(a, eager, grad)
+    for name, expected in exact.items():
+        error, eager_error = errors(mine[name], expected).max_abs, errors(theirs[name], expected).max_abs
+        floor = FLOOR[dtype] * expected.abs().max().item()
+        assert error <= 1.25 * eager_error + floor, f"{name}: {error:.3e} against eager's {eager_error:.3e}"
+
+
+@pytest.mark.parametrize("layer", LAYERS[:6], ids=range(6))
+def test_gradients_repeat_bit_for_bit(layer: dict):
+    a = with_signed_gamma(make_inputs(**layer, dtype=torch.float16, device="cuda"))
+    grad = torch.randn(ours(a).shape, device="cuda", dtype=torch.float16)
+    first, second = gradients(a, ours, grad), gradients(a, ours, grad)
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+
+
+def test_backward_kernels_write_every_element():
+    a = make_inputs(batch=2, in_channels=32, out_channels=64, size=(5, 6, 7), kernel=3, padding=1, num_groups=8,
+                    dtype=torch.float16, device="cuda", channels_last=True)
+    _, activation, mean, rstd = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm_for_backward(
+        a["input"], a["weight"], a["bias"], a["norm_weight"], a["norm_bias"], a["num_groups"], a["eps"],
+        [1] * 3, [1] * 3, [0] * 3, 1, [1] * 3)
+    grad = torch.randn(activation.shape, device="cuda", dtype=torch.float16)
+    poison_cuda_allocator(4 * activation.numel() * activation.element_size())
+    outputs = torch.ops.cutlassfuse.relu_group_norm_backward(grad, activation, mean, rstd, a["norm_weight"],
+                                                             a["num_groups"])
+    for t in outputs:
+        assert torch.isfinite(t).all()
+    expected = torch.ops.cutlassfuse.relu_group_norm_backward(grad.cpu().float(), activation.cpu().float(),
+                                                              mean.cpu(), rstd.cpu(), a["norm_weight"].cpu(),
+                                                              a["num_groups"])
+    for got, want in zip(outputs, expected, strict=True):
+        torch.testing.assert_close(got.float().cpu(), want, rtol=2e-3, atol=2e-3)

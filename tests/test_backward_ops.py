@@ -1,0 +1,69 @@
+"""The ops behind the backward: the forward that keeps what the backward reads, and the
+ReLU + GroupNorm backward, against eager autograd in float64 and through opcheck."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cutlassfuse.testing import make_inputs, op_arguments
+
+FOR_BACKWARD = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm_for_backward.default
+BACKWARD = torch.ops.cutlassfuse.relu_group_norm_backward.default
+OP = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm.default
+
+CONFIGS = [
+    dict(in_channels=4, out_channels=6, size=(3, 3, 3), kernel=2, num_groups=3),
+    dict(in_channels=4, out_channels=8, size=(3, 2, 3), kernel=3, stride=2, padding=1, output_padding=1, num_groups=2),
+    dict(in_channels=2, out_channels=6, size=(2, 3, 2), kernel=1, num_groups=1, affine=False, bias=False),
+]
+
+
+def call(config, dtype=torch.float64, **options):
+    return make_inputs(batch=2, **config, dtype=dtype, **options)
+
+
+def eager_activation(a):
+    return F.relu(F.conv_transpose3d(a["input"], a["weight"], a["bias"], a["stride"], a["padding"],
+                                     a["output_padding"], a["groups"], a["dilation"]))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=range(len(CONFIGS)))
+def test_forward_keeps_the_activation_and_statistics(config):
+    a = call(config)
+    out, activation, mean, rstd = FOR_BACKWARD(*op_arguments(a))
+    torch.testing.assert_close(out, OP(*op_arguments(a)), rtol=0, atol=0)
+    expected = eager_activation(a)
+    assert activation.is_contiguous(memory_format=torch.channels_last_3d)
+    torch.testing.assert_close(activation, expected, rtol=1e-12, atol=1e-12)
+    grouped = expected.reshape(expected.shape[0], a["num_groups"], -1)
+    assert mean.dtype == rstd.dtype == torch.float64 and mean.shape == (expected.shape[0], a["num_groups"])
+    torch.testing.assert_close(mean, grouped.mean(-1), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(rstd, (grouped.var(-1, unbiased=False) + a["eps"]).rsqrt(), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=range(len(CONFIGS)))
+def test_backward_matches_eager_autograd(config):
+    a = call(config)
+    _, activation, mean, rstd = FOR_BACKWARD(*op_arguments(a))
+    grad = torch.randn(activation.shape, dtype=torch.float64)
+    dz, dgamma, dbeta, dbias = BACKWARD(grad, activation, mean, rstd, a["norm_weight"], a["num_groups"])
+
+    z = F.conv_transpose3d(a["input"], a["weight"], a["bias"], a["stride"], a["padding"], a["output_padding"],
+                           a["groups"], a["dilation"]).detach().requires_grad_()
+    gamma = None if a["norm_weight"] is None else a["norm_weight"].detach().requires_grad_()
+    beta = None if a["norm_bias"] is None else a["norm_bias"].detach().requires_grad_()
+    F.group_norm(F.relu(z), a["num_groups"], gamma, beta, a["eps"]).backward(grad)
+    torch.testing.assert_close(dz, z.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(dbias, z.grad.sum((0, 2, 3, 4)), rtol=1e-10, atol=1e-12)
+    if gamma is not None:
+        torch.testing.assert_close(dgamma, gamma.grad, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(dbeta, beta.grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=range(len(CONFIGS)))
+def test_opcheck(config):
+    a = call(config, torch.float32)
+    torch.library.opcheck(FOR_BACKWARD, op_arguments(a))
+    _, activation, mean, rstd = FOR_BACKWARD(*op_arguments(a))
+    grad = torch.randn(activation.shape)
+    torch.library.opcheck(BACKWARD, (grad, activation, mean, rstd, a["norm_weight"], a["num_groups"]))
