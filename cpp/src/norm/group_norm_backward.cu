@@ -5,9 +5,9 @@
 //   da = rstd * (gamma dy - A / K - x^ B / K),  A = sum gamma dy,  B = sum gamma dy x^,
 // and with the per-channel sums S1 = sum dy, S2 = sum dy a:
 //   A = sum_c gamma_c S1_c,  B = rstd * sum_c gamma_c (S2_c - mean S1_c),
-//   da = c1 dy + c2 a + c3,  c1 = rstd gamma_c,  c2 = -rstd B / K,  c3 = -rstd A / K - mean c2;
+//   da = c1 dy + c2 a + c3,  c1 = rstd gamma_c,  c2 = -rstd^2 B / K,  c3 = -rstd A / K - mean c2;
 //   dgamma_c = sum_n rstd (S2_c - mean S1_c),  dbeta_c = sum_n S1_c.
-// ReLU's backward passes da where a > 0 (PyTorch's threshold_backward on the output).
+// ReLU's backward zeroes da where a <= 0 (PyTorch's threshold_backward on the output).
 #include <algorithm>
 
 #include "cutlassfuse/common/device_utils.cuh"
@@ -126,7 +126,7 @@ backward_coefficients_kernel(const GroupNormBackwardShape shape, const float* __
     const float k = static_cast<float>(cpg) * static_cast<float>(s.spatial);
     const float a_sum = scratch[0].x;
     const float b_sum = r * scratch[0].y;
-    const float c2 = -r * b_sum / k;
+    const float c2 = -r * r * b_sum / k;
     terms.group_terms[n * s.num_groups + g] = {c2, fmaf(-m, c2, -r * a_sum / k)};
   }
 }
@@ -149,7 +149,8 @@ backward_grad_kernel(const T* __restrict__ dy, const T* __restrict__ a, const Gr
       for (int64_t r = chunk.row_begin + lanes.row_lane; r < chunk.row_end; r += lanes.row_lanes) {
         const int64_t i = r * channels + c;
         const float av = to_float(a[i]);
-        const float v = av > 0.f ? fmaf(c1, to_float(dy[i]), fmaf(c23.x, av, c23.y)) : 0.f;
+        // threshold_backward's rule: zero where a <= 0 (a NaN activation passes).
+        const float v = av <= 0.f ? 0.f : fmaf(c1, to_float(dy[i]), fmaf(c23.x, av, c23.y));
         dz[i] = from_float<T>(v);
         bias_sum += v;
       }
