@@ -11,8 +11,10 @@ from cutlassfuse.testing import make_inputs, op_arguments
 OP = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm.default
 TENSORS = ("input", "weight", "bias", "norm_weight", "norm_bias")
 
-# Layers of two samples (make_inputs keywords): strides, padding, dilation, conv groups, bias and affine off.
+# Layers of two samples (make_inputs keywords): strides, padding, dilation, conv groups, bias and affine off,
+# kernel == stride (both convolution gradients as GEMMs).
 CONFIGS = [
+    dict(in_channels=4, out_channels=6, size=(2, 3, 2), kernel=(2, 1, 3), stride=(2, 1, 3), num_groups=3),
     dict(in_channels=4, out_channels=6, size=(3, 3, 3), kernel=2, num_groups=3),
     dict(in_channels=4, out_channels=6, size=(3, 2, 3), kernel=2, stride=(2, 1, 1), padding=(0, 1, 0),
          output_padding=(1, 0, 0), num_groups=2),

@@ -19,6 +19,7 @@
 
 #include <array>
 
+#include "torch/conv_backward.h"
 #include "torch/redispatch.h"
 
 namespace cutlassfuse {
@@ -95,10 +96,9 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
         norm_weight.defined() ? OptionalTensor(norm_weight) : std::nullopt, ctx->saved_data["num_groups"].toInt());
     at::Tensor grad_input, grad_weight;
     if (need[kInput] || need[kWeight]) {
-      std::tie(grad_input, grad_weight, std::ignore) = at::convolution_backward_symint(
-          dz, input, weight, std::nullopt, c10::fromIntArrayRefSlow(stride), c10::fromIntArrayRefSlow(padding),
-          c10::fromIntArrayRefSlow(dilation), /*transposed=*/true, c10::fromIntArrayRefSlow(output_padding),
-          ctx->saved_data["groups"].toInt(), {need[kInput], need[kWeight], false});
+      std::tie(grad_input, grad_weight) = conv_transpose3d_backward(
+          dz, input, weight, {stride, padding, output_padding, dilation, ctx->saved_data["groups"].toInt()},
+          {need[kInput], need[kWeight]});
     }
 
     variable_list grads(kOpArguments);  // the non-tensor arguments and the packed copies get none
