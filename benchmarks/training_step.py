@@ -1,9 +1,10 @@
 """One training step of each benchmark layer: forward, then backward with a given output
 gradient, every parameter's gradient and the input's. cutlassfuse's module against the
 PyTorch modules it replaces (ConvTranspose3d with its default bias, ReLU, GroupNorm:
-eager, and torch.compile of them), holding the same parameters: median step time, the
-memory kept from forward to backward (beyond the output) and the step's peak, with the
-max abs difference of the input gradient from eager's.
+eager, and torch.compile of them), holding the same parameters: the median over
+alternating rounds of each model's median step time, the memory kept from forward to
+backward (beyond the output) and the step's peak, with the max abs difference of the
+input gradient from eager's.
 
     python benchmarks/training_step.py [--shapes kb61,unet_k2s2] [--dtypes float16,bfloat16] [--no-compile]
     python benchmarks/training_step.py --device cpu --tiny   # checks the script where there is no GPU
@@ -12,12 +13,15 @@ max abs difference of the input gradient from eager's.
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import torch
 from torch import nn
 
 from cutlassfuse.bench import DEFAULT_SHAPES, BenchShape, layer_models, parse_shape
 from cutlassfuse.benchmarking import median_ms
+
+ROUNDS = 5
 
 
 def step_fn(model: nn.Module, x: torch.Tensor, grad: torch.Tensor):
@@ -56,10 +60,14 @@ def run_case(shape: BenchShape, dtype: torch.dtype, device: torch.device, *, wit
     grad = torch.randn(shape.batch, shape.out_channels, *shape.output_size(), device=device, dtype=dtype,
                        generator=generator)
     cuda = device.type == "cuda"
-    times, input_grads = {}, {}
-    for name, model in models.items():
-        times[name] = median_ms(step_fn(model, x, grad), cuda=cuda, warmup=3, repeats=repeats)
-        input_grads[name] = x.grad.detach().clone()
+    # Alternating rounds, so that a slow spell of the host or the GPU falls on every model.
+    rounds: dict[str, list[float]] = {name: [] for name in models}
+    input_grads = {}
+    for _ in range(ROUNDS):
+        for name, model in models.items():
+            rounds[name].append(median_ms(step_fn(model, x, grad), cuda=cuda, warmup=3, repeats=repeats))
+            input_grads[name] = x.grad.detach().clone()
+    times = {name: statistics.median(values) for name, values in rounds.items()}
     label = f"{shape.name} {str(dtype).removeprefix('torch.')}"
     for name in models:
         memory = "".join(f"{mib:>10.1f}" for mib in memory_mib(models[name], x, grad)) if cuda else f"{'n/a':>20}"
@@ -74,7 +82,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--tiny", action="store_true", help="each shape at one sample and a fraction of its size")
     parser.add_argument("--no-compile", action="store_true")
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=10, help="steps timed per model and round")
     args = parser.parse_args()
     device = torch.device(args.device)
     shapes = [parse_shape(name) for name in args.shapes.split(",")]

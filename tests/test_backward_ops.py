@@ -1,5 +1,6 @@
 """The ops behind the backward: the forward that keeps what the backward reads, and the
-ReLU + GroupNorm backward, against eager autograd in float64 and through opcheck."""
+ReLU + GroupNorm backward, against eager autograd in float64, and the layout copy between
+them and cuDNN, through opcheck."""
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from cutlassfuse.testing import make_inputs, op_arguments
 FOR_BACKWARD = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm_for_backward.default
 BACKWARD = torch.ops.cutlassfuse.relu_group_norm_backward.default
 OP = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm.default
+CONVERT = torch.ops.cutlassfuse.convert_memory_format.default
 
 CONFIGS = [
     dict(in_channels=4, out_channels=6, size=(3, 3, 3), kernel=2, num_groups=3),
@@ -67,3 +69,14 @@ def test_opcheck(config):
     _, activation, mean, rstd = FOR_BACKWARD(*op_arguments(a))
     grad = torch.randn(activation.shape)
     torch.library.opcheck(BACKWARD, (grad, activation, mean, rstd, a["norm_weight"], a["num_groups"]))
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_convert_memory_format(channels_last):
+    x = torch.randn(2, 8, 3, 4, 5)
+    source = x if channels_last else x.contiguous(memory_format=torch.channels_last_3d)
+    converted = CONVERT(source, channels_last)
+    expected = torch.channels_last_3d if channels_last else torch.contiguous_format
+    assert converted.is_contiguous(memory_format=expected) and torch.equal(converted, x)
+    assert converted.data_ptr() != source.data_ptr()
+    torch.library.opcheck(CONVERT, (source, channels_last))

@@ -1,7 +1,9 @@
 """Data-parallel training: two processes (torch.distributed with the gloo backend) train a
 small decoder built with the module under DistributedDataParallel, each on half of the
 batch; the gradients after DDP's all-reduce equal those of one process on the whole
-batch. CPU tensors here; CUDA tensors, both processes on one GPU, on the GPU."""
+batch. CPU tensors here; CUDA tensors, both processes on one GPU, on the GPU. TF32 is off
+in every process: cuDNN may pick other algorithms for half the batch, and TF32's rounding
+would then differ by more than the reduction order does."""
 
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ def gradients(model: nn.Module) -> list[torch.Tensor]:
 def train_one_step(rank: int, port: int, device: str, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    torch.backends.cudnn.allow_tf32 = False
     try:
         model = DistributedDataParallel(decoder().to(device))
         x, target = batch(device)
@@ -64,7 +67,8 @@ def check_data_parallel(device: str) -> None:
     mp.spawn(train_one_step, args=(free_port(), device, results), nprocs=WORLD, join=True)
     single = decoder().to(device)
     x, target = batch(device)
-    F.mse_loss(single(x), target).backward()
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        F.mse_loss(single(x), target).backward()
     expected = gradients(single)
     for rank in range(WORLD):
         assert len(results[rank]) == len(expected)

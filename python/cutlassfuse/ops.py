@@ -16,6 +16,7 @@ IntOrTriple = int | Sequence[int]
 _OP = "cutlassfuse::conv_transpose3d_relu_group_norm"
 _OP_FOR_BACKWARD = "cutlassfuse::conv_transpose3d_relu_group_norm_for_backward"
 _BACKWARD = "cutlassfuse::relu_group_norm_backward"
+_CONVERT_MEMORY_FORMAT = "cutlassfuse::convert_memory_format"
 
 
 def _triple(value: IntOrTriple, name: str) -> list[int]:
@@ -250,6 +251,12 @@ def _relu_group_norm_backward_fake(grad_output, activation, mean, rstd, norm_wei
     dz = torch.empty(activation.shape, dtype=activation.dtype, device=activation.device,
                      memory_format=torch.channels_last_3d)
     return dz, *(activation.new_empty((channels,), dtype=_statistics_dtype(activation.dtype)) for _ in range(3))
+
+
+@torch.library.register_fake(_CONVERT_MEMORY_FORMAT)
+def _convert_memory_format_fake(self, channels_last):
+    """A new tensor like self in channels_last_3d or the contiguous format."""
+    return torch.empty_like(self, memory_format=torch.channels_last_3d if channels_last else torch.contiguous_format)
 
 
 def _statistics_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -88,13 +88,23 @@ def test_gradients_repeat_bit_for_bit(layer: dict):
         assert torch.equal(first[name], second[name]), name
 
 
-def test_backward_kernels_write_every_element():
-    a = make_inputs(batch=2, in_channels=32, out_channels=64, size=(5, 6, 7), kernel=3, padding=1, num_groups=8,
-                    dtype=torch.float16, device="cuda", channels_last=True)
+def grad_in_layout(shape: torch.Size, layout: str) -> torch.Tensor:
+    if layout == "expanded":
+        return torch.randn(1, shape[1], 1, 1, 1, device="cuda", dtype=torch.float16).expand(shape)
+    grad = torch.randn(shape, device="cuda", dtype=torch.float16)
+    return grad.contiguous(memory_format=torch.channels_last_3d) if layout == "channels_last" else grad
+
+
+# 64 channels take the kernels' 16-byte accesses, 12 their one-element ones.
+@pytest.mark.parametrize("channels,groups", [(64, 8), (12, 4)], ids=["vector", "scalar"])
+@pytest.mark.parametrize("layout", ["ncdhw", "channels_last", "expanded"])
+def test_backward_kernels_write_every_element(channels: int, groups: int, layout: str):
+    a = make_inputs(batch=2, in_channels=32, out_channels=channels, size=(5, 6, 7), kernel=3, padding=1,
+                    num_groups=groups, dtype=torch.float16, device="cuda", channels_last=True)
     _, activation, mean, rstd = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm_for_backward(
         a["input"], a["weight"], a["bias"], a["norm_weight"], a["norm_bias"], a["num_groups"], a["eps"],
         [1] * 3, [1] * 3, [0] * 3, 1, [1] * 3)
-    grad = torch.randn(activation.shape, device="cuda", dtype=torch.float16)
+    grad = grad_in_layout(activation.shape, layout)
     poison_cuda_allocator(4 * activation.numel() * activation.element_size())
     outputs = torch.ops.cutlassfuse.relu_group_norm_backward(grad, activation, mean, rstd, a["norm_weight"],
                                                              a["num_groups"])
@@ -105,3 +115,35 @@ def test_backward_kernels_write_every_element():
                                                               a["num_groups"])
     for got, want in zip(outputs, expected, strict=True):
         torch.testing.assert_close(got.float().cpu(), want, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("channels", [16, 12])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_convert_memory_format_copies_exactly(dtype: torch.dtype, channels: int, offset: int):
+    """Both directions, bit for bit, through the transposes (16-bit types, channels % 8 == 0,
+    aligned) and ATen's copy elsewhere (a one-element offset leaves the rows unaligned)."""
+    storage = torch.randn(offset + 3 * channels * 5 * 6 * 7, device="cuda").to(dtype)
+    ncdhw = storage[offset:].view(3, channels, 5, 6, 7)
+    to_last = torch.ops.cutlassfuse.convert_memory_format(ncdhw, True)
+    assert to_last.is_contiguous(memory_format=torch.channels_last_3d) and torch.equal(to_last, ncdhw)
+    back = torch.ops.cutlassfuse.convert_memory_format(to_last, False)
+    assert back.is_contiguous() and torch.equal(back, ncdhw)
+
+
+def test_backward_runs_the_vector_kernels_and_transposes():
+    """An NCDHW layer in float16: dy and the input go channels-last, and the input gradient
+    back, through the tiled transposes; the ReLU + GroupNorm backward takes 16-byte accesses."""
+    a = make_inputs(batch=2, in_channels=32, out_channels=64, size=(6, 6, 6), kernel=3, num_groups=8,
+                    dtype=torch.float16, device="cuda")
+    a["input"].requires_grad_()
+    out = ours(a)
+    grad = torch.randn_like(out)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        out.backward(grad)
+        torch.cuda.synchronize()
+    names = " ".join(e.name for e in profile.events())
+    for kernel in ("ncdhw_to_ndhwc_kernel", "ndhwc_to_ncdhw_kernel", "backward_sums_kernel<__half, 8>",
+                   "backward_grad_kernel<__half, 8>"):
+        assert kernel in names, kernel
+    assert a["input"].grad.is_contiguous()

@@ -66,6 +66,10 @@ ReluGroupNormGradients reference_relu_group_norm_backward(const at::Tensor& grad
                                                           const std::optional<at::Tensor>& norm_weight,
                                                           int64_t num_groups);
 
+// self in channels_last_3d (channels_last) or the contiguous format, always a new tensor
+// (the backward's layout changes between the kernels and cuDNN's channels-last algorithms).
+at::Tensor reference_convert_memory_format(const at::Tensor& self, bool channels_last);
+
 // What explain() says of calls that run reference_forward.
 inline constexpr const char* kReferenceDescription = "reference: ATen conv_transpose3d + relu + group_norm";
 
@@ -78,6 +82,9 @@ ForwardForBackward forward_for_backward_cuda(const OpArgs& args);
 ReluGroupNormGradients relu_group_norm_backward_cuda(const at::Tensor& grad_output, const at::Tensor& activation,
                                                      const at::Tensor& mean, const at::Tensor& rstd,
                                                      const std::optional<at::Tensor>& norm_weight, int64_t num_groups);
+// reference_convert_memory_format, through this project's transposes (common/layout.h)
+// for 5-D float16 and bfloat16 tensors between NCDHW and NDHWC.
+at::Tensor convert_memory_format_cuda(const at::Tensor& self, bool channels_last);
 // Which path forward_cuda takes for these arguments, what it runs, and why the paths
 // preferred to it do not take the call.
 std::string explain_cuda(const OpArgs& args);

@@ -1,4 +1,4 @@
-// NCDHW -> NDHWC through shared-memory tiles, and row repetition. See cutlassfuse/common/layout.h.
+// NCDHW <-> NDHWC through shared-memory tiles, and row repetition. See cutlassfuse/common/layout.h.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -61,6 +61,56 @@ ncdhw_to_ndhwc_kernel(const T* __restrict__ src, T* __restrict__ dst, int channe
 #pragma unroll
       for (int k = 0; k < kVector; ++k) elems[k] = tile[s][store_c + k];
       *reinterpret_cast<uint4*>(dst + (n * spatial + s_begin + s) * channels + c_begin + store_c) = raw;
+    }
+  }
+}
+
+// The inverse, NDHWC -> NCDHW, block (spatial tile, channel tile, n). Reads: 16-byte
+// vectors along the channels (8 lanes per 128-byte row of a spatial position). Writes:
+// 16-byte vectors of 8 spatial positions of one channel when the rows allow it, else one
+// element per lane.
+template <class T, bool kVectorStores>
+__global__ void __launch_bounds__(kThreads)
+ndhwc_to_ncdhw_kernel(const T* __restrict__ src, T* __restrict__ dst, int channels, int64_t spatial) {
+  __shared__ T tile[kTile][kTile + 2];  // [s][c]
+  const int64_t n = blockIdx.z;
+  const int64_t s_begin = blockIdx.x * int64_t{kTile};
+  const int c_begin = blockIdx.y * kTile;
+  const int s_count = static_cast<int>(min(spatial - s_begin, int64_t{kTile}));
+  const int c_count = min(kTile, channels - c_begin);
+
+  constexpr int kVectorsPerRow = kTile / kVector;  // 8
+  const int load_c = (threadIdx.x % kVectorsPerRow) * kVector;
+  if (load_c < c_count) {
+    for (int s = threadIdx.x / kVectorsPerRow; s < s_count; s += kThreads / kVectorsPerRow) {
+      const uint4 raw =
+          *reinterpret_cast<const uint4*>(src + (n * spatial + s_begin + s) * channels + c_begin + load_c);
+      const T* elems = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int k = 0; k < kVector; ++k) tile[s][load_c + k] = elems[k];
+    }
+  }
+  __syncthreads();
+
+  T* dst_tile = dst + (n * channels + c_begin) * spatial + s_begin;
+  if constexpr (kVectorStores) {
+    constexpr int kVectorsPerChannel = kTile / kVector;  // 8
+    const int store_s = (threadIdx.x % kVectorsPerChannel) * kVector;
+    if (store_s < s_count) {
+      for (int c = threadIdx.x / kVectorsPerChannel; c < c_count; c += kThreads / kVectorsPerChannel) {
+        uint4 raw;
+        T* elems = reinterpret_cast<T*>(&raw);
+#pragma unroll
+        for (int k = 0; k < kVector; ++k) elems[k] = tile[store_s + k][c];
+        *reinterpret_cast<uint4*>(dst_tile + c * spatial + store_s) = raw;
+      }
+    }
+  } else {
+    const int store_s = threadIdx.x % kTile;
+    if (store_s < s_count) {
+      for (int c = threadIdx.x / kTile; c < c_count; c += kThreads / kTile) {
+        dst_tile[c * spatial + store_s] = tile[store_s][c];
+      }
     }
   }
 }
@@ -134,30 +184,50 @@ void check_shape(const char* what, int64_t batch, int64_t channels) {
   if (batch > 65535) throw std::invalid_argument(std::string("cutlassfuse: ") + what + " takes at most 65535 samples");
 }
 
-template <class T>
-void launch(const void* src, void* dst, int64_t batch, int64_t channels, int64_t spatial, cudaStream_t stream) {
-  const dim3 grid = tile_grid(batch, channels, spatial);
-  const auto* in = static_cast<const T*>(src);
-  auto* out = static_cast<T*>(dst);
-  const bool vector_rows = spatial % kVector == 0 && reinterpret_cast<uintptr_t>(src) % sizeof(uint4) == 0;
-  if (vector_rows) {
-    ncdhw_to_ndhwc_kernel<T, true><<<grid, kThreads, 0, stream>>>(in, out, static_cast<int>(channels), spatial);
+// The NCDHW side's rows take 16-byte vectors when they hold whole vectors and start aligned.
+bool vector_rows(const void* ncdhw, int64_t spatial) {
+  return spatial % kVector == 0 && reinterpret_cast<uintptr_t>(ncdhw) % sizeof(uint4) == 0;
+}
+
+template <class T, bool kToChannelsLast>
+void launch_transpose(const void* src, void* dst, int64_t batch, int64_t channels, int64_t spatial,
+                      cudaStream_t stream) {
+  using Kernel = void (*)(const T*, T*, int, int64_t);
+  const bool vectors = vector_rows(kToChannelsLast ? src : dst, spatial);
+  Kernel kernel;
+  if constexpr (kToChannelsLast) {
+    kernel = vectors ? ncdhw_to_ndhwc_kernel<T, true> : ncdhw_to_ndhwc_kernel<T, false>;
   } else {
-    ncdhw_to_ndhwc_kernel<T, false><<<grid, kThreads, 0, stream>>>(in, out, static_cast<int>(channels), spatial);
+    kernel = vectors ? ndhwc_to_ncdhw_kernel<T, true> : ndhwc_to_ncdhw_kernel<T, false>;
   }
-  check_launch("ncdhw_to_ndhwc_kernel");
+  kernel<<<tile_grid(batch, channels, spatial), kThreads, 0, stream>>>(static_cast<const T*>(src), static_cast<T*>(dst),
+                                                                       static_cast<int>(channels), spatial);
+  check_launch(kToChannelsLast ? "ncdhw_to_ndhwc_kernel" : "ndhwc_to_ncdhw_kernel");
+}
+
+template <bool kToChannelsLast>
+void transpose(const char* what, ElementType element, const void* src, void* dst, int64_t batch, int64_t channels,
+               int64_t spatial, cudaStream_t stream) {
+  check_shape(what, batch, channels);
+  switch (element) {
+    case ElementType::kFloat16:
+      return launch_transpose<__half, kToChannelsLast>(src, dst, batch, channels, spatial, stream);
+    case ElementType::kBFloat16:
+      return launch_transpose<__nv_bfloat16, kToChannelsLast>(src, dst, batch, channels, spatial, stream);
+    default: throw std::invalid_argument(std::string("cutlassfuse: ") + what + " takes float16 or bfloat16");
+  }
 }
 
 }  // namespace
 
 void ncdhw_to_ndhwc(ElementType element, const void* src, void* dst, int64_t batch, int64_t channels, int64_t spatial,
                     cudaStream_t stream) {
-  check_shape("ncdhw_to_ndhwc", batch, channels);
-  switch (element) {
-    case ElementType::kFloat16: return launch<__half>(src, dst, batch, channels, spatial, stream);
-    case ElementType::kBFloat16: return launch<__nv_bfloat16>(src, dst, batch, channels, spatial, stream);
-    default: throw std::invalid_argument("cutlassfuse: ncdhw_to_ndhwc takes float16 or bfloat16");
-  }
+  transpose<true>("ncdhw_to_ndhwc", element, src, dst, batch, channels, spatial, stream);
+}
+
+void ndhwc_to_ncdhw(ElementType element, const void* src, void* dst, int64_t batch, int64_t channels, int64_t spatial,
+                    cudaStream_t stream) {
+  transpose<false>("ndhwc_to_ncdhw", element, src, dst, batch, channels, spatial, stream);
 }
 
 void repeat_row(const void* row, int64_t row_bytes, int64_t copies, void* dst, cudaStream_t stream) {

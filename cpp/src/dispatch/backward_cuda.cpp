@@ -49,9 +49,11 @@ ReluGroupNormGradients relu_group_norm_backward_cuda(const at::Tensor& grad_outp
   const GroupNormBackwardShape shape =
       GroupNormBackwardShape::plan(norm, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
   const ElementType element = *element_type(activation.scalar_type());
-  // dy in any layout (NCDHW, expanded, strided) as the kernels read it.
-  const at::Tensor dy = grad_output.contiguous(at::MemoryFormat::ChannelsLast3d);
-  at::Tensor dz = at::empty_like(activation, at::MemoryFormat::ChannelsLast3d);
+  // dy in any layout (NCDHW, expanded, strided) as the kernels read it, channels-last.
+  // A copy made here becomes dz: the grad kernel overwrites each element of dy it reads.
+  const bool dy_packed = grad_output.is_contiguous(at::MemoryFormat::ChannelsLast3d);
+  const at::Tensor dy = dy_packed ? grad_output : convert_memory_format_cuda(grad_output, /*channels_last=*/true);
+  const at::Tensor dz = dy_packed ? at::empty_like(activation, at::MemoryFormat::ChannelsLast3d) : dy;
   const TermsLayout layout(shape);
   const at::Tensor buffer = at::empty({layout.floats}, activation.options().dtype(at::kFloat));
   float* base = buffer.data_ptr<float>();

@@ -9,6 +9,8 @@
 //   dgamma_c = sum_n rstd (S2_c - mean S1_c),  dbeta_c = sum_n S1_c.
 // ReLU's backward zeroes da where a <= 0 (PyTorch's threshold_backward on the output).
 #include <algorithm>
+#include <cstdint>
+#include <initializer_list>
 
 #include "cutlassfuse/common/device_utils.cuh"
 #include "cutlassfuse/norm/group_norm_backward.h"
@@ -20,19 +22,23 @@ namespace {
 constexpr int kThreads = 256;
 
 // A block's threads over a chunk of a sample's rows: consecutive threads take
-// consecutive channels (coalesced), `row_lanes` groups of them interleave the rows.
+// consecutive runs of kWidth channels (coalesced; 16 bytes each when kWidth = kVector),
+// `row_lanes` groups of them interleave the rows.
+template <int kWidth>
 struct ChunkLanes {
   int cols;       // threads along the channels
   int row_lanes;  // groups of `cols` threads along the rows
   int col;        // this thread's
   int row_lane;   // this thread's; >= row_lanes: idle
 
-  __device__ explicit ChunkLanes(int channels) {
-    cols = channels < kThreads ? channels : kThreads;
+  __device__ explicit ChunkLanes(int64_t channels) {
+    const int64_t runs = channels / kWidth;
+    cols = runs < kThreads ? static_cast<int>(runs) : kThreads;
     row_lanes = kThreads / cols;
     col = static_cast<int>(threadIdx.x) % cols;
     row_lane = static_cast<int>(threadIdx.x) / cols;
   }
+  __device__ int64_t channel_step() const { return int64_t{cols} * kWidth; }
 };
 
 struct Chunk {
@@ -55,10 +61,29 @@ struct Chunk {
 
 __device__ __forceinline__ float2 operator+(float2 a, float2 b) { return {a.x + b.x, a.y + b.y}; }
 
-// Sums each lane group's values of channel c0 + col in a fixed order (lane group 0
-// first); the total is valid at row lane 0. Every thread of the block must call it.
-template <class V>
-__device__ V reduce_row_lanes(V value, const ChunkLanes& lanes, V* scratch, V zero) {
+// kWidth consecutive elements as floats: one 16-byte access, or one element.
+template <int kWidth, class T>
+__device__ __forceinline__ void load_run(const T* src, float (&v)[kWidth]) {
+  if constexpr (kWidth == kVector) {
+    load_vector(src, v);
+  } else {
+    v[0] = to_float(*src);
+  }
+}
+
+template <int kWidth, class T>
+__device__ __forceinline__ void store_run(T* dst, const float (&v)[kWidth]) {
+  if constexpr (kWidth == kVector) {
+    store_vector(dst, v);
+  } else {
+    *dst = from_float<T>(v[0]);
+  }
+}
+
+// Sums the lane groups' values of one column in a fixed order (lane group 0 first); the
+// total is valid at row lane 0. Every thread of the block must call it.
+template <class V, int kWidth>
+__device__ V reduce_row_lanes(V value, const ChunkLanes<kWidth>& lanes, V* scratch, V zero) {
   scratch[threadIdx.x] = value;
   __syncthreads();
   V total = zero;
@@ -69,30 +94,39 @@ __device__ V reduce_row_lanes(V value, const ChunkLanes& lanes, V* scratch, V ze
   return total;
 }
 
-template <class T>
+template <class T, int kWidth>
 __global__ void __launch_bounds__(kThreads)
 backward_sums_kernel(const T* __restrict__ dy, const T* __restrict__ a, const GroupNormBackwardShape shape,
                      float2* __restrict__ sums) {
   __shared__ float2 scratch[kThreads];
-  const ChunkLanes lanes(static_cast<int>(shape.norm.channels));
-  const Chunk chunk(shape);
   const int64_t channels = shape.norm.channels;
-  for (int64_t c0 = 0; c0 < channels; c0 += lanes.cols) {
-    const int64_t c = c0 + lanes.col;
-    float2 s{0.f, 0.f};
+  const ChunkLanes<kWidth> lanes(channels);
+  const Chunk chunk(shape);
+  for (int64_t c0 = 0; c0 < channels; c0 += lanes.channel_step()) {
+    const int64_t c = c0 + int64_t{lanes.col} * kWidth;
+    float2 s[kWidth] = {};
     if (lanes.row_lane < lanes.row_lanes && c < channels) {
       for (int64_t r = chunk.row_begin + lanes.row_lane; r < chunk.row_end; r += lanes.row_lanes) {
-        const float g = to_float(dy[r * channels + c]);
-        s.x += g;
-        s.y = fmaf(g, to_float(a[r * channels + c]), s.y);
+        float g[kWidth], av[kWidth];
+        load_run<kWidth>(dy + r * channels + c, g);
+        load_run<kWidth>(a + r * channels + c, av);
+#pragma unroll
+        for (int k = 0; k < kWidth; ++k) {
+          s[k].x += g[k];
+          s[k].y = fmaf(g[k], av[k], s[k].y);
+        }
       }
     }
-    const float2 total = reduce_row_lanes(s, lanes, scratch, float2{0.f, 0.f});
-    if (lanes.row_lane == 0 && c < channels) sums[chunk.slot(shape, c)] = total;
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) {
+      const float2 total = reduce_row_lanes(s[k], lanes, scratch, float2{0.f, 0.f});
+      if (lanes.row_lane == 0 && c < channels) sums[chunk.slot(shape, c + k)] = total;
+    }
   }
 }
 
-// One block per (sample, group), grid (num_groups, batch).
+// One block per (sample, group), grid (num_groups, batch): the threads split the chunks
+// of each of the group's channels, then the group's totals go through a fixed tree.
 __global__ void __launch_bounds__(kThreads)
 backward_coefficients_kernel(const GroupNormBackwardShape shape, const float* __restrict__ mean,
                              const float* __restrict__ rstd, const void* gamma, ElementType affine_element,
@@ -104,16 +138,26 @@ backward_coefficients_kernel(const GroupNormBackwardShape shape, const float* __
   const int64_t cpg = s.channels / s.num_groups;
   const float m = mean[n * s.num_groups + g];
   const float r = rstd[n * s.num_groups + g];
+  const ChunkLanes<1> lanes(cpg);
   float2 ab{0.f, 0.f};  // this thread's share of (A, sum gamma (S2 - mean S1))
-  for (int64_t c = g * cpg + threadIdx.x; c < (g + 1) * cpg; c += kThreads) {
-    float2 total{0.f, 0.f};
-    for (int64_t k = 0; k < shape.chunks; ++k) total = total + terms.sums[(n * shape.chunks + k) * s.channels + c];
-    const float gamma_c = load_affine(gamma, affine_element, c, 1.f);
-    const float centered = fmaf(-m, total.x, total.y);  // S2 - mean S1
-    ab.x = fmaf(gamma_c, total.x, ab.x);
-    ab.y = fmaf(gamma_c, centered, ab.y);
-    terms.scale_dy[n * s.channels + c] = r * gamma_c;
-    terms.affine_terms[n * s.channels + c] = {r * centered, total.x};
+  for (int64_t c0 = 0; c0 < cpg; c0 += lanes.channel_step()) {
+    const int64_t c = g * cpg + c0 + lanes.col;
+    const bool active = lanes.row_lane < lanes.row_lanes && c0 + lanes.col < cpg;
+    float2 part{0.f, 0.f};
+    if (active) {
+      for (int64_t k = lanes.row_lane; k < shape.chunks; k += lanes.row_lanes) {
+        part = part + terms.sums[(n * shape.chunks + k) * s.channels + c];
+      }
+    }
+    const float2 total = reduce_row_lanes(part, lanes, scratch, float2{0.f, 0.f});
+    if (lanes.row_lane == 0 && active) {
+      const float gamma_c = load_affine(gamma, affine_element, c, 1.f);
+      const float centered = fmaf(-m, total.x, total.y);  // S2 - mean S1
+      ab.x = fmaf(gamma_c, total.x, ab.x);
+      ab.y = fmaf(gamma_c, centered, ab.y);
+      terms.scale_dy[n * s.channels + c] = r * gamma_c;
+      terms.affine_terms[n * s.channels + c] = {r * centered, total.x};
+    }
   }
   // The block's sum in a fixed order: a tree over the threads.
   scratch[threadIdx.x] = ab;
@@ -131,32 +175,47 @@ backward_coefficients_kernel(const GroupNormBackwardShape shape, const float* __
   }
 }
 
-template <class T>
+// dz may be dy itself (each element is read, then written, by the same thread), so those
+// two pointers are not __restrict__.
+template <class T, int kWidth>
 __global__ void __launch_bounds__(kThreads)
-backward_grad_kernel(const T* __restrict__ dy, const T* __restrict__ a, const GroupNormBackwardShape shape,
-                     const GroupNormBackwardTerms terms, T* __restrict__ dz) {
+backward_grad_kernel(const T* dy, const T* __restrict__ a, const GroupNormBackwardShape shape,
+                     const GroupNormBackwardTerms terms, T* dz) {
   __shared__ float scratch[kThreads];
-  const ChunkLanes lanes(static_cast<int>(shape.norm.channels));
-  const Chunk chunk(shape);
   const int64_t channels = shape.norm.channels;
   const int64_t cpg = channels / shape.norm.num_groups;
-  for (int64_t c0 = 0; c0 < channels; c0 += lanes.cols) {
-    const int64_t c = c0 + lanes.col;
-    float bias_sum = 0.f;
+  const ChunkLanes<kWidth> lanes(channels);
+  const Chunk chunk(shape);
+  for (int64_t c0 = 0; c0 < channels; c0 += lanes.channel_step()) {
+    const int64_t c = c0 + int64_t{lanes.col} * kWidth;
+    float bias_sum[kWidth] = {};
     if (lanes.row_lane < lanes.row_lanes && c < channels) {
-      const float c1 = terms.scale_dy[chunk.n * channels + c];
-      const float2 c23 = terms.group_terms[chunk.n * shape.norm.num_groups + c / cpg];
+      float c1[kWidth];
+      float2 c23[kWidth];
+#pragma unroll
+      for (int k = 0; k < kWidth; ++k) {
+        c1[k] = terms.scale_dy[chunk.n * channels + c + k];
+        c23[k] = terms.group_terms[chunk.n * shape.norm.num_groups + (c + k) / cpg];
+      }
       for (int64_t r = chunk.row_begin + lanes.row_lane; r < chunk.row_end; r += lanes.row_lanes) {
         const int64_t i = r * channels + c;
-        const float av = to_float(a[i]);
-        // threshold_backward's rule: zero where a <= 0 (a NaN activation passes).
-        const float v = av <= 0.f ? 0.f : fmaf(c1, to_float(dy[i]), fmaf(c23.x, av, c23.y));
-        dz[i] = from_float<T>(v);
-        bias_sum += v;
+        float g[kWidth], av[kWidth], v[kWidth];
+        load_run<kWidth>(dy + i, g);
+        load_run<kWidth>(a + i, av);
+#pragma unroll
+        for (int k = 0; k < kWidth; ++k) {
+          // threshold_backward's rule: zero where a <= 0 (a NaN activation passes).
+          v[k] = av[k] <= 0.f ? 0.f : fmaf(c1[k], g[k], fmaf(c23[k].x, av[k], c23[k].y));
+          bias_sum[k] += v[k];
+        }
+        store_run<kWidth>(dz + i, v);
       }
     }
-    const float total = reduce_row_lanes(bias_sum, lanes, scratch, 0.f);
-    if (lanes.row_lane == 0 && c < channels) terms.bias_terms[chunk.slot(shape, c)] = total;
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) {
+      const float total = reduce_row_lanes(bias_sum[k], lanes, scratch, 0.f);
+      if (lanes.row_lane == 0 && c < channels) terms.bias_terms[chunk.slot(shape, c + k)] = total;
+    }
   }
 }
 
@@ -171,6 +230,13 @@ void with_type(ElementType element, F&& f) {
     case ElementType::kBFloat16: return f(__nv_bfloat16{});
     default: return f(float{});
   }
+}
+
+// 16-byte runs of channels where every row starts 16-byte aligned.
+bool vector_rows(int64_t channels, std::initializer_list<const void*> pointers) {
+  if (channels % kVector != 0) return false;
+  return std::all_of(pointers.begin(), pointers.end(),
+                     [](const void* p) { return reinterpret_cast<uintptr_t>(p) % sizeof(uint4) == 0; });
 }
 
 }  // namespace
@@ -188,8 +254,13 @@ void relu_group_norm_backward_sums(ElementType element, const void* dy, const vo
                                    cudaStream_t stream) {
   with_type(element, [&](auto t) {
     using T = decltype(t);
-    backward_sums_kernel<T><<<chunk_grid(shape), kThreads, 0, stream>>>(
-        static_cast<const T*>(dy), static_cast<const T*>(activation), shape, terms.sums);
+    const auto* dy_t = static_cast<const T*>(dy);
+    const auto* a_t = static_cast<const T*>(activation);
+    if (vector_rows(shape.norm.channels, {dy, activation})) {
+      backward_sums_kernel<T, kVector><<<chunk_grid(shape), kThreads, 0, stream>>>(dy_t, a_t, shape, terms.sums);
+    } else {
+      backward_sums_kernel<T, 1><<<chunk_grid(shape), kThreads, 0, stream>>>(dy_t, a_t, shape, terms.sums);
+    }
   });
   check_launch("backward_sums_kernel");
 }
@@ -207,9 +278,14 @@ void relu_group_norm_backward_grad(ElementType element, const void* dy, const vo
                                    void* grad_pre_activation, cudaStream_t stream) {
   with_type(element, [&](auto t) {
     using T = decltype(t);
-    backward_grad_kernel<T><<<chunk_grid(shape), kThreads, 0, stream>>>(static_cast<const T*>(dy),
-                                                                        static_cast<const T*>(activation), shape, terms,
-                                                                        static_cast<T*>(grad_pre_activation));
+    const auto* dy_t = static_cast<const T*>(dy);
+    const auto* a_t = static_cast<const T*>(activation);
+    auto* dz = static_cast<T*>(grad_pre_activation);
+    if (vector_rows(shape.norm.channels, {dy, activation, grad_pre_activation})) {
+      backward_grad_kernel<T, kVector><<<chunk_grid(shape), kThreads, 0, stream>>>(dy_t, a_t, shape, terms, dz);
+    } else {
+      backward_grad_kernel<T, 1><<<chunk_grid(shape), kThreads, 0, stream>>>(dy_t, a_t, shape, terms, dz);
+    }
   });
   check_launch("backward_grad_kernel");
 }

@@ -91,13 +91,13 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
     const auto ints = [&](const char* key) { return ctx->saved_data[key].toIntVector(); };
     const std::vector<int64_t> stride = ints("stride"), padding = ints("padding"),
                                output_padding = ints("output_padding"), dilation = ints("dilation");
-    const auto [dz, dgamma, dbeta, dbias] = relu_group_norm_backward_op().call(
+    auto [dz, dgamma, dbeta, dbias] = relu_group_norm_backward_op().call(
         grad_outputs[0], saved[kActivation], saved[kMean], saved[kRstd],
         norm_weight.defined() ? OptionalTensor(norm_weight) : std::nullopt, ctx->saved_data["num_groups"].toInt());
     at::Tensor grad_input, grad_weight;
     if (need[kInput] || need[kWeight]) {
       std::tie(grad_input, grad_weight) = conv_transpose3d_backward(
-          dz, input, weight, {stride, padding, output_padding, dilation, ctx->saved_data["groups"].toInt()},
+          std::move(dz), input, weight, {stride, padding, output_padding, dilation, ctx->saved_data["groups"].toInt()},
           {need[kInput], need[kWeight]});
     }
 

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <utility>
+#include <vector>
 
 namespace cutlassfuse {
 
@@ -14,13 +15,14 @@ struct ConvTransposeShape {
   int64_t groups;
 };
 
-// Where the weight's extent equals the stride, without padding, output padding,
-// dilation or groups, each input pixel alone makes a disjoint block of output pixels:
-// both gradients are single GEMMs over the input pixels with dz in space-to-depth
-// order, [pixels, blocks * Cout]: dx = dz' W'^T, dW' = x^T dz' (W' the weight as
-// [Cin, blocks * Cout]). Elsewhere ATen's convolution_backward (cuDNN on CUDA, under
-// PyTorch's switches). Only the gradients `need` asks for are computed.
-std::pair<at::Tensor, at::Tensor> conv_transpose3d_backward(const at::Tensor& dz, const at::Tensor& input,
+// ATen's convolution_backward (cuDNN on CUDA, under PyTorch's switches). In float16 and
+// bfloat16 on CUDA its operands go channels-last, where cuDNN's kernels run without
+// layout changes of their own (dz already is: relu_group_norm_backward writes it so),
+// and the input gradient comes back in the input's memory format; the changes go through
+// convert_memory_format. Only the gradients `need` asks for are computed. dz is taken
+// over, and released with the channels-last input before the input gradient's layout
+// change, so that the peak holds one of the three.
+std::pair<at::Tensor, at::Tensor> conv_transpose3d_backward(at::Tensor dz, const at::Tensor& input,
                                                             const at::Tensor& weight, const ConvTransposeShape& shape,
                                                             std::array<bool, 2> need);
 

@@ -50,4 +50,12 @@ inline const c10::TypedOperatorHandle<BackwardSignature>& relu_group_norm_backwa
   return op;
 }
 
+using ConvertMemoryFormatSignature = at::Tensor(const at::Tensor& self, bool channels_last);
+inline const c10::TypedOperatorHandle<ConvertMemoryFormatSignature>& convert_memory_format_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("cutlassfuse::convert_memory_format", "")
+                             .typed<ConvertMemoryFormatSignature>();
+  return op;
+}
+
 }  // namespace cutlassfuse

@@ -45,9 +45,11 @@ ForwardForBackward reference_forward_for_backward(const OpArgs& a) {
   const at::Tensor y = activation_of(a);
   const at::ScalarType type = y.scalar_type();
   const auto [n, c, pixels] = group_norm_extents(y);
-  const auto [out, mean, rstd] =
-      at::native_group_norm(y.contiguous(y.suggest_memory_format()), as_type(a.norm_weight, type),
-                            as_type(a.norm_bias, type), n, c, pixels, a.num_groups, a.eps);
+  // at::group_norm's layout rule: the CPU kernel reads either format, the CUDA one only
+  // the contiguous one.
+  const at::MemoryFormat format = y.is_cpu() ? y.suggest_memory_format() : at::MemoryFormat::Contiguous;
+  const auto [out, mean, rstd] = at::native_group_norm(y.contiguous(format), as_type(a.norm_weight, type),
+                                                       as_type(a.norm_bias, type), n, c, pixels, a.num_groups, a.eps);
   return {out.contiguous(output_memory_format(a.input, a.weight)), y.contiguous(at::MemoryFormat::ChannelsLast3d),
           mean.to(statistics_type(type)).view({n, a.num_groups}),
           rstd.to(statistics_type(type)).view({n, a.num_groups})};
@@ -59,17 +61,22 @@ ReluGroupNormGradients reference_relu_group_norm_backward(const at::Tensor& grad
                                                           int64_t num_groups) {
   const at::ScalarType type = activation.scalar_type();
   const auto [n, c, pixels] = group_norm_extents(activation);
-  // Without gamma GroupNorm's input gradient is that of gamma = 1; with it given, the
+  // ATen's CUDA kernel reads both tensors in the contiguous layout. Without gamma
+  // GroupNorm's input gradient is that of gamma = 1; with it given, the
   // kernel also returns gamma's and beta's gradients.
   const at::Tensor gamma =
       norm_weight.has_value() && norm_weight->defined() ? norm_weight->to(type) : at::ones({c}, activation.options());
   const auto [da, dgamma, dbeta] =
-      at::native_group_norm_backward(grad_output.contiguous(at::MemoryFormat::ChannelsLast3d), activation,
-                                     mean.to(type), rstd.to(type), gamma, n, c, pixels, num_groups, {true, true, true});
+      at::native_group_norm_backward(grad_output.contiguous(), activation.contiguous(), mean.to(type), rstd.to(type),
+                                     gamma, n, c, pixels, num_groups, {true, true, true});
   // ReLU passes the gradient where its output is positive.
   const at::Tensor dz = at::threshold_backward(da, activation, 0).contiguous(at::MemoryFormat::ChannelsLast3d);
   const at::ScalarType statistics = statistics_type(type);
   return {dz, dgamma.to(statistics), dbeta.to(statistics), dz.sum({0, 2, 3, 4}, /*keepdim=*/false, statistics)};
+}
+
+at::Tensor reference_convert_memory_format(const at::Tensor& self, bool channels_last) {
+  return self.clone(channels_last ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::Contiguous);
 }
 
 }  // namespace cutlassfuse

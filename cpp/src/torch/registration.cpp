@@ -154,6 +154,9 @@ TORCH_LIBRARY(cutlassfuse, m) {
   m.def(
       "relu_group_norm_backward(Tensor grad_output, Tensor activation, Tensor mean, Tensor rstd, Tensor? norm_weight, "
       "int num_groups) -> (Tensor, Tensor, Tensor, Tensor)");
+  // A new copy of a tensor in channels_last_3d or the contiguous format (the backward's
+  // layout changes, at memory bandwidth on CUDA).
+  m.def("convert_memory_format(Tensor self, bool channels_last) -> Tensor");
   // How float32 calls compute the convolution (settings.h); "pytorch" by default.
   m.def("set_float32_mode(str mode) -> ()", &set_float32_mode_by_name);
   m.def("float32_mode() -> str", &float32_mode_name_now);
@@ -180,6 +183,7 @@ TORCH_LIBRARY_IMPL(cutlassfuse, CPU, m) {
   m.impl("conv_transpose3d_relu_group_norm", &kernel<at::Tensor, &forward_reference>);
   m.impl("conv_transpose3d_relu_group_norm_for_backward", &kernel<ForwardForBackward, &forward_for_backward_reference>);
   m.impl("relu_group_norm_backward", &reference_relu_group_norm_backward);
+  m.impl("convert_memory_format", &reference_convert_memory_format);
   m.impl("explain", &kernel<std::string, &explain_reference>);
 }
 
@@ -191,12 +195,14 @@ TORCH_LIBRARY_IMPL(cutlassfuse, CUDA, m) {
   m.impl("conv_transpose3d_relu_group_norm", &kernel<at::Tensor, &forward_cuda>);
   m.impl("conv_transpose3d_relu_group_norm_for_backward", &kernel<ForwardForBackward, &forward_for_backward_cuda>);
   m.impl("relu_group_norm_backward", &relu_group_norm_backward_cuda);
+  m.impl("convert_memory_format", &convert_memory_format_cuda);
   m.impl("explain", &kernel<std::string, &explain_cuda>);
   m.impl("conv_transpose3d_cutlass", &kernel<at::Tensor, &cutlass_dgrad_plain>);
 #else
   m.impl("conv_transpose3d_relu_group_norm", &kernel<at::Tensor, &forward_reference>);
   m.impl("conv_transpose3d_relu_group_norm_for_backward", &kernel<ForwardForBackward, &forward_for_backward_reference>);
   m.impl("relu_group_norm_backward", &reference_relu_group_norm_backward);
+  m.impl("convert_memory_format", &reference_convert_memory_format);
   m.impl("explain", &kernel<std::string, &explain_reference>);
 #endif
 }

@@ -1,7 +1,7 @@
-// Layout conversions of the deconvolution's operands: the input from NCDHW (PyTorch's
-// default) to the NDHWC the tensor-core kernel reads through TMA, one pass at memory
-// bandwidth (ATen's generic permuted copy runs at a fifth of it on this access
-// pattern); the bias repeated per block of the pixel-shuffle GEMM's columns.
+// Layout conversions: the deconvolution's input from NCDHW (PyTorch's default) to the
+// NDHWC the tensor-core kernel reads through TMA, the backward's tensors both ways, one
+// pass at memory bandwidth (ATen's generic permuted copy runs at a fifth of it on this
+// access pattern); the bias repeated per block of the pixel-shuffle GEMM's columns.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -15,6 +15,11 @@ namespace cutlassfuse {
 // src: [batch, channels, spatial] packed; dst: [batch, spatial, channels] packed.
 // channels must be a multiple of 8 (16-byte stores).
 void ncdhw_to_ndhwc(ElementType element, const void* src, void* dst, int64_t batch, int64_t channels, int64_t spatial,
+                    cudaStream_t stream);
+
+// The inverse: src [batch, spatial, channels] packed; dst [batch, channels, spatial] packed.
+// channels % 8 == 0 (16-byte loads).
+void ndhwc_to_ncdhw(ElementType element, const void* src, void* dst, int64_t batch, int64_t channels, int64_t spatial,
                     cudaStream_t stream);
 
 // The float32 path's left operand in one pass: src float32, [batch, channels, spatial]

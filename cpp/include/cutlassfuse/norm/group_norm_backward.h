@@ -2,7 +2,8 @@
 // and what the forward kept (the activation a = ReLU(z), z the convolution with its
 // bias, and per-(sample, group) mean and rstd), the gradient of z, gamma, beta and the
 // convolution's bias. a and dy are [batch, spatial, channels] (channels-last), any
-// channel count; every sum is fp32, in a fixed order (no atomics), so results repeat
+// channel count (16-byte accesses of 8 channels where the channels and pointers allow);
+// every sum is fp32, in a fixed order (no atomics), so results repeat
 // bit for bit.
 //   1. sums:         per (sample, chunk of pixels, channel): sum dy and sum dy * a;
 //   2. coefficients: per (sample, group): those sums over the chunks and the group's
@@ -47,6 +48,7 @@ void relu_group_norm_backward_coefficients(const GroupNormBackwardShape& shape, 
                                            const void* gamma, ElementType affine_element,
                                            const GroupNormBackwardTerms& terms, cudaStream_t stream);
 
+// grad_pre_activation may be dy itself (written in place).
 void relu_group_norm_backward_grad(ElementType element, const void* dy, const void* activation,
                                    const GroupNormBackwardShape& shape, const GroupNormBackwardTerms& terms,
                                    void* grad_pre_activation, cudaStream_t stream);
