@@ -1,10 +1,10 @@
 """One training step of each benchmark layer: forward, then backward with a given output
 gradient, every parameter's gradient and the input's. cutlassfuse's module against the
 PyTorch modules it replaces (ConvTranspose3d with its default bias, ReLU, GroupNorm:
-eager, and torch.compile of them), holding the same parameters: the median over
-alternating rounds of each model's median step time, the memory kept from forward to
-backward (beyond the output) and the step's peak, with the max abs difference of the
-input gradient from eager's.
+eager, and torch.compile of them), and with recompute=True ("recompute"), all holding
+the same parameters: the median over alternating rounds of each model's median step
+time, the memory kept from forward to backward (beyond the output) and the step's peak,
+with the max abs difference of the input gradient from eager's.
 
     python benchmarks/training_step.py [--shapes kb61,unet_k2s2] [--dtypes float16,bfloat16] [--no-compile]
     python benchmarks/training_step.py --device cpu --tiny   # checks the script where there is no GPU
@@ -18,6 +18,7 @@ import statistics
 import torch
 from torch import nn
 
+from cutlassfuse import ConvTranspose3dReLUGroupNorm
 from cutlassfuse.bench import DEFAULT_SHAPES, BenchShape, layer_models, parse_shape
 from cutlassfuse.benchmarking import median_ms
 
@@ -51,7 +52,8 @@ def run_case(shape: BenchShape, dtype: torch.dtype, device: torch.device, *, wit
     eager, fused = layer_models(shape, dtype, device)
     eager.train()
     fused.train()
-    models = {"eager": eager, "cutlassfuse": fused}
+    recompute = ConvTranspose3dReLUGroupNorm.from_modules(eager[0], eager[2], recompute=True)
+    models = {"eager": eager, "cutlassfuse": fused, "recompute": recompute}
     if with_compile:
         models["torch.compile"] = torch.compile(eager)
     generator = torch.Generator(device=device).manual_seed(0)

@@ -12,7 +12,7 @@ OP = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm.default
 TENSORS = ("input", "weight", "bias", "norm_weight", "norm_bias")
 
 # Layers of two samples (make_inputs keywords): strides, padding, dilation, conv groups, bias and affine off,
-# kernel == stride (both convolution gradients as GEMMs).
+# kernel == stride.
 CONFIGS = [
     dict(in_channels=4, out_channels=6, size=(2, 3, 2), kernel=(2, 1, 3), stride=(2, 1, 3), num_groups=3),
     dict(in_channels=4, out_channels=6, size=(3, 3, 3), kernel=2, num_groups=3),
@@ -117,3 +117,37 @@ def test_module_trains():
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0]
+
+
+def saved_sizes(module, x) -> tuple[list[int], torch.Tensor]:
+    """The element counts of the tensors autograd saves for the backward of module(x), and
+    its output."""
+    sizes = []
+
+    def pack(t):
+        sizes.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = module(x)
+    return sizes, out
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_recompute_keeps_only_the_input_and_gives_the_same_gradients(dtype):
+    torch.manual_seed(0)
+    kept = cutlassfuse.ConvTranspose3dReLUGroupNorm(4, 8, 3, 2, bias=True, stride=2, padding=1).to(dtype)
+    recomputed = cutlassfuse.ConvTranspose3dReLUGroupNorm.from_modules(kept.conv_transpose, kept.group_norm,
+                                                                       recompute=True)
+    x = torch.randn(2, 4, 3, 4, 3, dtype=dtype, requires_grad=True)
+    grads = []
+    for module in (kept, recomputed):
+        sizes, out = saved_sizes(module, x)
+        # The activation (the output's size) is saved only without recompute.
+        assert (out.numel() in sizes) == (module is kept), sizes
+        grad = torch.autograd.grad(out, [x, *module.parameters()], torch.ones_like(out))
+        grads.append(grad)
+    for got, want in zip(*grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(recomputed(x), kept(x), rtol=0, atol=0)

@@ -52,3 +52,15 @@ def test_functional_under_compile_with_dynamic_shapes():
     for size in (3, 5):
         x = torch.rand(1, 4, size, size, size)
         torch.testing.assert_close(compiled(x), f(x))
+
+
+def test_recompute_under_compile_fullgraph():
+    torch.manual_seed(0)
+    module = cutlassfuse.ConvTranspose3dReLUGroupNorm(4, 8, 3, 2, bias=True, stride=2, padding=1, recompute=True)
+    kept = cutlassfuse.ConvTranspose3dReLUGroupNorm.from_modules(module.conv_transpose, module.group_norm)
+    x = torch.randn(2, 4, 3, 4, 3, requires_grad=True)
+    compiled = torch.compile(module, backend="aot_eager", fullgraph=True)
+    got = torch.autograd.grad(compiled(x).sum(), [x, *module.parameters()])
+    want = torch.autograd.grad(kept(x).sum(), [x, *kept.parameters()])
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.fx
+import torch.utils.checkpoint
 from torch import Tensor, nn
 from torch.nn.common_types import _size_3_t
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -59,6 +60,11 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
     ``conv_transpose`` (an ``nn.ConvTranspose3d``) and ``group_norm`` (an
     ``nn.GroupNorm``), created in that order, so state_dict keys and same-seed
     initialisation are exactly those of the original model.
+
+    ``recompute=True`` trades time for memory in training: the forward keeps only its
+    input for the backward (not the activation and the GroupNorm statistics, the
+    output's size), and the backward runs the fused forward again to get them back
+    (``torch.utils.checkpoint``, non-reentrant). Inference is unaffected.
     """
 
     def __init__(
@@ -76,10 +82,12 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
         conv_groups: int = 1,
         eps: float = 1e-5,
         affine: bool = True,
+        recompute: bool = False,
         device=None,
         dtype=None,
     ) -> None:
         super().__init__()
+        self.recompute = recompute
         factory = {"device": device, "dtype": dtype}
         self.conv_transpose = nn.ConvTranspose3d(
             in_channels, out_channels, kernel_size, stride=stride, padding=padding,
@@ -88,7 +96,8 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
         self._packed: dict[str, PackedCopy] = {}
 
     @classmethod
-    def from_modules(cls, conv: nn.ConvTranspose3d, norm: nn.GroupNorm) -> ConvTranspose3dReLUGroupNorm:
+    def from_modules(cls, conv: nn.ConvTranspose3d, norm: nn.GroupNorm, *,
+                     recompute: bool = False) -> ConvTranspose3dReLUGroupNorm:
         """The fused block around existing modules: their very parameters (and hooks,
         and optimizer state keyed on them) are kept, not copied."""
         if conv.padding_mode != "zeros":
@@ -101,6 +110,7 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
         block.training = conv.training  # the mode of the layers it stands in for
         block.conv_transpose = conv
         block.group_norm = norm
+        block.recompute = recompute
         block._packed = {}
         return block
 
@@ -143,11 +153,19 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
     def forward(self, x: Tensor, output_size: list[int] | None = None) -> Tensor:
         """``output_size`` as in ``nn.ConvTranspose3d.forward``: picks the output padding
         that gives this (D, H, W) (U-Net decoders pass the skip connection's size)."""
-        conv, norm = self.conv_transpose, self.group_norm
+        conv = self.conv_transpose
         output_padding = conv.output_padding
         if output_size is not None:
             output_padding = tuple(conv._output_padding(x, output_size, conv.stride, conv.padding, conv.kernel_size, 3,
                                                         conv.dilation))
+        if self.recompute and torch.is_grad_enabled():
+            # Keeps nothing but the input for the backward, which runs the fused forward
+            # again to get the activation and the statistics back.
+            return torch.utils.checkpoint.checkpoint(self._call, x, output_padding, use_reentrant=False)
+        return self._call(x, output_padding)
+
+    def _call(self, x: Tensor, output_padding: tuple[int, ...]) -> Tensor:
+        conv, norm = self.conv_transpose, self.group_norm
         # The op itself, not the functional wrapper: nn.ConvTranspose3d already holds its
         # options as 3-tuples, and small calls are bound by the host's time per call.
         return _OP(x, conv.weight, conv.bias, norm.weight, norm.bias, norm.num_groups, norm.eps, conv.stride,
