@@ -1,6 +1,6 @@
 """The ops behind the backward: the forward that keeps what the backward reads, and the
-ReLU + GroupNorm backward, against eager autograd in float64, and the layout copy between
-them and cuDNN, through opcheck."""
+ReLU + GroupNorm backward, against eager autograd in float64, the layout copy between
+them and cuDNN, and the convolution's gradients, through opcheck."""
 
 import pytest
 import torch
@@ -12,6 +12,8 @@ FOR_BACKWARD = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm_for_backwa
 BACKWARD = torch.ops.cutlassfuse.relu_group_norm_backward.default
 OP = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm.default
 CONVERT = torch.ops.cutlassfuse.convert_memory_format.default
+INPUT_GRAD = torch.ops.cutlassfuse.conv_transpose3d_input_grad.default
+WEIGHT_GRAD = torch.ops.cutlassfuse.conv_transpose3d_weight_grad.default
 
 CONFIGS = [
     dict(in_channels=4, out_channels=6, size=(3, 3, 3), kernel=2, num_groups=3),
@@ -80,3 +82,28 @@ def test_convert_memory_format(channels_last):
     assert converted.is_contiguous(memory_format=expected) and torch.equal(converted, x)
     assert converted.data_ptr() != source.data_ptr()
     torch.library.opcheck(CONVERT, (source, channels_last))
+
+
+GRADIENT_LAYERS = [
+    dict(in_channels=8, out_channels=8, size=(3, 3, 3), kernel=4, stride=2, padding=1, num_groups=2),
+    dict(in_channels=8, out_channels=16, size=(2, 3, 2), kernel=3, stride=2, padding=1, output_padding=1,
+         num_groups=4),
+    dict(in_channels=4, out_channels=8, size=(3, 2, 3), kernel=2, stride=2, num_groups=2, channels_last=True),
+]
+
+
+@pytest.mark.parametrize("layer", GRADIENT_LAYERS, ids=range(len(GRADIENT_LAYERS)))
+def test_convolution_gradient_ops(layer):
+    a = call(layer)
+    geometry = (a["stride"], a["padding"], a["output_padding"], a["groups"], a["dilation"])
+    z = F.conv_transpose3d(a["input"], a["weight"], None, a["stride"], a["padding"], a["output_padding"],
+                           a["groups"], a["dilation"])
+    grad = torch.randn_like(z)
+    x = a["input"].detach().requires_grad_()
+    w = a["weight"].detach().requires_grad_()
+    F.conv_transpose3d(x, w, None, *geometry[:3], a["groups"], a["dilation"]).backward(grad)
+    for op, want in ((INPUT_GRAD, x.grad), (WEIGHT_GRAD, w.grad)):
+        got = op(grad, a["input"], a["weight"], *geometry)
+        assert got.is_contiguous(memory_format=torch.channels_last_3d)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        torch.library.opcheck(op, (grad.float(), a["input"].float(), a["weight"].float(), *geometry))

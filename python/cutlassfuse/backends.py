@@ -15,6 +15,9 @@ configuration against another, a kernel feature on and off):
   tiles statically instead of drawing them from a counter.
 - ``phase_streams`` (1): spreads a strided call's sub-pixel phases over 1 to 8 streams,
   forked from and joined back into the current stream.
+- ``cutlass_conv_gradients`` (False): True runs the backward's convolution gradients
+  (float16/bfloat16 on sm_90) through this project's CUTLASS kernels where they take the
+  layer, instead of cuDNN.
 
 ``cutlassfuse.explain(...)`` reports what a call runs under the current flags.
 """
@@ -26,7 +29,8 @@ from collections.abc import Iterator
 
 import torch
 
-_NAMES = ("fused_path", "dgrad_config", "skip_border_taps", "drawn_tile_schedule", "phase_streams")
+_NAMES = ("fused_path", "dgrad_config", "skip_border_taps", "drawn_tile_schedule", "phase_streams",
+          "cutlass_conv_gradients")
 
 
 def get_flags() -> dict[str, bool | str | int]:
@@ -36,21 +40,23 @@ def get_flags() -> dict[str, bool | str | int]:
 
 def set_flags(*, fused_path: bool | None = None, dgrad_config: str | None = None,
               skip_border_taps: bool | None = None, drawn_tile_schedule: bool | None = None,
-              phase_streams: int | None = None) -> dict[str, bool | str | int]:
+              phase_streams: int | None = None,
+              cutlass_conv_gradients: bool | None = None) -> dict[str, bool | str | int]:
     """Sets the flags given (None leaves one as it is) in one step; returns the previous
     flags."""
     previous = torch.ops.cutlassfuse.set_backend_flags(fused_path, dgrad_config, skip_border_taps,
-                                                       drawn_tile_schedule, phase_streams)
+                                                       drawn_tile_schedule, phase_streams, cutlass_conv_gradients)
     return dict(zip(_NAMES, previous, strict=True))
 
 
 @contextlib.contextmanager
 def flags(*, fused_path: bool | None = None, dgrad_config: str | None = None,
           skip_border_taps: bool | None = None, drawn_tile_schedule: bool | None = None,
-          phase_streams: int | None = None) -> Iterator[None]:
+          phase_streams: int | None = None, cutlass_conv_gradients: bool | None = None) -> Iterator[None]:
     """``set_flags(...)`` inside the ``with`` block; every flag as before after it."""
     previous = set_flags(fused_path=fused_path, dgrad_config=dgrad_config, skip_border_taps=skip_border_taps,
-                         drawn_tile_schedule=drawn_tile_schedule, phase_streams=phase_streams)
+                         drawn_tile_schedule=drawn_tile_schedule, phase_streams=phase_streams,
+                         cutlass_conv_gradients=cutlass_conv_gradients)
     try:
         yield
     finally:

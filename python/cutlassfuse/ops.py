@@ -17,6 +17,8 @@ _OP = "cutlassfuse::conv_transpose3d_relu_group_norm"
 _OP_FOR_BACKWARD = "cutlassfuse::conv_transpose3d_relu_group_norm_for_backward"
 _BACKWARD = "cutlassfuse::relu_group_norm_backward"
 _CONVERT_MEMORY_FORMAT = "cutlassfuse::convert_memory_format"
+_INPUT_GRAD = "cutlassfuse::conv_transpose3d_input_grad"
+_WEIGHT_GRAD = "cutlassfuse::conv_transpose3d_weight_grad"
 
 
 def _triple(value: IntOrTriple, name: str) -> list[int]:
@@ -257,6 +259,18 @@ def _relu_group_norm_backward_fake(grad_output, activation, mean, rstd, norm_wei
 def _convert_memory_format_fake(self, channels_last):
     """A new tensor like self in channels_last_3d or the contiguous format."""
     return torch.empty_like(self, memory_format=torch.channels_last_3d if channels_last else torch.contiguous_format)
+
+
+@torch.library.register_fake(_INPUT_GRAD)
+def _input_grad_fake(grad_output, input, weight, stride, padding, output_padding, groups, dilation):
+    """The transposed convolution's input gradient: like the input, channels_last_3d."""
+    return torch.empty_like(input, memory_format=torch.channels_last_3d)
+
+
+@torch.library.register_fake(_WEIGHT_GRAD)
+def _weight_grad_fake(grad_output, input, weight, stride, padding, output_padding, groups, dilation):
+    """The transposed convolution's weight gradient: like the weight, channels_last_3d."""
+    return torch.empty_like(weight, memory_format=torch.channels_last_3d)
 
 
 def _statistics_dtype(dtype: torch.dtype) -> torch.dtype:

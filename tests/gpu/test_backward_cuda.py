@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import cutlassfuse
+from cutlassfuse import backends
 from cutlassfuse.testing import errors, make_inputs, poison_cuda_allocator
 
 pytestmark = pytest.mark.gpu
@@ -65,9 +66,7 @@ def with_signed_gamma(a: dict) -> dict:
     return a
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
-@pytest.mark.parametrize("layer", LAYERS, ids=range(len(LAYERS)))
-def test_gradients_no_further_from_float64_than_eager(layer: dict, dtype: torch.dtype):
+def check_against_float64(layer: dict, dtype: torch.dtype) -> None:
     a = with_signed_gamma(make_inputs(**layer, dtype=dtype, device="cuda"))
     reference = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in a.items()}
     grad = torch.randn(eager(reference).shape, device="cuda", dtype=torch.float64)
@@ -77,6 +76,35 @@ def test_gradients_no_further_from_float64_than_eager(layer: dict, dtype: torch.
         error, eager_error = errors(mine[name], expected).max_abs, errors(theirs[name], expected).max_abs
         floor = FLOOR[dtype] * expected.abs().max().item()
         assert error <= 1.25 * eager_error + floor, f"{name}: {error:.3e} against eager's {eager_error:.3e}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("layer", LAYERS, ids=range(len(LAYERS)))
+def test_gradients_no_further_from_float64_than_eager(layer: dict, dtype: torch.dtype):
+    check_against_float64(layer, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("layer", LAYERS, ids=range(len(LAYERS)))
+def test_cutlass_convolution_gradients_no_further_from_float64_than_eager(layer: dict, dtype: torch.dtype):
+    with backends.flags(cutlass_conv_gradients=True):
+        check_against_float64(layer, dtype)
+
+
+@pytest.mark.parametrize("cutlass", [False, True], ids=["cudnn", "cutlass"])
+def test_convolution_gradients_run_where_asked(cutlass: bool):
+    """With the flag, a strided float16 layer's two convolution gradients are this
+    project's CUTLASS kernels (CUTLASS's ConvUniversal kernel layer); without it, none."""
+    a = make_inputs(batch=2, in_channels=32, out_channels=64, size=(6, 6, 6), kernel=4, stride=2, padding=1,
+                    num_groups=8, dtype=torch.float16, device="cuda", requires_grad=True)
+    out = ours(a)
+    grad = torch.randn_like(out)
+    with backends.flags(cutlass_conv_gradients=cutlass), \
+            torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        out.backward(grad)
+        torch.cuda.synchronize()
+    names = [e.name for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert sum("ConvUniversal" in n for n in names) == (2 if cutlass else 0), names
 
 
 @pytest.mark.parametrize("layer", LAYERS[:6], ids=range(6))

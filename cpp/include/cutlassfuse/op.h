@@ -70,6 +70,22 @@ ReluGroupNormGradients reference_relu_group_norm_backward(const at::Tensor& grad
 // (the backward's layout changes between the kernels and cuDNN's channels-last algorithms).
 at::Tensor reference_convert_memory_format(const at::Tensor& self, bool channels_last);
 
+// A transposed convolution's geometry, as the backward's convolution-gradient ops take it.
+struct ConvTransposeGeometry {
+  at::IntArrayRef stride, padding, output_padding, dilation;
+  int64_t groups;
+};
+// The Problem of ConvTranspose3d(input, weight) with that geometry (the GroupNorm fields
+// left at their defaults); symbolic sizes are specialized.
+Problem conv_transpose_problem(const at::Tensor& input, const at::Tensor& weight, const ConvTransposeGeometry& g);
+
+// The gradients of ConvTranspose3d(input, weight) from grad_output through ATen's
+// convolution_backward: the input's (channels-last) and the weight's (channels-last).
+at::Tensor reference_conv_transpose3d_input_grad(const at::Tensor& grad_output, const at::Tensor& input,
+                                                 const at::Tensor& weight, const ConvTransposeGeometry& g);
+at::Tensor reference_conv_transpose3d_weight_grad(const at::Tensor& grad_output, const at::Tensor& input,
+                                                  const at::Tensor& weight, const ConvTransposeGeometry& g);
+
 // What explain() says of calls that run reference_forward.
 inline constexpr const char* kReferenceDescription = "reference: ATen conv_transpose3d + relu + group_norm";
 
@@ -85,6 +101,12 @@ ReluGroupNormGradients relu_group_norm_backward_cuda(const at::Tensor& grad_outp
 // reference_convert_memory_format, through this project's transposes (common/layout.h)
 // for 5-D float16 and bfloat16 tensors between NCDHW and NDHWC.
 at::Tensor convert_memory_format_cuda(const at::Tensor& self, bool channels_last);
+// The reference_conv_transpose3d_*_grad results through this project's CUTLASS kernels
+// (sm90/conv_gradients.h); raise where those do not take the layer.
+at::Tensor cutlass_conv_transpose3d_input_grad(const at::Tensor& grad_output, const at::Tensor& input,
+                                               const at::Tensor& weight, const ConvTransposeGeometry& g);
+at::Tensor cutlass_conv_transpose3d_weight_grad(const at::Tensor& grad_output, const at::Tensor& input,
+                                                const at::Tensor& weight, const ConvTransposeGeometry& g);
 // Which path forward_cuda takes for these arguments, what it runs, and why the paths
 // preferred to it do not take the call.
 std::string explain_cuda(const OpArgs& args);

@@ -42,6 +42,9 @@ struct BackendFlags {
   // where that pays; false: each walks a static list.
   bool drawn_tile_schedule = true;
   int64_t phase_streams = 1;  // streams a call's sub-pixel phases are spread over, 1 to 8
+  // The backward's convolution gradients through this project's CUTLASS kernels
+  // (sm90/conv_gradients.h) where they take the layer; false: cuDNN.
+  bool cutlass_conv_gradients = false;
 };
 inline constexpr int64_t kMaxPhaseStreams = 8;
 

@@ -6,24 +6,22 @@
 
 #include <array>
 #include <utility>
-#include <vector>
+
+#include "cutlassfuse/op.h"
 
 namespace cutlassfuse {
 
-struct ConvTransposeShape {
-  std::vector<int64_t> stride, padding, output_padding, dilation;
-  int64_t groups;
-};
-
-// ATen's convolution_backward (cuDNN on CUDA, under PyTorch's switches). In float16 and
-// bfloat16 on CUDA its operands go channels-last, where cuDNN's kernels run without
-// layout changes of their own (dz already is: relu_group_norm_backward writes it so),
-// and the input gradient comes back in the input's memory format; the changes go through
+// ATen's convolution_backward (cuDNN on CUDA, under PyTorch's switches), or, where
+// cutlassfuse.backends asks for them and they take the layer, this project's CUTLASS
+// conv-gradient kernels (conv_transpose3d_input_grad / _weight_grad). In float16 and
+// bfloat16 on CUDA the operands go channels-last, where the kernels run without layout
+// changes of their own (dz already is: relu_group_norm_backward writes it so), and the
+// input gradient comes back in the input's memory format; the changes go through
 // convert_memory_format. Only the gradients `need` asks for are computed. dz is taken
 // over, and released with the channels-last input before the input gradient's layout
 // change, so that the peak holds one of the three.
 std::pair<at::Tensor, at::Tensor> conv_transpose3d_backward(at::Tensor dz, const at::Tensor& input,
-                                                            const at::Tensor& weight, const ConvTransposeShape& shape,
+                                                            const at::Tensor& weight, const ConvTransposeGeometry& g,
                                                             std::array<bool, 2> need);
 
 }  // namespace cutlassfuse

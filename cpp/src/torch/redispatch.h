@@ -58,4 +58,20 @@ inline const c10::TypedOperatorHandle<ConvertMemoryFormatSignature>& convert_mem
   return op;
 }
 
+using GradientSignature = at::Tensor(const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+                                     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef output_padding,
+                                     int64_t groups, at::IntArrayRef dilation);
+inline const c10::TypedOperatorHandle<GradientSignature>& input_grad_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("cutlassfuse::conv_transpose3d_input_grad", "")
+                             .typed<GradientSignature>();
+  return op;
+}
+inline const c10::TypedOperatorHandle<GradientSignature>& weight_grad_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("cutlassfuse::conv_transpose3d_weight_grad", "")
+                             .typed<GradientSignature>();
+  return op;
+}
+
 }  // namespace cutlassfuse

@@ -79,4 +79,50 @@ at::Tensor reference_convert_memory_format(const at::Tensor& self, bool channels
   return self.clone(channels_last ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::Contiguous);
 }
 
+Problem conv_transpose_problem(const at::Tensor& input, const at::Tensor& weight, const ConvTransposeGeometry& g) {
+  const auto size = [](const at::Tensor& t, int64_t dim) { return t.sym_size(dim).guard_int(__FILE__, __LINE__); };
+  Problem p;
+  p.batch = size(input, 0);
+  p.in_channels = size(input, 1);
+  p.out_channels = size(weight, 1) * g.groups;
+  p.conv_groups = g.groups;
+  for (int i = 0; i < 3; ++i) {
+    p.input_size[i] = size(input, 2 + i);
+    p.kernel_size[i] = size(weight, 2 + i);
+    p.stride[i] = g.stride[i];
+    p.padding[i] = g.padding[i];
+    p.output_padding[i] = g.output_padding[i];
+    p.dilation[i] = g.dilation[i];
+    p.output_size[i] = transposed_conv_output_extent(p.input_size[i], p.kernel_size[i], p.stride[i], p.padding[i],
+                                                     p.output_padding[i], p.dilation[i]);
+  }
+  return p;
+}
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_gradients(const at::Tensor& grad_output,
+                                                                     const at::Tensor& input, const at::Tensor& weight,
+                                                                     const ConvTransposeGeometry& g,
+                                                                     std::array<bool, 3> mask) {
+  return at::convolution_backward_symint(grad_output, input, weight, std::nullopt, c10::fromIntArrayRefSlow(g.stride),
+                                         c10::fromIntArrayRefSlow(g.padding), c10::fromIntArrayRefSlow(g.dilation),
+                                         /*transposed=*/true, c10::fromIntArrayRefSlow(g.output_padding), g.groups,
+                                         mask);
+}
+
+}  // namespace
+
+at::Tensor reference_conv_transpose3d_input_grad(const at::Tensor& grad_output, const at::Tensor& input,
+                                                 const at::Tensor& weight, const ConvTransposeGeometry& g) {
+  return std::get<0>(convolution_gradients(grad_output, input, weight, g, {true, false, false}))
+      .contiguous(at::MemoryFormat::ChannelsLast3d);
+}
+
+at::Tensor reference_conv_transpose3d_weight_grad(const at::Tensor& grad_output, const at::Tensor& input,
+                                                  const at::Tensor& weight, const ConvTransposeGeometry& g) {
+  return std::get<1>(convolution_gradients(grad_output, input, weight, g, {false, true, false}))
+      .contiguous(at::MemoryFormat::ChannelsLast3d);
+}
+
 }  // namespace cutlassfuse

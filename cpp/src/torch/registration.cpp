@@ -27,6 +27,14 @@ Result kernel(const at::Tensor& input, const at::Tensor& weight, const std::opti
                dilation, packed_weight, packed_bias});
 }
 
+// The convolution-gradient ops' schema arguments as a geometry.
+template <at::Tensor (*Impl)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const ConvTransposeGeometry&)>
+at::Tensor gradient_kernel(const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+                           at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef output_padding,
+                           int64_t groups, at::IntArrayRef dilation) {
+  return Impl(grad_output, input, weight, {stride, padding, output_padding, dilation, groups});
+}
+
 ForwardForBackward forward_for_backward_reference(const OpArgs& args) {
   validate_and_describe(args);
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -115,23 +123,26 @@ std::optional<sm90::DgradConfig> dgrad_config_named(std::string_view name) {
   return config;
 }
 
-using FlagsTuple = std::tuple<bool, std::string, bool, bool, int64_t>;
+using FlagsTuple = std::tuple<bool, std::string, bool, bool, int64_t, bool>;
 
 FlagsTuple flags_tuple(const BackendFlags& f) {
-  return {f.fused_path, f.dgrad_config ? sm90::config_name(*f.dgrad_config) : "auto", f.skip_border_taps,
-          f.drawn_tile_schedule, f.phase_streams};
+  return {f.fused_path,       f.dgrad_config ? sm90::config_name(*f.dgrad_config) : "auto",
+          f.skip_border_taps, f.drawn_tile_schedule,
+          f.phase_streams,    f.cutlass_conv_gradients};
 }
 
 // Sets the flags given (absent ones keep theirs) in one step; returns the flags before.
 FlagsTuple set_backend_flags_from_schema(std::optional<bool> fused_path, std::optional<c10::string_view> dgrad_config,
                                          std::optional<bool> skip_border_taps, std::optional<bool> drawn_tile_schedule,
-                                         std::optional<int64_t> phase_streams) {
+                                         std::optional<int64_t> phase_streams,
+                                         std::optional<bool> cutlass_conv_gradients) {
   return flags_tuple(exchange_backend_flags([&](BackendFlags f) {
     f.fused_path = fused_path.value_or(f.fused_path);
     if (dgrad_config) f.dgrad_config = dgrad_config_named(*dgrad_config);
     f.skip_border_taps = skip_border_taps.value_or(f.skip_border_taps);
     f.drawn_tile_schedule = drawn_tile_schedule.value_or(f.drawn_tile_schedule);
     f.phase_streams = phase_streams.value_or(f.phase_streams);
+    f.cutlass_conv_gradients = cutlass_conv_gradients.value_or(f.cutlass_conv_gradients);
     return f;
   }));
 }
@@ -157,6 +168,14 @@ TORCH_LIBRARY(cutlassfuse, m) {
   // A new copy of a tensor in channels_last_3d or the contiguous format (the backward's
   // layout changes, at memory bandwidth on CUDA).
   m.def("convert_memory_format(Tensor self, bool channels_last) -> Tensor");
+  // The transposed convolution's input and weight gradients from its output's, each
+  // channels-last (the backward's, when the CUTLASS conv-gradient kernels take them).
+  m.def(
+      "conv_transpose3d_input_grad(Tensor grad_output, Tensor input, Tensor weight, int[3] stride, int[3] padding, "
+      "int[3] output_padding, int groups, int[3] dilation) -> Tensor");
+  m.def(
+      "conv_transpose3d_weight_grad(Tensor grad_output, Tensor input, Tensor weight, int[3] stride, int[3] padding, "
+      "int[3] output_padding, int groups, int[3] dilation) -> Tensor");
   // How float32 calls compute the convolution (settings.h); "pytorch" by default.
   m.def("set_float32_mode(str mode) -> ()", &set_float32_mode_by_name);
   m.def("float32_mode() -> str", &float32_mode_name_now);
@@ -164,9 +183,10 @@ TORCH_LIBRARY(cutlassfuse, m) {
   // one step, validated before any changes; returns the flags before.
   m.def(
       "set_backend_flags(bool? fused_path=None, str? dgrad_config=None, bool? skip_border_taps=None, "
-      "bool? drawn_tile_schedule=None, int? phase_streams=None) -> (bool, str, bool, bool, int)",
+      "bool? drawn_tile_schedule=None, int? phase_streams=None, bool? cutlass_conv_gradients=None) -> "
+      "(bool, str, bool, bool, int, bool)",
       &set_backend_flags_from_schema);
-  m.def("backend_flags() -> (bool, str, bool, bool, int)", &backend_flags_for_schema);
+  m.def("backend_flags() -> (bool, str, bool, bool, int, bool)", &backend_flags_for_schema);
   m.def("dgrad_configs() -> str[]", &dgrad_config_names);
   m.def(
       "subpixel_plan(int[3] input_size, int[3] kernel_size, int[3] stride, int[3] padding, int[3] output_padding, "
@@ -184,6 +204,8 @@ TORCH_LIBRARY_IMPL(cutlassfuse, CPU, m) {
   m.impl("conv_transpose3d_relu_group_norm_for_backward", &kernel<ForwardForBackward, &forward_for_backward_reference>);
   m.impl("relu_group_norm_backward", &reference_relu_group_norm_backward);
   m.impl("convert_memory_format", &reference_convert_memory_format);
+  m.impl("conv_transpose3d_input_grad", &gradient_kernel<&reference_conv_transpose3d_input_grad>);
+  m.impl("conv_transpose3d_weight_grad", &gradient_kernel<&reference_conv_transpose3d_weight_grad>);
   m.impl("explain", &kernel<std::string, &explain_reference>);
 }
 
@@ -196,6 +218,8 @@ TORCH_LIBRARY_IMPL(cutlassfuse, CUDA, m) {
   m.impl("conv_transpose3d_relu_group_norm_for_backward", &kernel<ForwardForBackward, &forward_for_backward_cuda>);
   m.impl("relu_group_norm_backward", &relu_group_norm_backward_cuda);
   m.impl("convert_memory_format", &convert_memory_format_cuda);
+  m.impl("conv_transpose3d_input_grad", &gradient_kernel<&cutlass_conv_transpose3d_input_grad>);
+  m.impl("conv_transpose3d_weight_grad", &gradient_kernel<&cutlass_conv_transpose3d_weight_grad>);
   m.impl("explain", &kernel<std::string, &explain_cuda>);
   m.impl("conv_transpose3d_cutlass", &kernel<at::Tensor, &cutlass_dgrad_plain>);
 #else
@@ -203,6 +227,8 @@ TORCH_LIBRARY_IMPL(cutlassfuse, CUDA, m) {
   m.impl("conv_transpose3d_relu_group_norm_for_backward", &kernel<ForwardForBackward, &forward_for_backward_reference>);
   m.impl("relu_group_norm_backward", &reference_relu_group_norm_backward);
   m.impl("convert_memory_format", &reference_convert_memory_format);
+  m.impl("conv_transpose3d_input_grad", &gradient_kernel<&reference_conv_transpose3d_input_grad>);
+  m.impl("conv_transpose3d_weight_grad", &gradient_kernel<&reference_conv_transpose3d_weight_grad>);
   m.impl("explain", &kernel<std::string, &explain_reference>);
 #endif
 }

@@ -1,0 +1,20 @@
+// The weight gradient of ConvTranspose3d on sm90 tensor cores (conv_gradients.h): the
+// filter gradient of the forward convolution of dz, x as its output gradient.
+#include "cutlassfuse/sm90/conv_gradient_kernels.cuh"
+#include "cutlassfuse/sm90/conv_gradients.h"
+
+namespace cutlassfuse::sm90 {
+
+template <>
+void conv_transpose_weight_gradient<MathMode::kFloat16>(const Problem& p, const void* dz, const void* x, void* dw,
+                                                        cudaStream_t stream) {
+  run_conv_gradient<cutlass::conv::Operator::kWgrad, cutlass::half_t>(p, x, dz, dw, stream);
+}
+
+template <>
+void conv_transpose_weight_gradient<MathMode::kBFloat16>(const Problem& p, const void* dz, const void* x, void* dw,
+                                                         cudaStream_t stream) {
+  run_conv_gradient<cutlass::conv::Operator::kWgrad, cutlass::bfloat16_t>(p, x, dz, dw, stream);
+}
+
+}  // namespace cutlassfuse::sm90
