@@ -25,6 +25,8 @@
 #        float32    benchmarks/float32_choice.py (accuracy and time of the fp32 choices)
 #        streams    benchmarks/phase_streams.py (sub-pixel phases on 1-8 streams)
 #        training   benchmarks/training_step.py
+#        gradients  benchmarks/conv_gradient_choice.py (the backward's convolution gradients,
+#                   CUTLASS against cuDNN per layer: the conv_gradients rule's data)
 #        examples   examples/*.py
 #        bench      python -m cutlassfuse bench (CSV, JSON, PNG)
 #        cli        every bench and profile option once on the GPU (small shapes)
@@ -185,6 +187,11 @@ if wanted training; then
   "$PYTHON" benchmarks/training_step.py 2>&1 | tee "$LOGS/training.log"
 fi
 
+if wanted gradients; then
+  step "convolution gradients: CUTLASS against cuDNN"
+  "$PYTHON" benchmarks/conv_gradient_choice.py 2>&1 | tee "$LOGS/gradients.log"
+fi
+
 if wanted examples; then
   step "examples"
   for example in examples/*.py; do
@@ -245,4 +252,5 @@ show float32.log cat "$LOGS/float32.log"
 show streams.log cat "$LOGS/streams.log"
 show bench-cli.log grep -E "^\[|cutlassfuse  |cutlassfuse fallback" "$LOGS/bench-cli.log"
 show training.log cat "$LOGS/training.log"
+show gradients.log cat "$LOGS/gradients.log"
 true

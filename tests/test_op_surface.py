@@ -90,7 +90,7 @@ def test_module_packs_nothing_on_cpu():
 REMOVED_SWITCHES = ["set_dgrad_config", "set_skip_border_taps", "set_drawn_tile_schedule", "set_fused_path_enabled",
                     "set_phase_streams"]
 DEFAULT_FLAGS = dict(fused_path=True, dgrad_config="auto", skip_border_taps=True, drawn_tile_schedule=True,
-                     phase_streams=1, cutlass_conv_gradients=False)
+                     phase_streams=1, conv_gradients="auto")
 
 
 def test_kernel_switches_live_in_backends_only():
@@ -121,7 +121,7 @@ def test_backend_flags_default_set_and_restore():
 def test_backend_flags_context_restores_on_exit_and_on_exceptions():
     config = backends.dgrad_configs()[0]
     changed = dict(fused_path=False, dgrad_config=config, skip_border_taps=False, drawn_tile_schedule=False,
-                   phase_streams=8, cutlass_conv_gradients=True)
+                   phase_streams=8, conv_gradients="cutlass")
     with backends.flags(**changed):
         assert backends.get_flags() == changed
         with backends.flags(phase_streams=2):  # nested: only the flag given changes
@@ -136,9 +136,10 @@ def test_backend_flags_context_restores_on_exit_and_on_exceptions():
 
 
 @pytest.mark.parametrize("invalid", [dict(phase_streams=0), dict(phase_streams=9), dict(phase_streams=-1),
-                                     dict(dgrad_config="128x128_cluster2x1"), dict(dgrad_config="heuristic")],
+                                     dict(dgrad_config="128x128_cluster2x1"), dict(dgrad_config="heuristic"),
+                                     dict(conv_gradients="cudnn")],
                          ids=["streams_0", "streams_9", "streams_negative", "cluster2x1_without_pingpong",
-                              "unknown_config"])
+                              "unknown_config", "unknown_conv_gradients"])
 def test_invalid_backend_flags_raise_and_change_nothing(invalid):
     with backends.flags(fused_path=False, skip_border_taps=False):
         before = backends.get_flags()
@@ -161,6 +162,15 @@ def test_every_dgrad_config_is_accepted():
         with backends.flags(dgrad_config=name):
             assert backends.get_flags()["dgrad_config"] == name
     assert backends.get_flags()["dgrad_config"] == "auto"
+
+
+def test_every_conv_gradients_choice_is_accepted():
+    for name in ("aten", "cutlass", "auto"):
+        with backends.flags(conv_gradients=name):
+            assert backends.get_flags()["conv_gradients"] == name
+    with pytest.raises(ValueError, match="unknown conv_gradients 'cudnn'; known: auto, aten, cutlass"):
+        backends.set_flags(conv_gradients="cudnn")
+    assert backends.get_flags() == DEFAULT_FLAGS
 
 
 def test_float32_mode_setting():

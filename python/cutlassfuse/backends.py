@@ -15,9 +15,11 @@ configuration against another, a kernel feature on and off):
   tiles statically instead of drawing them from a counter.
 - ``phase_streams`` (1): spreads a strided call's sub-pixel phases over 1 to 8 streams,
   forked from and joined back into the current stream.
-- ``cutlass_conv_gradients`` (False): True runs the backward's convolution gradients
-  (float16/bfloat16 on sm_90) through this project's CUTLASS kernels where they take the
-  layer, instead of cuDNN.
+- ``conv_gradients`` ("auto"): which kernels compute the backward's convolution
+  gradients in float16/bfloat16 on sm_90. "auto": this project's CUTLASS kernels where
+  the measured rule prefers them (strided layers), ATen's ``convolution_backward``
+  (cuDNN) elsewhere; "aten": ATen everywhere; "cutlass": the CUTLASS kernels wherever
+  they take the layer.
 
 ``cutlassfuse.explain(...)`` reports what a call runs under the current flags.
 """
@@ -30,7 +32,7 @@ from collections.abc import Iterator
 import torch
 
 _NAMES = ("fused_path", "dgrad_config", "skip_border_taps", "drawn_tile_schedule", "phase_streams",
-          "cutlass_conv_gradients")
+          "conv_gradients")
 
 
 def get_flags() -> dict[str, bool | str | int]:
@@ -41,22 +43,22 @@ def get_flags() -> dict[str, bool | str | int]:
 def set_flags(*, fused_path: bool | None = None, dgrad_config: str | None = None,
               skip_border_taps: bool | None = None, drawn_tile_schedule: bool | None = None,
               phase_streams: int | None = None,
-              cutlass_conv_gradients: bool | None = None) -> dict[str, bool | str | int]:
+              conv_gradients: str | None = None) -> dict[str, bool | str | int]:
     """Sets the flags given (None leaves one as it is) in one step; returns the previous
     flags."""
     previous = torch.ops.cutlassfuse.set_backend_flags(fused_path, dgrad_config, skip_border_taps,
-                                                       drawn_tile_schedule, phase_streams, cutlass_conv_gradients)
+                                                       drawn_tile_schedule, phase_streams, conv_gradients)
     return dict(zip(_NAMES, previous, strict=True))
 
 
 @contextlib.contextmanager
 def flags(*, fused_path: bool | None = None, dgrad_config: str | None = None,
           skip_border_taps: bool | None = None, drawn_tile_schedule: bool | None = None,
-          phase_streams: int | None = None, cutlass_conv_gradients: bool | None = None) -> Iterator[None]:
+          phase_streams: int | None = None, conv_gradients: str | None = None) -> Iterator[None]:
     """``set_flags(...)`` inside the ``with`` block; every flag as before after it."""
     previous = set_flags(fused_path=fused_path, dgrad_config=dgrad_config, skip_border_taps=skip_border_taps,
                          drawn_tile_schedule=drawn_tile_schedule, phase_streams=phase_streams,
-                         cutlass_conv_gradients=cutlass_conv_gradients)
+                         conv_gradients=conv_gradients)
     try:
         yield
     finally:

@@ -87,24 +87,35 @@ def test_gradients_no_further_from_float64_than_eager(layer: dict, dtype: torch.
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("layer", LAYERS, ids=range(len(LAYERS)))
 def test_cutlass_convolution_gradients_no_further_from_float64_than_eager(layer: dict, dtype: torch.dtype):
-    with backends.flags(cutlass_conv_gradients=True):
+    with backends.flags(conv_gradients="cutlass"):
         check_against_float64(layer, dtype)
 
 
-@pytest.mark.parametrize("cutlass", [False, True], ids=["cudnn", "cutlass"])
-def test_convolution_gradients_run_where_asked(cutlass: bool):
-    """With the flag, a strided float16 layer's two convolution gradients are this
-    project's CUTLASS kernels (CUTLASS's ConvUniversal kernel layer); without it, none."""
-    a = make_inputs(batch=2, in_channels=32, out_channels=64, size=(6, 6, 6), kernel=4, stride=2, padding=1,
-                    num_groups=8, dtype=torch.float16, device="cuda", requires_grad=True)
+STRIDED_WIDE = dict(in_channels=256, out_channels=128, kernel=4, stride=2, padding=1)  # 128 weight-gradient tiles
+STRIDED_NARROW = dict(in_channels=128, out_channels=64, kernel=3, stride=2, padding=1, output_padding=1)
+UNIT_STRIDE = dict(in_channels=128, out_channels=64, kernel=3)
+
+
+@pytest.mark.parametrize("choice, layer, kernels", [
+    ("aten", STRIDED_WIDE, 0),
+    ("auto", STRIDED_WIDE, 2),     # both gradients preferred
+    ("auto", STRIDED_NARROW, 1),   # the input gradient only: too few weight-gradient tiles
+    ("auto", UNIT_STRIDE, 0),
+    ("cutlass", UNIT_STRIDE, 2),
+], ids=["aten", "auto_both", "auto_input_only", "auto_unit_stride", "cutlass"])
+def test_convolution_gradients_run_where_chosen(choice: str, layer: dict, kernels: int):
+    """How many of a float16 layer's two convolution gradients run this project's CUTLASS
+    kernels (CUTLASS's ConvUniversal kernel layer) under each conv_gradients choice."""
+    a = make_inputs(batch=2, size=(4, 4, 4), num_groups=8, dtype=torch.float16, device="cuda", requires_grad=True,
+                    **layer)
     out = ours(a)
     grad = torch.randn_like(out)
-    with backends.flags(cutlass_conv_gradients=cutlass), \
+    with backends.flags(conv_gradients=choice), \
             torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
         out.backward(grad)
         torch.cuda.synchronize()
     names = [e.name for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert sum("ConvUniversal" in n for n in names) == (2 if cutlass else 0), names
+    assert sum("ConvUniversal" in n for n in names) == kernels, names
 
 
 @pytest.mark.parametrize("layer", LAYERS[:6], ids=range(6))

@@ -30,6 +30,19 @@ std::optional<Float32Mode> float32_mode_from_name(std::string_view name);
 // The names float32_mode_from_name knows, comma-separated (for error messages).
 const char* float32_mode_names();
 
+// Which kernels compute the backward's convolution gradients (float16/bfloat16 on sm_90).
+enum class ConvGradients {
+  // Per gradient, this project's CUTLASS kernels where the measured rule prefers them
+  // (sm90/conv_gradients.h), ATen's convolution_backward elsewhere.
+  kAuto,
+  kAten,     // ATen's convolution_backward (cuDNN under PyTorch's switches) everywhere
+  kCutlass,  // the CUTLASS kernels wherever they take the layer
+};
+
+const char* conv_gradients_name(ConvGradients choice);
+std::optional<ConvGradients> conv_gradients_from_name(std::string_view name);
+const char* conv_gradients_names();
+
 // Switches for benchmarking the kernels (cutlassfuse.backends); the defaults are what
 // the op is built to run.
 struct BackendFlags {
@@ -42,9 +55,7 @@ struct BackendFlags {
   // where that pays; false: each walks a static list.
   bool drawn_tile_schedule = true;
   int64_t phase_streams = 1;  // streams a call's sub-pixel phases are spread over, 1 to 8
-  // The backward's convolution gradients through this project's CUTLASS kernels
-  // (sm90/conv_gradients.h) where they take the layer; false: cuDNN.
-  bool cutlass_conv_gradients = false;
+  ConvGradients conv_gradients = ConvGradients::kAuto;
 };
 inline constexpr int64_t kMaxPhaseStreams = 8;
 

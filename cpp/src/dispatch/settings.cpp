@@ -43,4 +43,21 @@ std::optional<Float32Mode> float32_mode_from_name(std::string_view name) {
 
 const char* float32_mode_names() { return "pytorch, bf16x3"; }
 
+const char* conv_gradients_name(ConvGradients choice) {
+  switch (choice) {
+    case ConvGradients::kAten: return "aten";
+    case ConvGradients::kCutlass: return "cutlass";
+    default: return "auto";
+  }
+}
+
+std::optional<ConvGradients> conv_gradients_from_name(std::string_view name) {
+  for (ConvGradients choice : {ConvGradients::kAuto, ConvGradients::kAten, ConvGradients::kCutlass}) {
+    if (name == conv_gradients_name(choice)) return choice;
+  }
+  return std::nullopt;
+}
+
+const char* conv_gradients_names() { return "auto, aten, cutlass"; }
+
 }  // namespace cutlassfuse

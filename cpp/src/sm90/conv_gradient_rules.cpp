@@ -1,6 +1,6 @@
 // Which layers the conv-gradient kernels take (sm90/conv_gradients.h): CUTLASS's sm90
 // im2col limits (collective can_implement) stated on the layer, so that the caller
-// picks cuDNN before anything launches.
+// picks cuDNN before anything launches; and where they are preferred to cuDNN.
 #include <algorithm>
 #include <limits>
 
@@ -26,6 +26,29 @@ std::string conv_gradient_rejection(const Problem& p) {
       return "an output padding no non-negative upper padding expresses";
   }
   return "";
+}
+
+namespace {
+
+constexpr int64_t kChannelTile = 128;  // the kernels' tile along the channels of x
+// Weight-gradient output tiles from which the kernel beat cuDNN: measured wins at 128
+// and more tiles, losses at 54 and fewer (docs/performance.md).
+constexpr int64_t kMinWeightGradientTiles = 96;
+
+bool strided_with_full_channel_tiles(const Problem& p) {
+  const bool strided = p.stride[0] > 1 || p.stride[1] > 1 || p.stride[2] > 1;
+  return strided && p.in_channels % kChannelTile == 0;
+}
+
+}  // namespace
+
+bool input_gradient_preferred(const Problem& p) { return strided_with_full_channel_tiles(p); }
+
+bool weight_gradient_preferred(const Problem& p) {
+  // The weight gradient's GEMM: M = in_channels, N = taps * out_channels.
+  const int64_t n = p.kernel_size[0] * p.kernel_size[1] * p.kernel_size[2] * p.out_channels;
+  const int64_t tiles = (p.in_channels / kChannelTile) * ((n + kChannelTile - 1) / kChannelTile);
+  return strided_with_full_channel_tiles(p) && tiles >= kMinWeightGradientTiles;
 }
 
 }  // namespace cutlassfuse::sm90

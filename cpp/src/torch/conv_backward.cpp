@@ -22,16 +22,26 @@ at::Tensor in_memory_format(const at::Tensor& t, at::MemoryFormat format) {
   return convert_memory_format_op().call(t, format == at::MemoryFormat::ChannelsLast3d);
 }
 
-// Whether this project's CUTLASS conv-gradient kernels take the layer: asked for
-// (backends flag), fp16/bf16 on an sm_90 GPU, within the kernels' rules.
-bool cutlass_gradients_take(const at::Tensor& dz, const at::Tensor& input, const at::Tensor& weight,
-                            const ConvTransposeGeometry& g) {
+// Which of the two gradients this project's CUTLASS kernels compute (the others: ATen):
+// fp16/bf16 on an sm_90 GPU, within the kernels' rules, as cutlassfuse.backends'
+// conv_gradients says (by default where the measured rule prefers them).
+struct CutlassGradients {
+  bool input = false;
+  bool weight = false;
+};
+
+CutlassGradients cutlass_gradients(const at::Tensor& dz, const at::Tensor& input, const at::Tensor& weight,
+                                   const ConvTransposeGeometry& g) {
 #if CUTLASSFUSE_WITH_CUDA
-  if (!current_options().backend.cutlass_conv_gradients || !half_precision_cuda(dz)) return false;
-  if (at::cuda::getDeviceProperties(dz.device().index())->major != 9) return false;
-  return sm90::conv_gradient_rejection(conv_transpose_problem(input, weight, g)).empty();
+  const ConvGradients choice = current_options().backend.conv_gradients;
+  if (choice == ConvGradients::kAten || !half_precision_cuda(dz)) return {};
+  if (at::cuda::getDeviceProperties(dz.device().index())->major != 9) return {};
+  const Problem p = conv_transpose_problem(input, weight, g);
+  if (!sm90::conv_gradient_rejection(p).empty()) return {};
+  if (choice == ConvGradients::kCutlass) return {true, true};
+  return {sm90::input_gradient_preferred(p), sm90::weight_gradient_preferred(p)};
 #else
-  return false;
+  return {};
 #endif
 }
 
@@ -44,19 +54,20 @@ std::pair<at::Tensor, at::Tensor> conv_transpose3d_backward(at::Tensor dz, const
   const bool channels_last = half_precision_cuda(dz);
   if (channels_last) dz = in_memory_format(dz, at::MemoryFormat::ChannelsLast3d);
   at::Tensor x = channels_last ? in_memory_format(input, at::MemoryFormat::ChannelsLast3d) : input;
+  const CutlassGradients cutlass = cutlass_gradients(dz, x, weight, g);
+  const bool aten_input = need[0] && !cutlass.input, aten_weight = need[1] && !cutlass.weight;
   at::Tensor grad_input, grad_weight;
-  if (cutlass_gradients_take(dz, x, weight, g)) {
-    const auto call = [&](const auto& op) {
-      return op.call(dz, x, weight, g.stride, g.padding, g.output_padding, g.groups, g.dilation);
-    };
-    if (need[1]) grad_weight = call(weight_grad_op());
-    if (need[0]) grad_input = call(input_grad_op());
-  } else {
+  if (aten_input || aten_weight) {
     std::tie(grad_input, grad_weight, std::ignore) = at::convolution_backward_symint(
         dz, x, weight, std::nullopt, c10::fromIntArrayRefSlow(g.stride), c10::fromIntArrayRefSlow(g.padding),
         c10::fromIntArrayRefSlow(g.dilation), /*transposed=*/true, c10::fromIntArrayRefSlow(g.output_padding), g.groups,
-        {need[0], need[1], false});
+        {aten_input, aten_weight, false});
   }
+  const auto call = [&](const auto& op) {
+    return op.call(dz, x, weight, g.stride, g.padding, g.output_padding, g.groups, g.dilation);
+  };
+  if (need[1] && cutlass.weight) grad_weight = call(weight_grad_op());
+  if (need[0] && cutlass.input) grad_input = call(input_grad_op());
   dz.reset();
   x.reset();
   if (grad_input.defined()) grad_input = in_memory_format(grad_input, input_format);

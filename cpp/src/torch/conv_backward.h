@@ -11,9 +11,11 @@
 
 namespace cutlassfuse {
 
-// ATen's convolution_backward (cuDNN on CUDA, under PyTorch's switches), or, where
-// cutlassfuse.backends asks for them and they take the layer, this project's CUTLASS
-// conv-gradient kernels (conv_transpose3d_input_grad / _weight_grad). In float16 and
+// Each gradient through ATen's convolution_backward (cuDNN on CUDA, under PyTorch's
+// switches) or this project's CUTLASS conv-gradient kernels (conv_transpose3d_input_grad
+// / _weight_grad): on sm_90 in float16 and bfloat16, where they take the layer and are
+// preferred (strided layers, sm90/conv_gradients.h) or cutlassfuse.backends'
+// conv_gradients asks for them. In float16 and
 // bfloat16 on CUDA the operands go channels-last, where the kernels run without layout
 // changes of their own (dz already is: relu_group_norm_backward writes it so), and the
 // input gradient comes back in the input's memory format; the changes go through

@@ -123,26 +123,33 @@ std::optional<sm90::DgradConfig> dgrad_config_named(std::string_view name) {
   return config;
 }
 
-using FlagsTuple = std::tuple<bool, std::string, bool, bool, int64_t, bool>;
+ConvGradients conv_gradients_named(std::string_view name) {
+  const auto choice = conv_gradients_from_name(name);
+  TORCH_CHECK_VALUE(choice.has_value(), "cutlassfuse: unknown conv_gradients '", name,
+                    "'; known: ", conv_gradients_names());
+  return *choice;
+}
+
+using FlagsTuple = std::tuple<bool, std::string, bool, bool, int64_t, std::string>;
 
 FlagsTuple flags_tuple(const BackendFlags& f) {
   return {f.fused_path,       f.dgrad_config ? sm90::config_name(*f.dgrad_config) : "auto",
           f.skip_border_taps, f.drawn_tile_schedule,
-          f.phase_streams,    f.cutlass_conv_gradients};
+          f.phase_streams,    conv_gradients_name(f.conv_gradients)};
 }
 
 // Sets the flags given (absent ones keep theirs) in one step; returns the flags before.
 FlagsTuple set_backend_flags_from_schema(std::optional<bool> fused_path, std::optional<c10::string_view> dgrad_config,
                                          std::optional<bool> skip_border_taps, std::optional<bool> drawn_tile_schedule,
                                          std::optional<int64_t> phase_streams,
-                                         std::optional<bool> cutlass_conv_gradients) {
+                                         std::optional<c10::string_view> conv_gradients) {
   return flags_tuple(exchange_backend_flags([&](BackendFlags f) {
     f.fused_path = fused_path.value_or(f.fused_path);
     if (dgrad_config) f.dgrad_config = dgrad_config_named(*dgrad_config);
     f.skip_border_taps = skip_border_taps.value_or(f.skip_border_taps);
     f.drawn_tile_schedule = drawn_tile_schedule.value_or(f.drawn_tile_schedule);
     f.phase_streams = phase_streams.value_or(f.phase_streams);
-    f.cutlass_conv_gradients = cutlass_conv_gradients.value_or(f.cutlass_conv_gradients);
+    if (conv_gradients) f.conv_gradients = conv_gradients_named(*conv_gradients);
     return f;
   }));
 }
@@ -183,10 +190,10 @@ TORCH_LIBRARY(cutlassfuse, m) {
   // one step, validated before any changes; returns the flags before.
   m.def(
       "set_backend_flags(bool? fused_path=None, str? dgrad_config=None, bool? skip_border_taps=None, "
-      "bool? drawn_tile_schedule=None, int? phase_streams=None, bool? cutlass_conv_gradients=None) -> "
-      "(bool, str, bool, bool, int, bool)",
+      "bool? drawn_tile_schedule=None, int? phase_streams=None, str? conv_gradients=None) -> "
+      "(bool, str, bool, bool, int, str)",
       &set_backend_flags_from_schema);
-  m.def("backend_flags() -> (bool, str, bool, bool, int, bool)", &backend_flags_for_schema);
+  m.def("backend_flags() -> (bool, str, bool, bool, int, str)", &backend_flags_for_schema);
   m.def("dgrad_configs() -> str[]", &dgrad_config_names);
   m.def(
       "subpixel_plan(int[3] input_size, int[3] kernel_size, int[3] stride, int[3] padding, int[3] output_padding, "

@@ -27,9 +27,9 @@ struct ConvGradientKernel {
   static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;  // 16-byte vectors
   // 128x128 output tiles, 64 deep; wgrad's N mode (the filter's taps and channels) and
   // every conv K mode are hierarchical, hence the nested shapes.
-  using TileShape = std::conditional_t<kWeightGradient,
-                                       cute::Shape<cute::_128, cute::Shape<cute::_128>, cute::Shape<cute::_64>>,
-                                       cute::Shape<cute::_128, cute::_128, cute::Shape<cute::_64>>>;
+  using TileShape =
+      std::conditional_t<kWeightGradient, cute::Shape<cute::_128, cute::Shape<cute::_128>, cute::Shape<cute::_64>>,
+                         cute::Shape<cute::_128, cute::_128, cute::Shape<cute::_64>>>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   // The weight gradient is a filter, [K, T, R, S, C]; the input gradient an activation.
   using OutputLayout = std::conditional_t<kWeightGradient, cutlass::layout::TensorKCSRT, cutlass::layout::TensorNDHWC>;
@@ -100,12 +100,11 @@ void run_conv_gradient(const Problem& problem, const void* a, const void* b, voi
   cutlass::KernelHardwareInfo hw_info;
   cudaGetDevice(&hw_info.device_id);
   hw_info.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(hw_info.device_id);
-  const typename Device::Arguments args{
-      cutlass::gemm::GemmUniversalMode::kGemm,
-      shape,
-      {static_cast<const Element*>(a), static_cast<const Element*>(b)},
-      {{}, nullptr, stride_d, static_cast<Element*>(out), stride_d},
-      hw_info};
+  const typename Device::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
+                                        shape,
+                                        {static_cast<const Element*>(a), static_cast<const Element*>(b)},
+                                        {{}, nullptr, stride_d, static_cast<Element*>(out), stride_d},
+                                        hw_info};
   Device conv;
   cutlass::Status status = conv.can_implement(args);
   if (status != cutlass::Status::kSuccess) throw_conv_gradient_failure("take the problem", status);

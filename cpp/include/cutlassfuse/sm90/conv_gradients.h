@@ -25,6 +25,13 @@ namespace cutlassfuse::sm90 {
 // padding that a non-negative upper padding cannot express.
 std::string conv_gradient_rejection(const Problem& problem);
 
+// Where the kernels are preferred to cuDNN for a layer they take, by the measured rule
+// (docs/performance.md): strided layers whose input channels fill the kernels' 128-wide
+// channel tiles; for the weight gradient, also enough output tiles to fill most of the
+// GPU, since its K mode (every output pixel) is not split.
+bool input_gradient_preferred(const Problem& problem);
+bool weight_gradient_preferred(const Problem& problem);
+
 // dz: [N, O, Cout] NDHWC; filter: W as [Cin, T, R, S, Cout]; dx: [N, I, Cin] NDHWC.
 template <MathMode Math>
 void conv_transpose_input_gradient(const Problem& problem, const void* dz, const void* filter, void* dx,
