@@ -70,10 +70,12 @@ ReluGroupNormGradients relu_group_norm_backward_cuda(const at::Tensor& grad_outp
                                         stream);
   relu_group_norm_backward_grad(element, dy.data_ptr(), activation.data_ptr(), shape, terms, dz.data_ptr(), stream);
 
-  // The per-sample and per-chunk terms summed by ATen's reductions (deterministic).
-  const at::Tensor affine_terms = buffer.narrow(0, layout.affine_terms, 2 * n * c).view({n, c, 2}).sum(0);
-  const at::Tensor bias = buffer.narrow(0, layout.bias_terms, n * shape.chunks * c).view({n * shape.chunks, c}).sum(0);
-  return {dz, affine_terms.select(1, 0).contiguous(), affine_terms.select(1, 1).contiguous(), bias};
+  // Separate tensors: the op's outputs must not alias one another.
+  const at::Tensor dgamma = at::empty({c}, buffer.options()), dbeta = at::empty({c}, buffer.options()),
+                   dbias = at::empty({c}, buffer.options());
+  relu_group_norm_backward_parameter_grads(
+      shape, terms, {dgamma.data_ptr<float>(), dbeta.data_ptr<float>(), dbias.data_ptr<float>()}, stream);
+  return {dz, dgamma, dbeta, dbias};
 }
 
 }  // namespace cutlassfuse

@@ -219,6 +219,45 @@ backward_grad_kernel(const T* dy, const T* __restrict__ a, const GroupNormBackwa
   }
 }
 
+// Block (32 channels, 8 row lanes), grid over the channel tiles: each lane sums every
+// 8th row of the per-sample and per-chunk terms, then lane 0 adds the lanes in order.
+constexpr int kParameterColumns = 32;
+constexpr int kParameterLanes = kThreads / kParameterColumns;
+
+__global__ void __launch_bounds__(kThreads)
+parameter_grads_kernel(const GroupNormBackwardShape shape, const GroupNormBackwardTerms terms,
+                       const ParameterGradients out) {
+  __shared__ float3 scratch[kParameterLanes][kParameterColumns];
+  const int64_t channels = shape.norm.channels;
+  const int col = static_cast<int>(threadIdx.x) % kParameterColumns;
+  const int lane = static_cast<int>(threadIdx.x) / kParameterColumns;
+  const int64_t c = int64_t{blockIdx.x} * kParameterColumns + col;
+  float3 part{0.f, 0.f, 0.f};  // (dgamma, dbeta, dbias)
+  if (c < channels) {
+    for (int64_t n = lane; n < shape.norm.batch; n += kParameterLanes) {
+      const float2 t = terms.affine_terms[n * channels + c];
+      part.x += t.x;
+      part.y += t.y;
+    }
+    for (int64_t r = lane; r < shape.norm.batch * shape.chunks; r += kParameterLanes) {
+      part.z += terms.bias_terms[r * channels + c];
+    }
+  }
+  scratch[lane][col] = part;
+  __syncthreads();
+  if (lane == 0 && c < channels) {
+    float3 total = scratch[0][col];
+    for (int l = 1; l < kParameterLanes; ++l) {
+      total.x += scratch[l][col].x;
+      total.y += scratch[l][col].y;
+      total.z += scratch[l][col].z;
+    }
+    out.gamma[c] = total.x;
+    out.beta[c] = total.y;
+    out.bias[c] = total.z;
+  }
+}
+
 dim3 chunk_grid(const GroupNormBackwardShape& s) {
   return dim3(static_cast<unsigned>(s.chunks), static_cast<unsigned>(s.norm.batch));
 }
@@ -288,6 +327,13 @@ void relu_group_norm_backward_grad(ElementType element, const void* dy, const vo
     }
   });
   check_launch("backward_grad_kernel");
+}
+
+void relu_group_norm_backward_parameter_grads(const GroupNormBackwardShape& shape, const GroupNormBackwardTerms& terms,
+                                              const ParameterGradients& out, cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>(ceil_div(shape.norm.channels, int64_t{kParameterColumns}));
+  parameter_grads_kernel<<<blocks, kThreads, 0, stream>>>(shape, terms, out);
+  check_launch("parameter_grads_kernel");
 }
 
 }  // namespace cutlassfuse

@@ -10,8 +10,9 @@
 //                    channels give dz = [a > 0] * (c1[n, c] * dy + c2[n, g] * a + c3[n, g]),
 //                    and per (sample, channel) the terms of dgamma and dbeta;
 //   3. grad:         dz, written once, with per (sample, chunk, channel) sums of dz for
-//                    the bias gradient.
-// The caller sums the per-sample and per-chunk terms over their first dimension.
+//                    the bias gradient;
+//   4. parameter grads: dgamma, dbeta and the bias gradient, the per-sample and
+//                    per-chunk terms summed in a fixed order.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -52,5 +53,15 @@ void relu_group_norm_backward_coefficients(const GroupNormBackwardShape& shape, 
 void relu_group_norm_backward_grad(ElementType element, const void* dy, const void* activation,
                                    const GroupNormBackwardShape& shape, const GroupNormBackwardTerms& terms,
                                    void* grad_pre_activation, cudaStream_t stream);
+
+// [channels] fp32 each.
+struct ParameterGradients {
+  float* gamma;
+  float* beta;
+  float* bias;  // the convolution's
+};
+
+void relu_group_norm_backward_parameter_grads(const GroupNormBackwardShape& shape, const GroupNormBackwardTerms& terms,
+                                              const ParameterGradients& out, cudaStream_t stream);
 
 }  // namespace cutlassfuse
