@@ -2,9 +2,10 @@
 gradient, every parameter's gradient and the input's. cutlassfuse's module against the
 PyTorch modules it replaces (ConvTranspose3d with its default bias, ReLU, GroupNorm:
 eager, and torch.compile of them), and with recompute=True ("recompute"), all holding
-the same parameters: the median over alternating rounds of each model's median step
-time, the memory kept from forward to backward (beyond the output) and the step's peak,
-with the max abs difference of the input gradient from eager's.
+the same parameters: the median over alternating rounds of each model's steady-state
+step time (``loop_ms``: back-to-back steps between two synchronizations, as a training
+loop runs them), the memory kept from forward to backward (beyond the output) and the
+step's peak, with the max abs difference of the input gradient from eager's.
 
     python benchmarks/training_step.py [--shapes kb61,unet_k2s2] [--dtypes float16,bfloat16] [--no-compile]
     python benchmarks/training_step.py --device cpu --tiny   # checks the script where there is no GPU
@@ -20,7 +21,7 @@ from torch import nn
 
 from cutlassfuse import ConvTranspose3dReLUGroupNorm
 from cutlassfuse.bench import DEFAULT_SHAPES, BenchShape, layer_models, parse_shape
-from cutlassfuse.benchmarking import median_ms
+from cutlassfuse.benchmarking import loop_ms
 
 ROUNDS = 5
 
@@ -67,7 +68,7 @@ def run_case(shape: BenchShape, dtype: torch.dtype, device: torch.device, *, wit
     input_grads = {}
     for _ in range(ROUNDS):
         for name, model in models.items():
-            rounds[name].append(median_ms(step_fn(model, x, grad), cuda=cuda, warmup=3, repeats=repeats))
+            rounds[name].append(loop_ms(step_fn(model, x, grad), cuda=cuda, warmup=3, repeats=repeats))
             input_grads[name] = x.grad.detach().clone()
     times = {name: statistics.median(values) for name, values in rounds.items()}
     label = f"{shape.name} {str(dtype).removeprefix('torch.')}"

@@ -35,6 +35,25 @@ def times_ms(fn: Callable[[], object], *, cuda: bool, warmup: int = 10, repeats:
     return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
 
 
+def loop_ms(fn: Callable[[], object], *, cuda: bool, warmup: int = 3, repeats: int = 10) -> float:
+    """Milliseconds per call of `repeats` back-to-back calls of `fn` between two
+    synchronizations, read on the host clock: the steady-state time of a loop such as a
+    training loop, in which the host issues the next call while the device runs this
+    one, so that a call costs the larger of its host time and its device time. (Events
+    around each call would count the device's idle wait for the host inside the call, and
+    not the host time outside its first and last kernels.)"""
+    for _ in range(warmup):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3 / repeats
+
+
 def median_ms(fn: Callable[[], object], *, cuda: bool, warmup: int = 10, repeats: int = 50) -> float:
     """Median of `times_ms`."""
     return statistics.median(times_ms(fn, cuda=cuda, warmup=warmup, repeats=repeats))
