@@ -31,9 +31,11 @@ std::string conv_gradient_rejection(const Problem& p) {
 namespace {
 
 constexpr int64_t kChannelTile = 128;  // the kernels' tile along the channels of x
-// Weight-gradient output tiles from which the kernel beat cuDNN: measured wins at 128
-// and more tiles, losses at 54 and fewer (docs/performance.md).
+// Weight-gradient output tiles from which the kernel beat cuDNN (docs/performance.md): on
+// strided layers wins at 128 and more tiles, ties and losses at 32 and fewer.
 constexpr int64_t kMinWeightGradientTiles = 96;
+
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 bool strided_with_full_channel_tiles(const Problem& p) {
   const bool strided = p.stride[0] > 1 || p.stride[1] > 1 || p.stride[2] > 1;
@@ -47,7 +49,7 @@ bool input_gradient_preferred(const Problem& p) { return strided_with_full_chann
 bool weight_gradient_preferred(const Problem& p) {
   // The weight gradient's GEMM: M = in_channels, N = taps * out_channels.
   const int64_t n = p.kernel_size[0] * p.kernel_size[1] * p.kernel_size[2] * p.out_channels;
-  const int64_t tiles = (p.in_channels / kChannelTile) * ((n + kChannelTile - 1) / kChannelTile);
+  const int64_t tiles = ceil_div(p.in_channels, kChannelTile) * ceil_div(n, kChannelTile);
   return strided_with_full_channel_tiles(p) && tiles >= kMinWeightGradientTiles;
 }
 

@@ -9,8 +9,8 @@
 // and GroupNorm's per-(sample, group) mean and rstd, returned by the forward that
 // computes the output (conv_transpose3d_relu_group_norm_for_backward); calls that need
 // no gradient keep nothing. Backward: the ReLU + GroupNorm backward op, then the
-// convolution's gradients through ATen's convolution_backward (cuDNN on CUDA, under
-// PyTorch's switches). Under create_graph the gradients are themselves differentiable
+// convolution's gradients (conv_backward.h: this project's CUTLASS kernels or ATen's
+// convolution_backward, per gradient). Under create_graph the gradients are themselves differentiable
 // (differentiable_backward). Everything is ops on symbolic sizes, so AOT autograd
 // traces it for torch.compile and torch.export.
 #include <ATen/ATen.h>
