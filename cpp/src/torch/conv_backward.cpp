@@ -1,5 +1,7 @@
 #include "torch/conv_backward.h"
 
+#include <algorithm>
+
 #include "cutlassfuse/op.h"
 #include "cutlassfuse/settings.h"
 #include "torch/redispatch.h"
@@ -30,11 +32,19 @@ struct CutlassGradients {
   bool weight = false;
 };
 
+bool has_symbolic_sizes(const at::Tensor& t) {
+  const auto sizes = t.sym_sizes();
+  return std::any_of(sizes.begin(), sizes.end(), [](const c10::SymInt& s) { return !s.maybe_as_int().has_value(); });
+}
+
 CutlassGradients cutlass_gradients(const at::Tensor& dz, const at::Tensor& input, const at::Tensor& weight,
                                    const ConvTransposeGeometry& g) {
 #if CUTLASSFUSE_WITH_CUDA
   const ConvGradients choice = current_options().backend.conv_gradients;
   if (choice == ConvGradients::kAten || !half_precision_cuda(dz)) return {};
+  // Traced with symbolic sizes (torch.compile's dynamic shapes), the choice would guard
+  // on them and specialize the graph: ATen's op takes every size.
+  if (has_symbolic_sizes(dz) || has_symbolic_sizes(input)) return {};
   if (at::cuda::getDeviceProperties(dz.device().index())->major != 9) return {};
   const Problem p = conv_transpose_problem(input, weight, g);
   if (!sm90::conv_gradient_rejection(p).empty()) return {};

@@ -13,12 +13,12 @@ namespace cutlassfuse {
 
 // Each gradient through ATen's convolution_backward (cuDNN on CUDA, under PyTorch's
 // switches) or this project's CUTLASS conv-gradient kernels (conv_transpose3d_input_grad
-// / _weight_grad): on sm_90 in float16 and bfloat16, where they take the layer and are
-// preferred (strided layers, sm90/conv_gradients.h) or cutlassfuse.backends'
-// conv_gradients asks for them. In float16 and
-// bfloat16 on CUDA the operands go channels-last, where the kernels run without layout
-// changes of their own (dz already is: relu_group_norm_backward writes it so), and the
-// input gradient comes back in the input's memory format; the changes go through
+// / _weight_grad): on sm_90 in float16 and bfloat16, with concrete sizes, where they
+// take the layer and are preferred (strided layers, sm90/conv_gradients.h) or
+// cutlassfuse.backends' conv_gradients asks for them. In float16 and bfloat16 on CUDA
+// the operands go channels-last, where the kernels run without layout changes of their
+// own (dz already is: relu_group_norm_backward writes it so), and the input gradient
+// comes back in the input's memory format; the changes go through
 // convert_memory_format. Only the gradients `need` asks for are computed. dz is taken
 // over, and released with the channels-last input before the input gradient's layout
 // change, so that the peak holds one of the three.
