@@ -118,6 +118,25 @@ def test_convolution_gradients_run_where_chosen(choice: str, layer: dict, kernel
     assert sum("ConvUniversal" in n for n in names) == kernels, names
 
 
+def test_dynamic_shapes_under_compile_keep_one_graph():
+    """torch.compile(dynamic=True) of a training step on a strided float16 layer that
+    "auto" gives to the CUTLASS kernels: a second batch size reuses the graph (choosing
+    the kernels guards on no size), and the gradients match the uncompiled module's."""
+    torch.manual_seed(0)
+    layer = cutlassfuse.ConvTranspose3dReLUGroupNorm(256, 128, 4, 8, stride=2, padding=1).cuda().half()
+
+    def step(x, grad):
+        return torch.autograd.grad(layer(x), [x, layer.conv_transpose.weight], grad)
+
+    compiled = torch.compile(step, dynamic=True, backend="aot_eager")
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for batch in (2, 3):
+            x = torch.randn(batch, 256, 4, 4, 4, device="cuda", dtype=torch.float16, requires_grad=True)
+            grad = torch.randn(batch, 128, 8, 8, 8, device="cuda", dtype=torch.float16)
+            for got, want in zip(compiled(x, grad), step(x, grad), strict=True):
+                assert (got.float() - want.float()).abs().max() <= 1e-2 * want.float().abs().max()
+
+
 @pytest.mark.parametrize("layer", LAYERS[:6], ids=range(6))
 def test_gradients_repeat_bit_for_bit(layer: dict):
     a = with_signed_gamma(make_inputs(**layer, dtype=torch.float16, device="cuda"))
