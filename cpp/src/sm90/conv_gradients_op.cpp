@@ -11,12 +11,17 @@
 namespace cutlassfuse {
 namespace {
 
+enum class Gradient { kInput, kWeight };
+
+// What one gradient's kernel reads, channels-last: dz and the filter (input gradient) or
+// dz and the input (weight gradient).
 struct GradientCall {
   Problem problem;
   MathMode math;
-  at::Tensor dz, x, filter;  // channels-last
+  at::Tensor dz, operand;
 };
 
+template <Gradient Of>
 GradientCall gradient_call(const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
                            const ConvTransposeGeometry& g) {
   const Problem p = conv_transpose_problem(input, weight, g);
@@ -29,27 +34,28 @@ GradientCall gradient_call(const at::Tensor& grad_output, const at::Tensor& inpu
                        weight.scalar_type() == input.scalar_type(),
                    "cutlassfuse: the CUTLASS conv-gradient kernels take float16 or bfloat16 tensors of one dtype");
   const auto last = at::MemoryFormat::ChannelsLast3d;
-  return {p, *tensor_core_math(*element, Float32Mode::kPyTorch), grad_output.contiguous(last), input.contiguous(last),
-          weight.contiguous(last)};
+  const at::Tensor& operand = Of == Gradient::kInput ? weight : input;
+  return {p, *tensor_core_math(*element, Float32Mode::kPyTorch), grad_output.contiguous(last),
+          operand.contiguous(last)};
 }
-
-enum class Gradient { kInput, kWeight };
 
 template <Gradient Of>
 at::Tensor gradient(const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
                     const ConvTransposeGeometry& geometry) {
-  const GradientCall c = gradient_call(grad_output, input, weight, geometry);
+  const GradientCall c = gradient_call<Of>(grad_output, input, weight, geometry);
   const c10::cuda::CUDAGuard device_guard(input.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   at::Tensor out = at::empty_like(Of == Gradient::kInput ? input : weight, at::MemoryFormat::ChannelsLast3d);
   with_math(c.math, [&](auto m) {
     constexpr MathMode math = decltype(m)::value;
     if constexpr (math != MathMode::kFloat32AsBf16x3) {
       if constexpr (Of == Gradient::kInput) {
-        sm90::conv_transpose_input_gradient<math>(c.problem, c.dz.data_ptr(), c.filter.data_ptr(), out.data_ptr(),
-                                                  stream);
+        sm90::conv_transpose_input_gradient<math>(c.problem, c.dz.data_ptr(), c.operand.data_ptr(), out.data_ptr(),
+                                                  sm_count, stream);
       } else {
-        sm90::conv_transpose_weight_gradient<math>(c.problem, c.dz.data_ptr(), c.x.data_ptr(), out.data_ptr(), stream);
+        sm90::conv_transpose_weight_gradient<math>(c.problem, c.dz.data_ptr(), c.operand.data_ptr(), out.data_ptr(),
+                                                   sm_count, stream);
       }
     }
   });

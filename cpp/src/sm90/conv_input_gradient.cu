@@ -7,14 +7,14 @@ namespace cutlassfuse::sm90 {
 
 template <>
 void conv_transpose_input_gradient<MathMode::kFloat16>(const Problem& p, const void* dz, const void* filter, void* dx,
-                                                       cudaStream_t stream) {
-  run_conv_gradient<cutlass::conv::Operator::kFprop, cutlass::half_t>(p, dz, filter, dx, stream);
+                                                       int sm_count, cudaStream_t stream) {
+  run_conv_gradient<cutlass::conv::Operator::kFprop, cutlass::half_t>(p, dz, filter, dx, sm_count, stream);
 }
 
 template <>
 void conv_transpose_input_gradient<MathMode::kBFloat16>(const Problem& p, const void* dz, const void* filter, void* dx,
-                                                        cudaStream_t stream) {
-  run_conv_gradient<cutlass::conv::Operator::kFprop, cutlass::bfloat16_t>(p, dz, filter, dx, stream);
+                                                        int sm_count, cudaStream_t stream) {
+  run_conv_gradient<cutlass::conv::Operator::kFprop, cutlass::bfloat16_t>(p, dz, filter, dx, sm_count, stream);
 }
 
 }  // namespace cutlassfuse::sm90

@@ -7,14 +7,14 @@ namespace cutlassfuse::sm90 {
 
 template <>
 void conv_transpose_weight_gradient<MathMode::kFloat16>(const Problem& p, const void* dz, const void* x, void* dw,
-                                                        cudaStream_t stream) {
-  run_conv_gradient<cutlass::conv::Operator::kWgrad, cutlass::half_t>(p, x, dz, dw, stream);
+                                                        int sm_count, cudaStream_t stream) {
+  run_conv_gradient<cutlass::conv::Operator::kWgrad, cutlass::half_t>(p, x, dz, dw, sm_count, stream);
 }
 
 template <>
 void conv_transpose_weight_gradient<MathMode::kBFloat16>(const Problem& p, const void* dz, const void* x, void* dw,
-                                                         cudaStream_t stream) {
-  run_conv_gradient<cutlass::conv::Operator::kWgrad, cutlass::bfloat16_t>(p, x, dz, dw, stream);
+                                                         int sm_count, cudaStream_t stream) {
+  run_conv_gradient<cutlass::conv::Operator::kWgrad, cutlass::bfloat16_t>(p, x, dz, dw, sm_count, stream);
 }
 
 }  // namespace cutlassfuse::sm90

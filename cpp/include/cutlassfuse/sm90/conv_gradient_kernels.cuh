@@ -91,7 +91,8 @@ inline void throw_conv_gradient_failure(const char* what, cutlass::Status status
 
 // A: the mainloop's first operand, B: its second (fprop: dz, filter; wgrad: x, dz).
 template <cutlass::conv::Operator Op, class Element>
-void run_conv_gradient(const Problem& problem, const void* a, const void* b, void* out, cudaStream_t stream) {
+void run_conv_gradient(const Problem& problem, const void* a, const void* b, void* out, int sm_count,
+                       cudaStream_t stream) {
   using Gradient = ConvGradientKernel<Op, Element>;
   using Device = typename Gradient::Device;
   using ProblemShape = typename Gradient::ProblemShape;
@@ -99,7 +100,7 @@ void run_conv_gradient(const Problem& problem, const void* a, const void* b, voi
   const auto stride_d = output_stride<typename Gradient::Epilogue::StrideD>(shape);
   cutlass::KernelHardwareInfo hw_info;
   cudaGetDevice(&hw_info.device_id);
-  hw_info.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(hw_info.device_id);
+  hw_info.sm_count = sm_count;
   const typename Device::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
                                         shape,
                                         {static_cast<const Element*>(a), static_cast<const Element*>(b)},

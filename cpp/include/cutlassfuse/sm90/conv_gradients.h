@@ -34,12 +34,12 @@ bool weight_gradient_preferred(const Problem& problem);
 
 // dz: [N, O, Cout] NDHWC; filter: W as [Cin, T, R, S, Cout]; dx: [N, I, Cin] NDHWC.
 template <MathMode Math>
-void conv_transpose_input_gradient(const Problem& problem, const void* dz, const void* filter, void* dx,
+void conv_transpose_input_gradient(const Problem& problem, const void* dz, const void* filter, void* dx, int sm_count,
                                    cudaStream_t stream);
 
 // dz: [N, O, Cout] NDHWC; x: [N, I, Cin] NDHWC; dw: [Cin, T, R, S, Cout].
 template <MathMode Math>
-void conv_transpose_weight_gradient(const Problem& problem, const void* dz, const void* x, void* dw,
+void conv_transpose_weight_gradient(const Problem& problem, const void* dz, const void* x, void* dw, int sm_count,
                                     cudaStream_t stream);
 
 }  // namespace cutlassfuse::sm90
