@@ -1,8 +1,8 @@
 """float32: accuracy against float64 and against eager, and time, in one run, of
 cutlassfuse's float32 modes (set_float32_mode: "pytorch", the default, with PyTorch's
-TF32 conv switch on and off; "bf16x3", the fused path running three bfloat16 piece
-products) and PyTorch eager with TF32 on (its default) and off. The evidence for the
-float32 modes (docs/performance.md).
+TF32 conv switch on and off; "tf32", the fused path on TF32 tensor cores; "bf16x3", the
+fused path running three bfloat16 piece products) and PyTorch eager with TF32 on (its
+default) and off. The evidence for the float32 modes (docs/performance.md).
 
     python benchmarks/float32_choice.py [--shape kb61]
 """
@@ -37,15 +37,17 @@ def main() -> None:
     def ours():
         return cutlassfuse.conv_transpose3d_relu_group_norm(x, w, num_groups=shape.groups, **args)
 
-    def ours_bf16x3():
-        with cutlassfuse.float32_mode("bf16x3"):
-            return ours()
+    def in_mode(mode):
+        def run():
+            with cutlassfuse.float32_mode(mode):
+                return ours()
+        return run
 
     print(f"{shape.name} float32 on {torch.cuda.get_device_name()}")
     print(f"{'implementation':<40}{'median ms':>10}{'max abs vs fp64':>17}{'max abs vs eager':>18}")
     rows = [("cutlassfuse 'pytorch', TF32 allowed", ours, True), ("eager, TF32 allowed (default)", eager, True),
             ("cutlassfuse 'pytorch', strict fp32", ours, False), ("eager, strict fp32", eager, False),
-            ("cutlassfuse 'bf16x3'", ours_bf16x3, True)]
+            ("cutlassfuse 'tf32'", in_mode("tf32"), True), ("cutlassfuse 'bf16x3'", in_mode("bf16x3"), True)]
     for name, fn, tf32 in rows:
         with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32), torch.no_grad():
             out, same_setting_eager = fn(), eager()

@@ -42,14 +42,14 @@ def test_bench_runs_every_option_on_cpu(options, tmp_path, capsys):
     printed = capsys.readouterr().out
     rows = list(csv.DictReader(out_csv.open()))
     cases = {(r["shape"], r["dtype"], r["memory_format"]) for r in rows}
-    float32_modes = {"pytorch eager, TF32 off", "cutlassfuse, TF32 off", "cutlassfuse bf16x3"}
+    float32_modes = {"pytorch eager, TF32 off", "cutlassfuse, TF32 off", "cutlassfuse tf32", "cutlassfuse bf16x3"}
     for case in cases:
         names = {r["implementation"] for r in rows if (r["shape"], r["dtype"], r["memory_format"]) == case}
         expected = {"pytorch eager", "cuDNN conv alone", "CUTLASS conv alone", "cutlassfuse fallback", "cutlassfuse"}
         assert names == expected | (float32_modes if case[1] == "float32" else set()), case
     for r in rows:
         runs_here = r["implementation"] not in ("cuDNN conv alone", "CUTLASS conv alone", "cutlassfuse fallback",
-                                                "cutlassfuse bf16x3")
+                                                "cutlassfuse tf32", "cutlassfuse bf16x3")
         if runs_here:
             assert float(r["median_ms"]) > 0 and float(r["max_abs_vs_float64"]) < 1e-1, r
         else:

@@ -176,13 +176,15 @@ def test_every_conv_gradients_choice_is_accepted():
 def test_float32_mode_setting():
     assert cutlassfuse.get_float32_mode() == "pytorch"
     assert cutlassfuse.info()["float32_mode"] == "pytorch"
-    with pytest.raises(ValueError, match="unknown float32 mode 'tf64'; known: pytorch, bf16x3"):
+    with pytest.raises(ValueError, match="unknown float32 mode 'tf64'; known: pytorch, tf32, bf16x3"):
         cutlassfuse.set_float32_mode("tf64")
-    with pytest.raises(KeyError):  # the mode is restored whatever ends the block
-        with cutlassfuse.float32_mode("bf16x3"):
-            assert cutlassfuse.get_float32_mode() == "bf16x3"
-            raise KeyError
-    assert cutlassfuse.get_float32_mode() == "pytorch"
+    for mode in ("tf32", "bf16x3"):
+        with pytest.raises(KeyError):  # the mode is restored whatever ends the block
+            with cutlassfuse.float32_mode(mode):
+                assert cutlassfuse.get_float32_mode() == mode
+                assert cutlassfuse.info()["float32_mode"] == mode
+                raise KeyError
+        assert cutlassfuse.get_float32_mode() == "pytorch"
     cutlassfuse.set_float32_tensor_cores(True)
     try:
         assert cutlassfuse.get_float32_mode() == "bf16x3"

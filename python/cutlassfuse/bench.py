@@ -155,8 +155,8 @@ def _not_applicable(implementation: str, dtype: torch.dtype, device: torch.devic
     """Why a baseline does not run for this dtype and device; '' when it does."""
     if implementation in ("cuDNN conv alone", "cutlassfuse fallback") and device.type != "cuda":
         return "CUDA only"
-    if implementation == "cutlassfuse bf16x3" and (device.type != "cuda" or
-                                                   torch.cuda.get_device_capability(device) != (9, 0)):
+    if implementation in ("cutlassfuse tf32", "cutlassfuse bf16x3") and (
+            device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0)):
         return "the fused path runs on sm_90 GPUs"
     if implementation == "CUTLASS conv alone":
         if not hasattr(torch.ops.cutlassfuse, "conv_transpose3d_cutlass"):
@@ -183,7 +183,7 @@ def _candidates(shape: BenchShape, dtype: torch.dtype, eager: nn.Module, fused: 
                 with_compile: bool) -> dict[str, Candidate]:
     """What one case times: PyTorch (eager, compiled), the convolution alone (cuDNN; the
     same CUTLASS kernel with plain stores), cutlassfuse's fallback and fused call; for
-    float32 also PyTorch's strict setting and the "bf16x3" mode."""
+    float32 also PyTorch's strict setting and the "tf32" and "bf16x3" modes."""
     conv = eager[0]
     conv_args = dict(stride=conv.stride, padding=conv.padding, output_padding=conv.output_padding)
 
@@ -204,6 +204,7 @@ def _candidates(shape: BenchShape, dtype: torch.dtype, eager: nn.Module, fused: 
     candidates["cutlassfuse fallback"] = Candidate(fused, lambda: backends.flags(fused_path=False))
     if dtype == torch.float32:
         candidates["cutlassfuse, TF32 off"] = Candidate(fused, _strict_float32)
+        candidates["cutlassfuse tf32"] = Candidate(fused, lambda: float32_mode("tf32"))
         candidates["cutlassfuse bf16x3"] = Candidate(fused, lambda: float32_mode("bf16x3"))
     candidates["cutlassfuse"] = Candidate(fused)
     return candidates

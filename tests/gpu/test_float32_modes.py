@@ -1,7 +1,10 @@
 """float32 modes on the GPU. "pytorch" (the default) runs the convolution as PyTorch does
 under its TF32 switch, so the op stays within allclose(1e-4, 1e-4) of eager
-ConvTranspose3d -> ReLU -> GroupNorm with TF32 allowed and with it disallowed; "bf16x3"
-takes the fused path."""
+ConvTranspose3d -> ReLU -> GroupNorm with TF32 allowed and with it disallowed. "tf32"
+takes the fused path on TF32 tensor cores: its error against float64 is no larger than
+eager's own with TF32 allowed, it repeats bit for bit, and it rounds its operands to
+nearest TF32 (not truncating them, as the tensor cores alone would). "bf16x3" takes
+the fused path too."""
 
 from __future__ import annotations
 
@@ -12,9 +15,11 @@ import torch
 import torch.nn.functional as F
 
 import cutlassfuse
+from cutlassfuse import backends
 from cutlassfuse.bench import parse_shape
 from cutlassfuse.ops import transposed_conv_output_size
-from cutlassfuse.testing import KernelBenchModel, make_inputs
+from cutlassfuse.testing import KernelBenchModel, errors, make_inputs, poison_cuda_allocator, reference_float64
+from test_fused_shapes import CASES, NAMED_CASES, case_id, case_inputs, output_numel  # tests/gpu
 
 pytestmark = pytest.mark.gpu
 
@@ -97,3 +102,83 @@ def test_bf16x3_mode_takes_the_fused_path():
     assert cutlassfuse.get_float32_mode() == "pytorch"
     torch.testing.assert_close(out, F.group_norm(F.relu(F.conv_transpose3d(x.double(), w.double())), 8).float(),
                                atol=2e-3, rtol=0)
+
+
+def tf32_rounded(t: torch.Tensor, nearest: bool) -> torch.Tensor:
+    """float32 `t` with its 13 low mantissa bits cleared: rounded to nearest TF32 (ties to
+    even) or truncated (finite values)."""
+    bits = t.contiguous().view(torch.int32)
+    if nearest:
+        bits = bits + 0xFFF + ((bits >> 13) & 1)
+    return (bits & ~0x1FFF).view(torch.float32).view_as(t)
+
+
+def eager_tf32(call: dict) -> torch.Tensor:
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=True):
+        return eager(call)
+
+
+def run_tf32(call: dict, numel: int) -> torch.Tensor:
+    """The op in float32 mode "tf32", into memory the allocator holds NaN in."""
+    poison_cuda_allocator(8 * 4 * numel)
+    with cutlassfuse.float32_mode("tf32"):
+        out = cutlassfuse.conv_transpose3d_relu_group_norm(**call)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all(), "unwritten (poisoned) or non-finite output elements"
+    return out
+
+
+@pytest.mark.requires_sm90
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_tf32_mode_is_as_accurate_as_eager_tf32(case: dict):
+    """On the fused path's 60 edge-case and random layers (strides 1-3, sub-pixel phases,
+    pixel-shuffle GEMMs, dilation, padding, bias and affine on and off, NCDHW and
+    channels_last_3d): max abs error against float64 no larger than eager's with TF32
+    allowed (plus one float32 ulp of the largest output), and bit-for-bit repeats."""
+    call = case_inputs(case, torch.float32)
+    with cutlassfuse.float32_mode("tf32"):
+        path = cutlassfuse.explain(**call)
+    assert path.startswith("fused_sm90: float32 on TF32 tensor cores"), path
+    reference = reference_float64(**call)
+    ours = run_tf32(call, output_numel(case))
+    theirs = errors(eager_tf32(call), reference).max_abs
+    ulp = torch.finfo(torch.float32).eps * reference.abs().max().item()
+    assert errors(ours, reference).max_abs <= theirs + ulp, (errors(ours, reference), theirs)
+    assert torch.equal(ours, run_tf32(call, output_numel(case))), "two runs differ"
+
+
+@pytest.mark.requires_sm90
+@pytest.mark.parametrize("config", backends.dgrad_configs())
+@pytest.mark.parametrize("case", NAMED_CASES[:12], ids=case_id)
+def test_tf32_mode_runs_every_config_of_clusters_of_one(case: dict, config: str):
+    call = case_inputs(case, torch.float32)
+    with cutlassfuse.float32_mode("tf32"), backends.flags(dgrad_config=config):
+        path = cutlassfuse.explain(**call)
+        if "cluster2x1" in config:  # the forward convolutions are built in clusters of one
+            assert path.startswith("fallback") and "clusters of one" in path, path
+            return
+        assert config in path, path
+        ours = run_tf32(call, output_numel(case))
+    reference = reference_float64(**call)
+    ulp = torch.finfo(torch.float32).eps * reference.abs().max().item()
+    assert errors(ours, reference).max_abs <= errors(eager_tf32(call), reference).max_abs + ulp
+
+
+@pytest.mark.requires_sm90
+@pytest.mark.parametrize("stride", [1, 2])
+def test_tf32_mode_rounds_operands_to_nearest(stride: int):
+    """The op lands on the float64 result of its operands rounded to nearest TF32, not of
+    them truncated (which the tensor cores do to unrounded float32): uniform positive
+    inputs make truncation's bias add up over the 27 * 64 terms of each output."""
+    call = make_inputs(batch=2, in_channels=64, out_channels=64, size=6, kernel=3, stride=stride, padding=1,
+                       num_groups=8, device="cuda", seed=stride)
+    call["input"] = torch.rand_like(call["input"]) + 1
+    call["weight"] = torch.rand_like(call["weight"]) + 1
+    ours = run_tf32(call, 2 * 64 * 13**3)
+
+    def reference(nearest: bool) -> torch.Tensor:
+        rounded = dict(call, input=tf32_rounded(call["input"], nearest), weight=tf32_rounded(call["weight"], nearest))
+        return reference_float64(**rounded)
+
+    to_nearest, to_truncated = errors(ours, reference(True)).max_abs, errors(ours, reference(False)).max_abs
+    assert to_nearest * 10 < to_truncated, (to_nearest, to_truncated)

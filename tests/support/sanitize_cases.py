@@ -45,13 +45,14 @@ CASES = [  # make_inputs keywords
 
 
 def main() -> None:
-    with cutlassfuse.float32_mode("bf16x3"):  # the fused float32 cases; 5 channels still fall back
-        for seed, case in enumerate(CASES):
-            inputs = make_inputs(**case, device="cuda", seed=seed)
-            print(cutlassfuse.explain(**inputs))
-            out = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
-            torch.cuda.synchronize()
-            assert torch.isfinite(out).all()
+    for mode in ("tf32", "bf16x3"):  # the fused float32 cases; 5 channels still fall back
+        with cutlassfuse.float32_mode(mode):
+            for seed, case in enumerate(CASES):
+                inputs = make_inputs(**case, device="cuda", seed=seed)
+                print(cutlassfuse.explain(**inputs))
+                out = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
+                torch.cuda.synchronize()
+                assert torch.isfinite(out).all()
 
 
 if __name__ == "__main__":

@@ -20,6 +20,9 @@ enum class Float32Mode {
   // then this project's bias + ReLU + GroupNorm kernels. The default: the op's float32
   // numerics are those of the modules it replaces.
   kPyTorch,
+  // The fused tensor-core path on TF32: operands rounded to nearest TF32, as PyTorch's
+  // TF32 convolutions round them, float32 accumulation (math_mode.h).
+  kTf32,
   // The fused tensor-core path, each float32 operand split into bfloat16 pieces and the
   // products summed in fp32 (float32_split.h).
   kBf16x3,

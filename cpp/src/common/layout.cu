@@ -115,6 +115,34 @@ ndhwc_to_ncdhw_kernel(const T* __restrict__ src, T* __restrict__ dst, int channe
   }
 }
 
+// A block's extent: (spatial tile, channel tile, n) of tile_grid.
+struct BlockTile {
+  int64_t n, s_begin;
+  int c_begin, s_count, c_count;
+
+  __device__ BlockTile(int channels, int64_t spatial)
+      : n(blockIdx.z), s_begin(blockIdx.x * int64_t{kTile}), c_begin(blockIdx.y * kTile),
+        s_count(static_cast<int>(min(spatial - s_begin, int64_t{kTile}))), c_count(min(kTile, channels - c_begin)) {}
+};
+
+// Loads a float32 block tile [s][c] of a block (spatial tile, channel tile, n), from
+// NCDHW or NDHWC, one element per lane along the source's contiguous dimension.
+template <bool kChannelsLastSource>
+__device__ __forceinline__ void load_float_tile(const float* __restrict__ src, float (*tile)[kTile + 1], int channels,
+                                                int64_t spatial, const BlockTile& b) {
+  const int inner = threadIdx.x % kTile;  // along the source's contiguous dimension
+  for (int outer = threadIdx.x / kTile; outer < (kChannelsLastSource ? b.s_count : b.c_count);
+       outer += kThreads / kTile) {
+    if constexpr (kChannelsLastSource) {
+      if (inner < b.c_count)
+        tile[outer][inner] = src[(b.n * spatial + b.s_begin + outer) * channels + b.c_begin + inner];
+    } else {
+      if (inner < b.s_count)
+        tile[inner][outer] = src[(b.n * channels + b.c_begin + outer) * spatial + b.s_begin + inner];
+    }
+  }
+}
+
 // Block (spatial tile, channel tile, n), as above, reading float32 (through the tile
 // when the source is NCDHW) and writing, per 8 channels of a pixel, one 16-byte
 // bfloat16 vector into each of the kProducts channel blocks (float32_split.h).
@@ -122,27 +150,15 @@ template <bool kChannelsLastSource>
 __global__ void __launch_bounds__(kThreads)
 split_float32_kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ dst, int channels, int64_t spatial) {
   __shared__ float tile[kTile][kTile + 1];  // [s][c]; +1 keeps the transposed accesses off one bank
-  const int64_t n = blockIdx.z;
-  const int64_t s_begin = blockIdx.x * int64_t{kTile};
-  const int c_begin = blockIdx.y * kTile;
-  const int s_count = static_cast<int>(min(spatial - s_begin, int64_t{kTile}));
-  const int c_count = min(kTile, channels - c_begin);
-
-  const int inner = threadIdx.x % kTile;  // along the source's contiguous dimension
-  for (int outer = threadIdx.x / kTile; outer < (kChannelsLastSource ? s_count : c_count); outer += kThreads / kTile) {
-    if constexpr (kChannelsLastSource) {
-      if (inner < c_count) tile[outer][inner] = src[(n * spatial + s_begin + outer) * channels + c_begin + inner];
-    } else {
-      if (inner < s_count) tile[inner][outer] = src[(n * channels + c_begin + outer) * spatial + s_begin + inner];
-    }
-  }
+  const BlockTile b(channels, spatial);
+  load_float_tile<kChannelsLastSource>(src, tile, channels, spatial, b);
   __syncthreads();
 
   using namespace float32_split;
   constexpr int kVectorsPerRow = kTile / kVector;
   const int store_c = (threadIdx.x % kVectorsPerRow) * kVector;
-  if (store_c >= c_count) return;
-  for (int s = threadIdx.x / kVectorsPerRow; s < s_count; s += kThreads / kVectorsPerRow) {
+  if (store_c >= b.c_count) return;
+  for (int s = threadIdx.x / kVectorsPerRow; s < b.s_count; s += kThreads / kVectorsPerRow) {
     uint4 raw[kPieces];
 #pragma unroll
     for (int k = 0; k < kVector; ++k) {
@@ -156,11 +172,38 @@ split_float32_kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ 
         if (!isfinite(rest)) rest = 0.f;
       }
     }
-    __nv_bfloat16* row = dst + (n * spatial + s_begin + s) * kProducts * channels + c_begin + store_c;
+    __nv_bfloat16* row = dst + (b.n * spatial + b.s_begin + s) * kProducts * channels + b.c_begin + store_c;
 #pragma unroll
     for (int block = 0; block < kProducts; ++block) {
       *reinterpret_cast<uint4*>(row + block * channels) = raw[input_piece(block)];
     }
+  }
+}
+
+// Block (spatial tile, channel tile, n), as above, writing each pixel's channels
+// rounded to nearest TF32, 4 channels (16 bytes) per store.
+template <bool kChannelsLastSource>
+__global__ void __launch_bounds__(kThreads)
+round_tf32_kernel(const float* __restrict__ src, float* __restrict__ dst, int channels, int64_t spatial) {
+  __shared__ float tile[kTile][kTile + 1];  // [s][c]
+  const BlockTile b(channels, spatial);
+  load_float_tile<kChannelsLastSource>(src, tile, channels, spatial, b);
+  __syncthreads();
+
+  constexpr int kFloatVector = 4;
+  constexpr int kVectorsPerRow = kTile / kFloatVector;  // 16
+  const int store_c = (threadIdx.x % kVectorsPerRow) * kFloatVector;
+  if (store_c >= b.c_count) return;
+  for (int s = threadIdx.x / kVectorsPerRow; s < b.s_count; s += kThreads / kVectorsPerRow) {
+    const float4 rounded{round_to_tf32(tile[s][store_c]), round_to_tf32(tile[s][store_c + 1]),
+                         round_to_tf32(tile[s][store_c + 2]), round_to_tf32(tile[s][store_c + 3])};
+    *reinterpret_cast<float4*>(dst + (b.n * spatial + b.s_begin + s) * channels + b.c_begin + store_c) = rounded;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) round_tf32_in_place_kernel(float* __restrict__ data, int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < count; i += int64_t{gridDim.x} * kThreads) {
+    data[i] = round_to_tf32(data[i]);
   }
 }
 
@@ -238,18 +281,36 @@ void repeat_row(const void* row, int64_t row_bytes, int64_t copies, void* dst, c
   check_launch("repeat_row_kernel");
 }
 
+// A float32 tile kernel of either source layout over tile_grid.
+template <class Out>
+void launch_float_tiles(const char* what, void (*nchw)(const float*, Out*, int, int64_t),
+                        void (*channels_last)(const float*, Out*, int, int64_t), const void* src,
+                        bool channels_last_source, void* dst, int64_t batch, int64_t channels, int64_t spatial,
+                        cudaStream_t stream) {
+  check_shape(what, batch, channels);
+  const auto kernel = channels_last_source ? channels_last : nchw;
+  kernel<<<tile_grid(batch, channels, spatial), kThreads, 0, stream>>>(
+      static_cast<const float*>(src), static_cast<Out*>(dst), static_cast<int>(channels), spatial);
+  check_launch(what);
+}
+
 void split_float32_ndhwc(const void* src, bool channels_last_source, void* dst, int64_t batch, int64_t channels,
                          int64_t spatial, cudaStream_t stream) {
-  check_shape("split_float32_ndhwc", batch, channels);
-  const auto* in = static_cast<const float*>(src);
-  auto* out = static_cast<__nv_bfloat16*>(dst);
-  const dim3 grid = tile_grid(batch, channels, spatial);
-  if (channels_last_source) {
-    split_float32_kernel<true><<<grid, kThreads, 0, stream>>>(in, out, static_cast<int>(channels), spatial);
-  } else {
-    split_float32_kernel<false><<<grid, kThreads, 0, stream>>>(in, out, static_cast<int>(channels), spatial);
-  }
-  check_launch("split_float32_kernel");
+  launch_float_tiles<__nv_bfloat16>("split_float32_kernel", split_float32_kernel<false>, split_float32_kernel<true>,
+                                    src, channels_last_source, dst, batch, channels, spatial, stream);
+}
+
+void round_tf32_ndhwc(const void* src, bool channels_last_source, void* dst, int64_t batch, int64_t channels,
+                      int64_t spatial, cudaStream_t stream) {
+  launch_float_tiles<float>("round_tf32_kernel", round_tf32_kernel<false>, round_tf32_kernel<true>, src,
+                            channels_last_source, dst, batch, channels, spatial, stream);
+}
+
+void round_tf32_in_place(void* data, int64_t count, cudaStream_t stream) {
+  if (count == 0) return;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(count, kThreads), 1024));
+  round_tf32_in_place_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<float*>(data), count);
+  check_launch("round_tf32_in_place_kernel");
 }
 
 }  // namespace cutlassfuse

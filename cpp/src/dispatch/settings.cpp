@@ -32,16 +32,22 @@ BackendFlags exchange_backend_flags(const std::function<BackendFlags(BackendFlag
   return previous;
 }
 
-const char* float32_mode_name(Float32Mode mode) { return mode == Float32Mode::kBf16x3 ? "bf16x3" : "pytorch"; }
+const char* float32_mode_name(Float32Mode mode) {
+  switch (mode) {
+    case Float32Mode::kTf32: return "tf32";
+    case Float32Mode::kBf16x3: return "bf16x3";
+    default: return "pytorch";
+  }
+}
 
 std::optional<Float32Mode> float32_mode_from_name(std::string_view name) {
-  for (Float32Mode mode : {Float32Mode::kPyTorch, Float32Mode::kBf16x3}) {
+  for (Float32Mode mode : {Float32Mode::kPyTorch, Float32Mode::kTf32, Float32Mode::kBf16x3}) {
     if (name == float32_mode_name(mode)) return mode;
   }
   return std::nullopt;
 }
 
-const char* float32_mode_names() { return "pytorch, bf16x3"; }
+const char* float32_mode_names() { return "pytorch, tf32, bf16x3"; }
 
 const char* conv_gradients_name(ConvGradients choice) {
   switch (choice) {

@@ -49,7 +49,7 @@ at::Tensor gradient(const at::Tensor& grad_output, const at::Tensor& input, cons
   at::Tensor out = at::empty_like(Of == Gradient::kInput ? input : weight, at::MemoryFormat::ChannelsLast3d);
   with_math(c.math, [&](auto m) {
     constexpr MathMode math = decltype(m)::value;
-    if constexpr (math != MathMode::kFloat32AsBf16x3) {
+    if constexpr (is_16_bit(math)) {
       if constexpr (Of == Gradient::kInput) {
         sm90::conv_transpose_input_gradient<math>(c.problem, c.dz.data_ptr(), c.operand.data_ptr(), out.data_ptr(),
                                                   sm_count, stream);

@@ -45,4 +45,8 @@ DgradConfig choose_config(const Problem& problem) {
   return DgradConfig::k128x128_pingpong;
 }
 
+DgradConfig choose_forward_config(const Problem& problem) {
+  return problem.out_channels <= 64 ? DgradConfig::k128x64_pingpong : DgradConfig::k128x128_pingpong;
+}
+
 }  // namespace cutlassfuse::sm90

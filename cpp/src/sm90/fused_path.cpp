@@ -51,10 +51,10 @@ bool reads_pixel_major(const at::Tensor& input, MathMode math, const Problem& ge
   if (!input.is_contiguous()) return false;
   if (input.is_contiguous(at::MemoryFormat::ChannelsLast3d)) return false;  // also NCDHW-contiguous when C or DHW is 1
   return with_math(math, [&](auto m) {
-    if constexpr (decltype(m)::value == MathMode::kFloat32AsBf16x3) {
-      return false;
-    } else {
+    if constexpr (is_16_bit(decltype(m)::value)) {
       return pixel_major_gemm_unsupported_reason<decltype(m)::value>(gemm).empty();
+    } else {
+      return false;
     }
   });
 }
@@ -74,7 +74,8 @@ Launches describe_launches(const Call& call, MathMode math) {
   // NCDHW input: a pinned configuration other than that runs as pinned.
   l.pixel_major = shuffle_gemm && (!flags.dgrad_config || *flags.dgrad_config == DgradConfig::k128x128_pingpong) &&
                   reads_pixel_major(call.args.input, math, l.conv);
-  l.config = l.pixel_major ? DgradConfig::k128x128_pingpong : flags.dgrad_config.value_or(choose_config(l.conv));
+  const DgradConfig chosen = runs_forward_convolution(math) ? choose_forward_config(l.conv) : choose_config(l.conv);
+  l.config = l.pixel_major ? DgradConfig::k128x128_pingpong : flags.dgrad_config.value_or(chosen);
   l.schedule = {flags.skip_border_taps, flags.drawn_tile_schedule};
   l.phase_streams = flags.phase_streams;
   if (l.conv.out_channels != p.out_channels) {
@@ -140,16 +141,20 @@ std::string FusedCall::description() const {
            " output blocks) reading the NCDHW input as it is: CUTLASS sm90 GEMM, M-major input, batched over "
            "samples, 128x128_pingpong (epilogue: bias, ReLU, GroupNorm partial statistics) + normalize";
   }
-  std::string launches = "CUTLASS sm90 dgrad ";
+  const std::string kernel = runs_forward_convolution(l_.math) ? "CUTLASS sm90 fprop over the reversed K-major filter "
+                                                               : "CUTLASS sm90 dgrad ";
+  std::string launches = kernel;
   if (l_.blocks() > 1) {
     launches = "pixel-shuffle GEMM (kernel == stride; one launch for " + std::to_string(l_.blocks()) +
-               " output blocks) of CUTLASS sm90 dgrad ";
+               " output blocks) of " + kernel;
   } else if (l_.subpixel.phases.size() > 1) {
-    launches = std::to_string(l_.subpixel.phases.size()) + " sub-pixel phases of CUTLASS sm90 dgrad ";
+    launches = std::to_string(l_.subpixel.phases.size()) + " sub-pixel phases of " + kernel;
   }
   if (l_.subpixel.unreached_pixels > 0) launches = "ReLU(bias) fill of unreached pixels + " + launches;
   if (l_.math == MathMode::kFloat32AsBf16x3) {
     launches = "float32 as three bfloat16 piece products (float32 mode 'bf16x3'): " + launches;
+  } else if (l_.math == MathMode::kFloat32AsTf32) {
+    launches = "float32 on TF32 tensor cores, operands rounded to nearest TF32 (float32 mode 'tf32'): " + launches;
   }
   return launches + config_name(l_.config) + " (epilogue: bias, ReLU, GroupNorm partial statistics) + normalize" +
          schedule_description();
@@ -163,7 +168,10 @@ std::string FusedCall::schedule_description() const {
   std::string text;
   if (is_pingpong(l_.config)) {
     std::vector<bool> skips;
-    for (const PhaseProblem& phase : phases) skips.push_back(phase_skips_border_taps(l_.conv, phase, l_.schedule));
+    // The forward convolutions run every K block of every tile.
+    for (const PhaseProblem& phase : phases) {
+      skips.push_back(!runs_forward_convolution(l_.math) && phase_skips_border_taps(l_.conv, phase, l_.schedule));
+    }
     // A launch draws its units (unit_schedule()) with clusters of one, where its units
     // are uneven (some phase skips taps) and more than two per CTA (one per SM).
     const int sm_count = at::cuda::getDeviceProperties(call_.args.input.device().index())->multiProcessorCount;
@@ -225,10 +233,10 @@ void FusedCall::launch_deconvolution(const DgradOperands& operands, int sm_count
   }
   const NvtxRange range("cutlassfuse.gemm_bias_relu_stats");
   with_math(l_.math, [&](auto m) {
-    if constexpr (decltype(m)::value == MathMode::kFloat32AsBf16x3) {
-      TORCH_INTERNAL_ASSERT(false, "the pixel-major GEMM takes 16-bit inputs");
-    } else {
+    if constexpr (is_16_bit(decltype(m)::value)) {
       pixel_major_gemm_fused<decltype(m)::value>(l_.conv, operands, sm_count, stream);
+    } else {
+      TORCH_INTERNAL_ASSERT(false, "the pixel-major GEMM takes 16-bit inputs");
     }
   });
 }
@@ -280,7 +288,7 @@ ForwardOutputs FusedCall::run() const {
   workspace.allocate(options);
 
   const void* input = left.prepare(workspace, stream);
-  const at::Tensor filter = right_operand(a, l_.math);
+  const at::Tensor filter = right_operand(a, l_.math, c, stream);
   StatisticsSources sources = l_.sources;
   std::optional<at::Tensor> bias, gamma, beta;
   sources.bias = data_or_null(a.bias, bias);

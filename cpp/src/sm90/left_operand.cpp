@@ -13,6 +13,8 @@ LeftOperand::LeftOperand(const at::Tensor& input, MathMode math, const Problem& 
     : input_(input), math_(math), problem_(p), channels_last_(input.is_contiguous(at::MemoryFormat::ChannelsLast3d)) {
   if (math == MathMode::kFloat32AsBf16x3) {
     converted_ = workspace.reserve(gemm_in_channels(math, p.input_numel()) * c10::elementSize(at::kBFloat16));
+  } else if (math == MathMode::kFloat32AsTf32) {
+    converted_ = workspace.reserve(input.nbytes());
   } else if (!channels_last_ && !pixel_major) {
     converted_ = workspace.reserve(input.nbytes());
   }
@@ -26,6 +28,9 @@ const void* LeftOperand::prepare(const CallWorkspace& workspace, cudaStream_t st
   if (math_ == MathMode::kFloat32AsBf16x3) {
     const NvtxRange range("cutlassfuse.split_float32");
     split_float32_ndhwc(src.data_ptr(), channels_last_, dst, p.batch, p.in_channels, p.input_spatial(), stream);
+  } else if (math_ == MathMode::kFloat32AsTf32) {
+    const NvtxRange range("cutlassfuse.round_tf32");
+    round_tf32_ndhwc(src.data_ptr(), channels_last_, dst, p.batch, p.in_channels, p.input_spatial(), stream);
   } else {
     const NvtxRange range("cutlassfuse.ncdhw_to_ndhwc");
     ncdhw_to_ndhwc(activation_element(math_), src.data_ptr(), dst, p.batch, p.in_channels, p.input_spatial(), stream);
@@ -50,12 +55,32 @@ at::Tensor split_filter(const at::Tensor& packed) {
   return at::cat(blocks, 0);
 }
 
+// The packed filter [Cin, T, R, S, Cout] as `conv`'s forward convolutions read it: the
+// dgrad's filter [Cin, T', R', S', Cout'] of `conv` (for the pixel-shuffle GEMM, 1x1x1
+// with the blocks' channels side by side), taps reversed, packed [Cout', T', R', S', Cin].
+at::Tensor forward_filter_tf32(const at::Tensor& packed, const Problem& conv, cudaStream_t stream) {
+  const auto& k = conv.kernel_size;
+  at::Tensor filter = packed.view({conv.in_channels, k[0], k[1], k[2], conv.out_channels})
+                          .flip({1, 2, 3})
+                          .permute({4, 1, 2, 3, 0})
+                          .contiguous();
+  round_tf32_in_place(filter.data_ptr(), filter.numel(), stream);
+  return filter;
+}
+
 }  // namespace
 
-at::Tensor right_operand(const OpArgs& a, MathMode math) {
+at::Tensor right_operand(const OpArgs& a, MathMode math, const Problem& conv, cudaStream_t stream) {
   const at::Tensor packed =
       present(a.packed_weight) ? a.packed_weight->contiguous() : a.weight.permute({0, 2, 3, 4, 1}).contiguous();
-  return math == MathMode::kFloat32AsBf16x3 ? split_filter(packed) : packed;
+  switch (math) {
+    case MathMode::kFloat32AsBf16x3: return split_filter(packed);
+    case MathMode::kFloat32AsTf32: {
+      const NvtxRange range("cutlassfuse.forward_filter_tf32");
+      return forward_filter_tf32(packed, conv, stream);
+    }
+    default: return packed;
+  }
 }
 
 }  // namespace cutlassfuse::sm90

@@ -30,10 +30,13 @@ class LeftOperand {
   std::optional<CallWorkspace::Region> converted_;
 };
 
-// The filter [Cin, T, R, S, Cout] as the right operand: the caller's pre-packed copy
-// when given (the module caches one per weight version), else permuted here; for
-// bf16x3, block b along Cin holds piece filter_piece(b) (split through ATen: the filter
-// is small next to the input).
-at::Tensor right_operand(const OpArgs& args, MathMode math);
+// The filter as the right operand of the GEMMs of `conv` (the problem the kernels run:
+// the call's, or its pixel-shuffle GEMM's): [Cin, T, R, S, Cout], the caller's
+// pre-packed copy when given (the module caches one per weight version), else permuted
+// here; for bf16x3, block b along Cin holds piece filter_piece(b) (split through ATen:
+// the filter is small next to the input). For TF32, the forward convolutions' filter:
+// taps reversed, packed K-major [Cout, T, R, S, Cin], rounded to nearest TF32 on
+// `stream`.
+at::Tensor right_operand(const OpArgs& args, MathMode math, const Problem& conv, cudaStream_t stream);
 
 }  // namespace cutlassfuse::sm90

@@ -35,7 +35,7 @@ at::Tensor cutlass_dgrad_plain(const OpArgs& a) {
   workspace.allocate(a.input.options());
   auto* unit_counters = workspace.at<sm90::UnitCounter>(unit_counters_region);
   const void* input = left.prepare(workspace, stream);
-  const at::Tensor filter = sm90::right_operand(a, math);
+  const at::Tensor filter = sm90::right_operand(a, math, p, stream);
   const auto options = a.input.options().memory_format(at::MemoryFormat::ChannelsLast3d);
   const std::vector<int64_t> size{p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]};
   // Pixels no input reaches are zeros of the convolution (it has no bias here).
@@ -50,7 +50,7 @@ at::Tensor cutlass_dgrad_plain(const OpArgs& a) {
   const sm90::DgradConfig config = flags.dgrad_config.value_or(sm90::choose_config(p));
   const sm90::ScheduleOptions schedule{flags.skip_border_taps, flags.drawn_tile_schedule};
   with_math(math, [&](auto m) {
-    if constexpr (decltype(m)::value != MathMode::kFloat32AsBf16x3) {
+    if constexpr (is_16_bit(decltype(m)::value)) {
       sm90::dgrad_plain<decltype(m)::value>(config, p, launches, schedule, sm_count, stream);
     }
   });

@@ -1,7 +1,8 @@
 // Layout conversions: the deconvolution's input from NCDHW (PyTorch's default) to the
 // NDHWC the tensor-core kernel reads through TMA, the backward's tensors both ways, one
 // pass at memory bandwidth (ATen's generic permuted copy runs at a fifth of it on this
-// access pattern); the bias repeated per block of the pixel-shuffle GEMM's columns.
+// access pattern), with float32 split into bfloat16 pieces or rounded to TF32 on the
+// way; the bias repeated per block of the pixel-shuffle GEMM's columns.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -28,6 +29,16 @@ void ndhwc_to_ncdhw(ElementType element, const void* src, void* dst, int64_t bat
 // of each value (float32_split.h). channels % 8 == 0.
 void split_float32_ndhwc(const void* src, bool channels_last_source, void* dst, int64_t batch, int64_t channels,
                          int64_t spatial, cudaStream_t stream);
+
+// The TF32 path's left operand in one pass: src float32, [batch, channels, spatial]
+// (NCDHW) or [batch, spatial, channels] (channels_last_source); dst float32
+// [batch, spatial, channels], each value rounded to nearest TF32 (round_to_tf32).
+// channels % 8 == 0.
+void round_tf32_ndhwc(const void* src, bool channels_last_source, void* dst, int64_t batch, int64_t channels,
+                      int64_t spatial, cudaStream_t stream);
+
+// data[i] = round_to_tf32(data[i]) for i < count (float32).
+void round_tf32_in_place(void* data, int64_t count, cudaStream_t stream);
 
 // dst[i * row_bytes + j] = row[j] for i < copies, j < row_bytes.
 void repeat_row(const void* row, int64_t row_bytes, int64_t copies, void* dst, cudaStream_t stream);

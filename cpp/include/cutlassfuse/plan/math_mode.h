@@ -1,5 +1,5 @@
 // What a tensor-core path multiplies, apart from what the tensors hold: a float32 call
-// stores float32 but may multiply bfloat16 pieces (or, on a future path, TF32).
+// stores float32 but multiplies TF32 (its operands rounded to nearest) or bfloat16 pieces.
 #pragma once
 
 #include <optional>
@@ -17,7 +17,18 @@ enum class MathMode {
   // float32 operands split into bfloat16 pieces, three products in one GEMM over three
   // times the input channels (float32_split.h)
   kFloat32AsBf16x3,
+  // float32 operands rounded to nearest TF32 (10-bit mantissa), float32 accumulation.
+  // TF32 wgmma reads both operands K-major, which a dgrad's filter is not: each phase
+  // runs as the forward convolution of its input with the reversed filter
+  // (runs_forward_convolution).
+  kFloat32AsTf32,
 };
+
+constexpr bool is_16_bit(MathMode math) { return math == MathMode::kFloat16 || math == MathMode::kBFloat16; }
+
+// Whether the phases run as forward convolutions over the reversed, K-major filter
+// [Cout, T, R, S, Cin] (PhaseProblem::flipped_filter) rather than as dgrads.
+constexpr bool runs_forward_convolution(MathMode math) { return math == MathMode::kFloat32AsTf32; }
 
 // The math of a tensor-core call in `element`, or nothing where the float32 mode asks
 // for PyTorch's own convolution (settings.h).
@@ -25,7 +36,12 @@ constexpr std::optional<MathMode> tensor_core_math(ElementType element, Float32M
   switch (element) {
     case ElementType::kFloat16: return MathMode::kFloat16;
     case ElementType::kBFloat16: return MathMode::kBFloat16;
-    default: return float32 == Float32Mode::kBf16x3 ? std::optional(MathMode::kFloat32AsBf16x3) : std::nullopt;
+    default:
+      switch (float32) {
+        case Float32Mode::kTf32: return MathMode::kFloat32AsTf32;
+        case Float32Mode::kBf16x3: return MathMode::kFloat32AsBf16x3;
+        default: return std::nullopt;
+      }
   }
 }
 
@@ -49,6 +65,7 @@ decltype(auto) with_math(MathMode math, F&& f) {
   switch (math) {
     case MathMode::kBFloat16: return f(std::integral_constant<MathMode, MathMode::kBFloat16>{});
     case MathMode::kFloat32AsBf16x3: return f(std::integral_constant<MathMode, MathMode::kFloat32AsBf16x3>{});
+    case MathMode::kFloat32AsTf32: return f(std::integral_constant<MathMode, MathMode::kFloat32AsTf32>{});
     default: return f(std::integral_constant<MathMode, MathMode::kFloat16>{});
   }
 }

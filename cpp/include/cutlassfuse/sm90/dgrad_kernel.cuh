@@ -1,5 +1,7 @@
 // Type assembly of the sm90 fused dgrad family: epilogue visitor tree, collective
-// epilogue and mainloop from CUTLASS's builders, kernel and device adapter.
+// epilogue and mainloop from CUTLASS's builders, kernel and device adapter. The phases
+// run as CUTLASS dgrads, or (TF32, math_mode.h) as forward convolutions over the
+// reversed filter: the same tiles, epilogue and kernel layers.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -25,8 +27,11 @@ enum class Schedule { kNonPersistent, kPingpong };
 
 template <int TileM, int TileN, int ClusterM, Schedule KernelSchedule = Schedule::kNonPersistent>
 struct TileConfig {
-  // The conv builders expect the K mode wrapped in its own tuple.
-  using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Shape<cute::_64>>;
+  // K blocks of 128 bytes, one 128-byte swizzle atom: 64 16-bit or 32 float32 (TF32)
+  // channels. The conv builders expect the K mode wrapped in its own tuple.
+  template <class ElementIn>
+  using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>,
+                                cute::Shape<cute::Int<128 / static_cast<int>(sizeof(ElementIn))>>>;
   using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::_1, cute::_1>;
   static constexpr bool kPingpong = KernelSchedule == Schedule::kPingpong;
   // Epilogue subtile: CUTLASS's choice (64x32) for its own kernel; 64x64 for the
@@ -58,13 +63,16 @@ struct FusedEpilogueTree {
 // ElementIn: input and filter (the tensor-core operands); ElementOut: bias, the stored
 // activation and the statistics' staging tile. Equal for float16/bfloat16 calls;
 // float32 calls in bf16x3 run bfloat16 operands (three products; sm90/left_operand.h)
-// with a float32 activation.
-template <class ElementIn, class ElementOut, class Config_>
+// with a float32 activation, in TF32 float32 operands (TF32 wgmma) as forward
+// convolutions (ConvOp kFprop: input view and flipped filter, both K-major).
+template <class ElementIn, class ElementOut, class Config_,
+          cutlass::conv::Operator ConvOp = cutlass::conv::Operator::kDgrad>
 struct DgradFusedKernel {
   using Config = Config_;
+  static constexpr cutlass::conv::Operator kConvOp = ConvOp;
   using Layout = cutlass::layout::TensorNDHWC;
   using Accumulator = float;
-  using TileShape = typename Config::TileShape;
+  using TileShape = typename Config::template TileShape<ElementIn>;
   using ClusterShape = typename Config::ClusterShape;
   using Trees = FusedEpilogueTree<ElementOut, TileShape>;
   static constexpr int kAlignmentIn = 128 / cutlass::sizeof_bits<ElementIn>::value;  // 16-byte vectors
@@ -86,14 +94,13 @@ struct DgradFusedKernel {
                         : static_cast<int>(sizeof(typename EpilogueWith<typename Trees::BiasRelu>::SharedStorage));
 
   using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kDgrad, ElementIn, Layout,
-      kAlignmentIn, ElementIn, Layout, kAlignmentIn, Accumulator, TileShape, ClusterShape,
-      cutlass::conv::collective::StageCountAutoCarveout<kCarveout>,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ConvOp, ElementIn, Layout, kAlignmentIn, ElementIn, Layout,
+      kAlignmentIn, Accumulator, TileShape, ClusterShape, cutlass::conv::collective::StageCountAutoCarveout<kCarveout>,
       cutlass::conv::collective::KernelScheduleAuto>::CollectiveOp;
 
-  using ProblemShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kDgrad, 3>;
+  using ProblemShape = cutlass::conv::ConvProblemShape<ConvOp, 3>;
   using Kernel =
-      std::conditional_t<Config::kPingpong, PingpongPhasesKernel<DgradShape, Mainloop, Epilogue, kMaxPhasesPerLaunch>,
+      std::conditional_t<Config::kPingpong, PingpongPhasesKernel<ProblemShape, Mainloop, Epilogue, kMaxPhasesPerLaunch>,
                          cutlass::conv::kernel::ConvUniversal<ProblemShape, Mainloop, Epilogue>>;
   static_assert(sizeof(typename Kernel::SharedStorage) <= 227 * 1024, "shared memory over the sm90 limit");
 };
