@@ -3,9 +3,11 @@ packed once, as the module caches it), next to cuDNN's convolution alone, from
 torch.profiler (CUPTI) over repeated calls.
 
     python benchmarks/kernel_breakdown.py [--shape kb61] [--dtype float16] [--config 128x64_pingpong]
+                                          [--float32-mode tf32]
 
 --config pins the sm90 kernel configuration (cutlassfuse.backends dgrad_config; "auto",
-the default, is the heuristic's choice).
+the default, is the heuristic's choice). --float32-mode: the float32 mode of float32
+runs ("tf32", the default, or "bf16x3"; "pytorch" runs the fallback).
 
 --shape takes a benchmark shape name (kb61, kb61_v0, unet_k2s2, gan_k4s2p1,
 vid_k3s2p1op1) or N,Cin,Cout,D,H,W,kernel,stride,padding,output_padding,groups.
@@ -25,7 +27,8 @@ from cutlassfuse import backends
 from cutlassfuse.bench import parse_shape
 
 REPEATS = 20
-KERNEL_KEYS = ("PingpongPhasesKernel", "ConvUniversal", "ncdhw_to_ndhwc", "split_float32", "fill_unreached",
+KERNEL_KEYS = ("PingpongPhasesKernel", "ConvUniversal", "ncdhw_to_ndhwc", "split_float32", "round_tf32",
+               "fill_unreached",
                "group_norm_finalize", "group_norm_finish_bulk", "group_norm_finish_kernel<__half, true",
                "group_norm_finish_kernel<__half, false",
                "relu_group_norm_stats", "normalize_channels")
@@ -59,6 +62,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--config", default="auto", choices=["auto", *backends.dgrad_configs()],
                         help="pin the sm90 kernel configuration")
+    parser.add_argument("--float32-mode", default="tf32", choices=["tf32", "bf16x3", "pytorch"])
     args = parser.parse_args()
     shape = parse_shape(args.shape)
     dtype = getattr(torch, args.dtype)
@@ -78,8 +82,8 @@ def main() -> None:
         "cutlassfuse fallback (fused path off), NCDHW input": lambda: cutlassfuse.conv_transpose3d_relu_group_norm(
             x, w, num_groups=shape.groups, **conv),
     }
-    # float32 on the fused path is opt-in; the fallback run shows the default (strict fp32).
-    float32_mode = "bf16x3" if dtype == torch.float32 else "pytorch"
+    # float32 on the fused path is opt-in; the fallback run shows the default.
+    float32_mode = args.float32_mode if dtype == torch.float32 else "pytorch"
     with cutlassfuse.float32_mode(float32_mode), backends.flags(dgrad_config=args.config):
         print(f"{shape.name} {args.dtype}: {cutlassfuse.explain(x, w, num_groups=shape.groups, **conv)}")
         for title, fn in runs.items():

@@ -113,9 +113,23 @@ def tf32_rounded(t: torch.Tensor, nearest: bool) -> torch.Tensor:
     return (bits & ~0x1FFF).view(torch.float32).view_as(t)
 
 
-def eager_tf32(call: dict) -> torch.Tensor:
-    with torch.backends.cudnn.flags(enabled=True, allow_tf32=True):
-        return eager(call)
+def eager_error(call: dict, reference: torch.Tensor, allow_tf32: bool) -> float:
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=allow_tf32):
+        return errors(eager(call), reference).max_abs
+
+
+def tf32_bound(call: dict, reference: torch.Tensor) -> float:
+    """What the "tf32" mode's max abs error against float64 may reach: eager's own with
+    TF32 allowed, where cuDNN ran the layer on TF32 (its error then well above its strict
+    fp32 error); where cuDNN chose a float32 algorithm anyway (small layers), the error
+    that rounding the operands to nearest TF32 costs exact arithmetic, with 5% for the
+    float32 accumulation. Plus one float32 ulp of the largest output."""
+    ulp = torch.finfo(torch.float32).eps * reference.abs().max().item()
+    theirs = eager_error(call, reference, allow_tf32=True)
+    if theirs > 4 * eager_error(call, reference, allow_tf32=False):
+        return theirs + ulp
+    rounded = dict(call, input=tf32_rounded(call["input"], True), weight=tf32_rounded(call["weight"], True))
+    return 1.05 * errors(reference_float64(**rounded), reference).max_abs + ulp
 
 
 def run_tf32(call: dict, numel: int) -> torch.Tensor:
@@ -133,17 +147,15 @@ def run_tf32(call: dict, numel: int) -> torch.Tensor:
 def test_tf32_mode_is_as_accurate_as_eager_tf32(case: dict):
     """On the fused path's 60 edge-case and random layers (strides 1-3, sub-pixel phases,
     pixel-shuffle GEMMs, dilation, padding, bias and affine on and off, NCDHW and
-    channels_last_3d): max abs error against float64 no larger than eager's with TF32
-    allowed (plus one float32 ulp of the largest output), and bit-for-bit repeats."""
+    channels_last_3d): max abs error against float64 within tf32_bound (eager's own
+    with TF32 allowed), and bit-for-bit repeats."""
     call = case_inputs(case, torch.float32)
     with cutlassfuse.float32_mode("tf32"):
         path = cutlassfuse.explain(**call)
     assert path.startswith("fused_sm90: float32 on TF32 tensor cores"), path
     reference = reference_float64(**call)
     ours = run_tf32(call, output_numel(case))
-    theirs = errors(eager_tf32(call), reference).max_abs
-    ulp = torch.finfo(torch.float32).eps * reference.abs().max().item()
-    assert errors(ours, reference).max_abs <= theirs + ulp, (errors(ours, reference), theirs)
+    assert errors(ours, reference).max_abs <= tf32_bound(call, reference), errors(ours, reference)
     assert torch.equal(ours, run_tf32(call, output_numel(case))), "two runs differ"
 
 
@@ -160,8 +172,7 @@ def test_tf32_mode_runs_every_config_of_clusters_of_one(case: dict, config: str)
         assert config in path, path
         ours = run_tf32(call, output_numel(case))
     reference = reference_float64(**call)
-    ulp = torch.finfo(torch.float32).eps * reference.abs().max().item()
-    assert errors(ours, reference).max_abs <= errors(eager_tf32(call), reference).max_abs + ulp
+    assert errors(ours, reference).max_abs <= tf32_bound(call, reference)
 
 
 @pytest.mark.requires_sm90
