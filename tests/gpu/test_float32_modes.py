@@ -121,13 +121,15 @@ def eager_error(call: dict, reference: torch.Tensor, allow_tf32: bool) -> float:
 def tf32_bound(call: dict, reference: torch.Tensor) -> float:
     """What the "tf32" mode's max abs error against float64 may reach: eager's own with
     TF32 allowed, where cuDNN ran the layer on TF32 (its error then well above its strict
-    fp32 error); where cuDNN chose a float32 algorithm anyway (small layers), the error
-    that rounding the operands to nearest TF32 costs exact arithmetic, with 5% for the
-    float32 accumulation. Plus one float32 ulp of the largest output."""
+    fp32 error), to within 1%: both round the operands alike, so their largest errors
+    differ only by the float32 summation order (measured up to 0.3% either way). Where
+    cuDNN chose a float32 algorithm anyway (small layers), the error that rounding the
+    operands to nearest TF32 costs exact arithmetic, with 5% for the float32 summation.
+    Plus one float32 ulp of the largest output."""
     ulp = torch.finfo(torch.float32).eps * reference.abs().max().item()
     theirs = eager_error(call, reference, allow_tf32=True)
     if theirs > 4 * eager_error(call, reference, allow_tf32=False):
-        return theirs + ulp
+        return 1.01 * theirs + ulp
     rounded = dict(call, input=tf32_rounded(call["input"], True), weight=tf32_rounded(call["weight"], True))
     return 1.05 * errors(reference_float64(**rounded), reference).max_abs + ulp
 

@@ -13,8 +13,8 @@ struct DgradPlainKernel {
   static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Config::template TileShape<Element>,
-      typename Config::ClusterShape, typename Config::EpilogueTile, float, float, void, Layout, kAlignment, Element,
-      Layout, kAlignment, cutlass::epilogue::TmaWarpSpecialized>::CollectiveOp;
+      typename Config::ClusterShape, typename Config::template EpilogueTile<Element>, float, float, void, Layout,
+      kAlignment, Element, Layout, kAlignment, cutlass::epilogue::TmaWarpSpecialized>::CollectiveOp;
   static constexpr int kCarveout = Config::kPingpong ? pingpong_carveout_bytes<Epilogue>()
                                                      : static_cast<int>(sizeof(typename Epilogue::SharedStorage));
   using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<

@@ -34,10 +34,15 @@ struct TileConfig {
                                 cute::Shape<cute::Int<128 / static_cast<int>(sizeof(ElementIn))>>>;
   using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::_1, cute::_1>;
   static constexpr bool kPingpong = KernelSchedule == Schedule::kPingpong;
-  // Epilogue subtile: CUTLASS's choice (64x32) for its own kernel; 64x64 for the
-  // ping-pong kernel, half the subtiles (each a barrier and a TMA store) per tile.
+  // Epilogue subtile: CUTLASS's choice (64x32) for its own kernel. For the ping-pong
+  // kernel, whose epilogue shared memory is carved out of the mainloop's stages: 64x64
+  // in 16 bits, half the subtiles (each a barrier and a TMA store) per tile; 64x32 for
+  // a float32 activation, whose store buffers at 64x64 (with the statistics' 64 KB
+  // staging tile) would leave the mainloop 3 stages of 32 KB, at 64x32 4.
+  template <class ElementOut>
   using EpilogueTile =
-      std::conditional_t<kPingpong, cute::Shape<cute::_64, cute::_64>, cutlass::epilogue::collective::EpilogueTileAuto>;
+      std::conditional_t<kPingpong, cute::Shape<cute::_64, cute::Int<sizeof(ElementOut) == 4 ? 32 : 64>>,
+                         cutlass::epilogue::collective::EpilogueTileAuto>;
 };
 
 template <class Element, class TileShape>
@@ -80,9 +85,9 @@ struct DgradFusedKernel {
 
   template <class Callbacks>
   using EpilogueWith = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape, typename Config::EpilogueTile,
-      Accumulator, Accumulator, void, Layout, kAlignmentOut, ElementOut, Layout, kAlignmentOut,
-      cutlass::epilogue::TmaWarpSpecialized, Callbacks>::CollectiveOp;
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      typename Config::template EpilogueTile<ElementOut>, Accumulator, Accumulator, void, Layout, kAlignmentOut,
+      ElementOut, Layout, kAlignmentOut, cutlass::epilogue::TmaWarpSpecialized, Callbacks>::CollectiveOp;
   using Epilogue = EpilogueWith<typename Trees::Tree>;
 
   // CUTLASS's sm90 conv kernel is non-persistent: its mainloop and epilogue shared
