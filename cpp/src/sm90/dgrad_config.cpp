@@ -8,11 +8,6 @@ TileExtent tile_extent(DgradConfig config) {
   return narrow ? TileExtent{128, 64} : TileExtent{128, 128};
 }
 
-TileExtent statistics_tile(DgradConfig config, bool float32_activation) {
-  const TileExtent tile = tile_extent(config);
-  return float32_activation && is_pingpong(config) ? TileExtent{tile.m, 64} : tile;
-}
-
 const char* config_name(DgradConfig config) {
   switch (config) {
     case DgradConfig::k128x64_cluster1x1: return "128x64_cluster1x1";

@@ -90,8 +90,7 @@ Launches describe_launches(const Call& call, MathMode math) {
 // Gives every launch's partials their region of the workspace, in launch order.
 void place_partials(Launches& l, const Problem& p) {
   TORCH_INTERNAL_ASSERT(l.regions() <= kMaxPartialsRegions);
-  const bool float32_activation = activation_element(l.math) == ElementType::kFloat32;
-  const TileExtent tile = l.pixel_major ? kPixelMajorGemmTile : statistics_tile(l.config, float32_activation);
+  const TileExtent tile = l.pixel_major ? kPixelMajorGemmTile : tile_extent(l.config);
   for (const PhaseProblem& phase : l.subpixel.phases) {
     GroupNormShape shape = phase_group_norm_shape(l.conv, phase);
     if (l.pixel_major) shape.spatial = pixel_major_statistics_rows(shape.spatial);

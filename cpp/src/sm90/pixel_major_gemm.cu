@@ -20,8 +20,7 @@ template <class Element>
 struct PixelMajorGemmKernel {
   using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  static constexpr int kStatisticsColumns = kPixelMajorGemmTile.n;  // 16-bit: the whole tile
-  using Trees = FusedEpilogueTree<Element, TileShape, kStatisticsColumns>;
+  using Trees = FusedEpilogueTree<Element, TileShape>;
   static constexpr int kAlignment = Trees::kAlignment;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape, cute::Shape<cute::_64, cute::_128>,

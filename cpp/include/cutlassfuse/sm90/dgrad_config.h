@@ -34,10 +34,6 @@ struct TileExtent {
   int n;
 };
 TileExtent tile_extent(DgradConfig config);
-// The tiles whose GroupNorm partial statistics the kernels of `config` reduce (the
-// partials' layout, TilePartials): the CTA tile, or for a float32 activation on the
-// ping-pong kernel its 64-column blocks (TileConfig::kStatisticsColumns).
-TileExtent statistics_tile(DgradConfig config, bool float32_activation);
 const char* config_name(DgradConfig config);
 std::optional<DgradConfig> config_from_name(std::string_view name);
 bool is_pingpong(DgradConfig config);

@@ -37,20 +37,15 @@ struct TileConfig {
   // Epilogue subtile: CUTLASS's choice (64x32) for its own kernel. For the ping-pong
   // kernel, whose epilogue shared memory is carved out of the mainloop's stages: 64x64
   // in 16 bits, half the subtiles (each a barrier and a TMA store) per tile; 64x32 for
-  // a float32 activation, whose store buffers at 64x64 would cost the mainloop a stage.
+  // a float32 activation, whose store buffers at 64x64 (with the statistics' 64 KB
+  // staging tile) would leave the mainloop 3 stages of 32 KB, at 64x32 4.
   template <class ElementOut>
   using EpilogueTile =
       std::conditional_t<kPingpong, cute::Shape<cute::_64, cute::Int<sizeof(ElementOut) == 4 ? 32 : 64>>,
                          cutlass::epilogue::collective::EpilogueTileAuto>;
-  // Columns the statistics visitor stages and reduces at a time: the tile's, or for a
-  // float32 activation on the ping-pong kernel 64 (group_norm_stats_visitor.cuh), whose
-  // 128 x 72 staging block instead of 128 x 136 leaves the mainloop a fifth stage of
-  // 32 KB. The host lays the partials out alike (statistics_tile, dgrad_config.h).
-  template <class ElementOut>
-  static constexpr int kStatisticsColumns = kPingpong && sizeof(ElementOut) == 4 ? 64 : TileN;
 };
 
-template <class Element, class TileShape, int StatisticsColumns = cute::size<1>(TileShape{})>
+template <class Element, class TileShape>
 struct FusedEpilogueTree {
   using Accumulator = float;
   static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
@@ -67,7 +62,7 @@ struct FusedEpilogueTree {
   using BiasRelu = EVT<Compute<cutlass::epilogue::thread::ReLu>,
                        EVT<Compute<cutlass::plus>, cutlass::epilogue::fusion::Sm90AccFetch, Bias>>;
   // Root: passes ReLU(acc + bias) to the store and reduces GroupNorm partials of it.
-  using Tree = EVT<Sm90GroupNormStats<Element, TileShape, StatisticsColumns>, BiasRelu>;
+  using Tree = EVT<Sm90GroupNormStats<Element, TileShape>, BiasRelu>;
 };
 
 // ElementIn: input and filter (the tensor-core operands); ElementOut: bias, the stored
@@ -84,8 +79,7 @@ struct DgradFusedKernel {
   using Accumulator = float;
   using TileShape = typename Config::template TileShape<ElementIn>;
   using ClusterShape = typename Config::ClusterShape;
-  static constexpr int kStatisticsColumns = Config::template kStatisticsColumns<ElementOut>;
-  using Trees = FusedEpilogueTree<ElementOut, TileShape, kStatisticsColumns>;
+  using Trees = FusedEpilogueTree<ElementOut, TileShape>;
   static constexpr int kAlignmentIn = 128 / cutlass::sizeof_bits<ElementIn>::value;  // 16-byte vectors
   static constexpr int kAlignmentOut = Trees::kAlignment;
 

@@ -89,7 +89,8 @@ typename Fused::Epilogue::FusionCallbacks::Arguments tree_arguments(const GroupN
                                                                     const DgradOperands& ops) {
   using ElementOut = typename Fused::Epilogue::ElementD;
   constexpr int kTileM = cute::size<0>(typename Fused::TileShape{});
-  const TilePartials tiles = TilePartials::for_tiles(gn, kTileM, Fused::kStatisticsColumns);
+  constexpr int kTileN = cute::size<1>(typename Fused::TileShape{});
+  const TilePartials tiles = TilePartials::for_tiles(gn, kTileM, kTileN);
   const GroupNormStatsArguments stats{ops.partials,
                                       gn.spatial,
                                       static_cast<int>(gn.channels / gn.num_groups),

@@ -2,17 +2,14 @@
 // store and emits GroupNorm partial statistics of the values stored.
 //
 // Placement: the root of the EVT tree, so its input is exactly what the epilogue
-// converts and stores (here ReLU(acc + bias)). Per block of StagedColumns columns of a
-// CTA tile (the whole tile, or its column halves: below) it
+// converts and stores (here ReLU(acc + bias)). Per CTA tile it
 //   1. visit():  writes each element, rounded to the stored type, into a shared-memory
-//                copy of the block (the statistics are those of the stored activation,
+//                copy of the tile (the statistics are those of the stored activation,
 //                which the normalize pass reads back);
-//   2. reduce(): after the block's last subtile (the epilogue walks subtiles down each
-//                column of subtiles, then across), one warp per (sample segment, group
-//                segment) of the block computes count, mean and M2 over that rectangle
-//                of shared memory (one pass of shifted sums), and writes them to a fixed
-//                slot of the partials workspace (layout: cutlassfuse::TilePartials of
-//                tiles StagedColumns wide).
+//   2. reduce(): after the tile's last subtile, one warp per (sample segment, group
+//                segment) of the tile computes count, mean and M2 over that rectangle of
+//                shared memory (one pass of shifted sums), and writes them to a fixed
+//                slot of the partials workspace (layout: cutlassfuse::TilePartials).
 // A tile may hold rows of any number of samples (output D*H*W smaller than, or not a
 // multiple of, the tile's M extent) and columns of any number of groups, including
 // groups that continue in the next N tile; each (sample, group) piece gets its own
@@ -23,11 +20,8 @@
 // the reduction layout-independent. In CUTLASS's non-persistent kernel the epilogue's
 // storage is a union with the mainloop's, so the 128 x 136 staging tile costs no
 // pipeline stages; the ping-pong kernel runs epilogues during loads and carves it out
-// (one stage of five for 128x128 tiles of 16-bit values). A float32 activation's tile
-// would take 68 KB, two of the ping-pong kernel's stages: there the tile is staged in
-// column halves, each reduced as its own statistics tile (sm90/dgrad_config.h:
-// statistics_tile). Keeping the statistics in registers instead measured slower
-// (docs/performance.md, designs rejected).
+// (one stage of five for 128x128 tiles). Keeping the statistics in registers instead
+// measured slower (docs/performance.md, designs rejected).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -50,17 +44,14 @@ struct GroupNormStatsArguments {
   int64_t finish_counter_count = 0;
 };
 
-template <class Element, class CtaTileShapeMNK, int StagedColumns = cute::size<1>(CtaTileShapeMNK{})>
+template <class Element, class CtaTileShapeMNK>
 struct Sm90GroupNormStats {
   static constexpr int kTileM = cute::size<0>(CtaTileShapeMNK{});
   static constexpr int kTileN = cute::size<1>(CtaTileShapeMNK{});
-  static constexpr int kStagedN = StagedColumns;
-  static constexpr int kBlocks = kTileN / kStagedN;  // column blocks per tile, staged one after another
-  static_assert(kTileN % kStagedN == 0 && kStagedN % 16 == 0, "column blocks of whole 16-byte vectors");
   // Row pitch in elements: 16-byte aligned rows, and 4 banks between consecutive rows
   // of 16-bit elements so the fragment writes of a warp (8 rows x 4 column pairs) are
   // conflict-free (float32 activations, 8 banks apart, take 2-way conflicts).
-  static constexpr int kPitch = kStagedN + 8;
+  static constexpr int kPitch = kTileN + 8;
   static constexpr int kVector = 16 / sizeof(Element);
   static constexpr int kWarps = 4;  // the consumer warpgroup
 
@@ -113,14 +104,6 @@ struct Sm90GroupNormStats {
     int tile_n_index;
     int thread_idx;
 
-    // One column block of the tile as a statistics tile: its first column, its valid
-    // columns and its N index in the partials layout.
-    struct StatisticsTile {
-      int col_begin;
-      int cols;
-      int n_index;
-    };
-
     CUTLASS_DEVICE ConsumerStoreCallbacks(TileCoords tile_coords, Element* smem, Params const& params,
                                           int64_t tile_row_begin, int tile_col_begin, int rows, int cols,
                                           int tile_m_index, int tile_n_index, int thread_idx)
@@ -138,26 +121,17 @@ struct Sm90GroupNormStats {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < FragmentSize; ++i) {
         auto [m, n] = coords(epi_v * FragmentSize + i);
-        smem[m * kPitch + n % kStagedN] = convert(frg_input[i]);
+        smem[m * kPitch + n] = convert(frg_input[i]);
       }
       return frg_input;
     }
 
-    // After each subtile; the subtiles of column block b are those up to the last row
-    // of subtiles of its last column of subtiles.
     template <class STensor, class SyncFn, class VTensor>
-    CUTLASS_DEVICE void reduce(STensor&&, SyncFn const& sync_fn, int epi_m, int epi_n, bool is_last_iteration,
-                               VTensor) {
-      const int subtile_cols = kTileN / int(cute::size<4>(tile_coords));
-      const int staged_end = (epi_n + 1) * subtile_cols;
-      if (epi_m != int(cute::size<3>(tile_coords)) - 1 || staged_end % kStagedN != 0) return;
-      const int block = staged_end / kStagedN - 1;
-      sync_fn();  // every thread's subtiles of the block are in shared memory
-      const StatisticsTile stats{tile_col_begin + block * kStagedN, cute::min(cols - block * kStagedN, int{kStagedN}),
-                                 tile_n_index * kBlocks + block};
-      if (stats.cols > 0) write_partials(stats);
-      if (!is_last_iteration) sync_fn();  // read before the next block's subtiles overwrite it
-      if (is_last_iteration && tile_m_index == 0 && tile_n_index == 0) zero_finish_counters();
+    CUTLASS_DEVICE void reduce(STensor&&, SyncFn const& sync_fn, int, int, bool is_last_iteration, VTensor) {
+      if (!is_last_iteration) return;
+      sync_fn();  // every thread's subtiles are in shared memory
+      write_partials();
+      if (tile_m_index == 0 && tile_n_index == 0) zero_finish_counters();
     }
 
    private:
@@ -246,12 +220,11 @@ struct Sm90GroupNormStats {
     // one element per lane per step: that made the epilogue, not the MMAs, bound the
     // strided video shapes, whose 4-channel groups sit in 128x64 tiles.)
     template <int kGroupWidth>
-    CUTLASS_DEVICE void write_narrow_partials(StatisticsTile const& t, int64_t first_sample, int segments,
-                                              int first_group) const {
+    CUTLASS_DEVICE void write_narrow_partials(int64_t first_sample, int segments, int first_group) const {
       constexpr int kGroups = kVector / kGroupWidth;  // per 16-byte column
       const int warp = thread_idx / 32;
       const int lane = thread_idx % 32;
-      const int columns = t.cols / kVector;
+      const int columns = cols / kVector;
       for (int item = warp; item < segments * columns; item += kWarps) {
         const int segment = item / columns;
         const int col = (item % columns) * kVector;
@@ -288,32 +261,32 @@ struct Sm90GroupNormStats {
           CUTLASS_PRAGMA_UNROLL
           for (int g = 0; g < kGroups; ++g) {
             const float shifted_mean = sum[g] / count;
-            const int local_group = (t.col_begin + col) / kGroupWidth + g - first_group;
-            params.partials[slot(t, segment, local_group)] = {count, shift[g] + shifted_mean,
-                                                              cute::max(squares[g] - sum[g] * shifted_mean, 0.f)};
+            const int local_group = (tile_col_begin + col) / kGroupWidth + g - first_group;
+            params.partials[slot(segment, local_group)] = {count, shift[g] + shifted_mean,
+                                                           cute::max(squares[g] - sum[g] * shifted_mean, 0.f)};
           }
         }
       }
     }
 
-    CUTLASS_DEVICE int64_t slot(StatisticsTile const& t, int segment, int local_group) const {
-      return tile_partial_slot(tile_m_index, segment, t.n_index, local_group, params.max_segments, params.tiles_n,
+    CUTLASS_DEVICE int64_t slot(int segment, int local_group) const {
+      return tile_partial_slot(tile_m_index, segment, tile_n_index, local_group, params.max_segments, params.tiles_n,
                                params.max_local_groups);
     }
 
-    CUTLASS_DEVICE void write_partials(StatisticsTile const& t) const {
+    CUTLASS_DEVICE void write_partials() const {
       const int64_t spatial = params.spatial;
       const int cpg = params.channels_per_group;
       const int64_t first_sample = tile_row_begin / spatial;
       const int segments = static_cast<int>((tile_row_begin + rows - 1) / spatial - first_sample + 1);
-      const int first_group = t.col_begin / cpg;
-      // Blocks start at multiples of kVector columns and Cout is a multiple of 8.
+      const int first_group = tile_col_begin / cpg;
+      // Tiles start at multiples of kVector columns and Cout is a multiple of 8.
       if constexpr (kVector > 4) {
-        if (cpg == 4) return write_narrow_partials<4>(t, first_sample, segments, first_group);
+        if (cpg == 4) return write_narrow_partials<4>(first_sample, segments, first_group);
       }
-      if (cpg == 2) return write_narrow_partials<2>(t, first_sample, segments, first_group);
-      if (cpg == 1) return write_narrow_partials<1>(t, first_sample, segments, first_group);
-      const int local_groups = (t.col_begin + t.cols - 1) / cpg - first_group + 1;
+      if (cpg == 2) return write_narrow_partials<2>(first_sample, segments, first_group);
+      if (cpg == 1) return write_narrow_partials<1>(first_sample, segments, first_group);
+      const int local_groups = (tile_col_begin + cols - 1) / cpg - first_group + 1;
       const int warp = thread_idx / 32;
       const int lane = thread_idx % 32;
       for (int item = warp; item < segments * local_groups; item += kWarps) {
@@ -323,9 +296,9 @@ struct Sm90GroupNormStats {
         const int group_col = (first_group + local_group) * cpg;
         const Rectangle r{static_cast<int>(cute::max(sample_row - tile_row_begin, int64_t{0})),
                           static_cast<int>(cute::min(sample_row + spatial - tile_row_begin, int64_t{rows})),
-                          cute::max(group_col - t.col_begin, 0), cute::min(group_col + cpg - t.col_begin, t.cols)};
+                          cute::max(group_col - tile_col_begin, 0), cute::min(group_col + cpg - tile_col_begin, cols)};
         const WelfordPartial moments = warp_moments(r, lane);
-        if (lane == 0) params.partials[slot(t, segment, local_group)] = moments;
+        if (lane == 0) params.partials[slot(segment, local_group)] = moments;
       }
     }
   };
