@@ -125,15 +125,34 @@ struct BlockTile {
         s_count(static_cast<int>(min(spatial - s_begin, int64_t{kTile}))), c_count(min(kTile, channels - c_begin)) {}
 };
 
-// Loads a float32 block tile [s][c] of a block (spatial tile, channel tile, n), from
-// NCDHW or NDHWC, one element per lane along the source's contiguous dimension.
-template <bool kChannelsLastSource>
+// How a float32 tile kernel reads its source: NDHWC, or NCDHW one element per lane, or
+// NCDHW in 16-byte vectors of 4 spatial positions (rows of whole, aligned vectors).
+enum class FloatSource { kChannelsLast, kNcdhw, kNcdhwVectors };
+
+// Loads a float32 block tile [s][c] of a block (spatial tile, channel tile, n), along
+// the source's contiguous dimension: a warp covers 128 bytes of a row, or with vectors
+// 256 bytes of each of two channel rows.
+template <FloatSource kSource>
 __device__ __forceinline__ void load_float_tile(const float* __restrict__ src, float (*tile)[kTile + 1], int channels,
                                                 int64_t spatial, const BlockTile& b) {
+  if constexpr (kSource == FloatSource::kNcdhwVectors) {
+    constexpr int kVectorsPerChannel = kTile / 4;  // 16
+    const int load_s = (threadIdx.x % kVectorsPerChannel) * 4;
+    if (load_s >= b.s_count) return;  // s_count is a whole number of vectors
+    for (int c = threadIdx.x / kVectorsPerChannel; c < b.c_count; c += kThreads / kVectorsPerChannel) {
+      const float4 v =
+          *reinterpret_cast<const float4*>(src + (b.n * channels + b.c_begin + c) * spatial + b.s_begin + load_s);
+      tile[load_s][c] = v.x;
+      tile[load_s + 1][c] = v.y;
+      tile[load_s + 2][c] = v.z;
+      tile[load_s + 3][c] = v.w;
+    }
+    return;
+  }
+  constexpr bool kChannelsLast = kSource == FloatSource::kChannelsLast;
   const int inner = threadIdx.x % kTile;  // along the source's contiguous dimension
-  for (int outer = threadIdx.x / kTile; outer < (kChannelsLastSource ? b.s_count : b.c_count);
-       outer += kThreads / kTile) {
-    if constexpr (kChannelsLastSource) {
+  for (int outer = threadIdx.x / kTile; outer < (kChannelsLast ? b.s_count : b.c_count); outer += kThreads / kTile) {
+    if constexpr (kChannelsLast) {
       if (inner < b.c_count)
         tile[outer][inner] = src[(b.n * spatial + b.s_begin + outer) * channels + b.c_begin + inner];
     } else {
@@ -146,12 +165,12 @@ __device__ __forceinline__ void load_float_tile(const float* __restrict__ src, f
 // Block (spatial tile, channel tile, n), as above, reading float32 (through the tile
 // when the source is NCDHW) and writing, per 8 channels of a pixel, one 16-byte
 // bfloat16 vector into each of the kProducts channel blocks (float32_split.h).
-template <bool kChannelsLastSource>
+template <FloatSource kSource>
 __global__ void __launch_bounds__(kThreads)
 split_float32_kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ dst, int channels, int64_t spatial) {
   __shared__ float tile[kTile][kTile + 1];  // [s][c]; +1 keeps the transposed accesses off one bank
   const BlockTile b(channels, spatial);
-  load_float_tile<kChannelsLastSource>(src, tile, channels, spatial, b);
+  load_float_tile<kSource>(src, tile, channels, spatial, b);
   __syncthreads();
 
   using namespace float32_split;
@@ -182,12 +201,12 @@ split_float32_kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ 
 
 // Block (spatial tile, channel tile, n), as above, writing each pixel's channels
 // rounded to nearest TF32, 4 channels (16 bytes) per store.
-template <bool kChannelsLastSource>
+template <FloatSource kSource>
 __global__ void __launch_bounds__(kThreads)
 round_tf32_kernel(const float* __restrict__ src, float* __restrict__ dst, int channels, int64_t spatial) {
   __shared__ float tile[kTile][kTile + 1];  // [s][c]
   const BlockTile b(channels, spatial);
-  load_float_tile<kChannelsLastSource>(src, tile, channels, spatial, b);
+  load_float_tile<kSource>(src, tile, channels, spatial, b);
   __syncthreads();
 
   constexpr int kFloatVector = 4;
@@ -201,9 +220,24 @@ round_tf32_kernel(const float* __restrict__ src, float* __restrict__ dst, int ch
   }
 }
 
-__global__ void __launch_bounds__(kThreads) round_tf32_in_place_kernel(float* __restrict__ data, int64_t count) {
-  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < count; i += int64_t{gridDim.x} * kThreads) {
-    data[i] = round_to_tf32(data[i]);
+// dst[co][t][r][s][ci] = round_to_tf32(src[ci][T-1-t][R-1-r][S-1-s][co]), one thread per
+// element of dst (whose writes coalesce; the filter is small).
+__global__ void __launch_bounds__(kThreads)
+reverse_filter_tf32_kernel(const float* __restrict__ src, float* __restrict__ dst, int64_t in_channels, Extent3 taps,
+                           int64_t out_channels) {
+  const int64_t total = in_channels * taps[0] * taps[1] * taps[2] * out_channels;
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < total; i += int64_t{gridDim.x} * kThreads) {
+    int64_t rest = i;
+    const int64_t ci = rest % in_channels;
+    rest /= in_channels;
+    const int64_t s = rest % taps[2];
+    rest /= taps[2];
+    const int64_t r = rest % taps[1];
+    rest /= taps[1];
+    const int64_t t = rest % taps[0];
+    const int64_t co = rest / taps[0];
+    const int64_t tap = ((taps[0] - 1 - t) * taps[1] + (taps[1] - 1 - r)) * taps[2] + (taps[2] - 1 - s);
+    dst[i] = round_to_tf32(src[(ci * taps[0] * taps[1] * taps[2] + tap) * out_channels + co]);
   }
 }
 
@@ -281,36 +315,50 @@ void repeat_row(const void* row, int64_t row_bytes, int64_t copies, void* dst, c
   check_launch("repeat_row_kernel");
 }
 
-// A float32 tile kernel of either source layout over tile_grid.
-template <class Out>
-void launch_float_tiles(const char* what, void (*nchw)(const float*, Out*, int, int64_t),
-                        void (*channels_last)(const float*, Out*, int, int64_t), const void* src,
-                        bool channels_last_source, void* dst, int64_t batch, int64_t channels, int64_t spatial,
-                        cudaStream_t stream) {
+// A float32 tile kernel (Kernel<FloatSource>) over tile_grid, reading NCDHW rows in
+// vectors where they hold whole, aligned ones.
+template <class Out, template <FloatSource> class Kernel>
+void launch_float_tiles(const char* what, const void* src, bool channels_last_source, void* dst, int64_t batch,
+                        int64_t channels, int64_t spatial, cudaStream_t stream) {
   check_shape(what, batch, channels);
-  const auto kernel = channels_last_source ? channels_last : nchw;
+  const bool vectors = spatial % 4 == 0 && reinterpret_cast<uintptr_t>(src) % sizeof(float4) == 0;
+  const auto kernel = channels_last_source ? Kernel<FloatSource::kChannelsLast>::function
+                      : vectors            ? Kernel<FloatSource::kNcdhwVectors>::function
+                                           : Kernel<FloatSource::kNcdhw>::function;
   kernel<<<tile_grid(batch, channels, spatial), kThreads, 0, stream>>>(
       static_cast<const float*>(src), static_cast<Out*>(dst), static_cast<int>(channels), spatial);
   check_launch(what);
 }
 
+template <FloatSource kSource>
+struct SplitFloat32 {
+  static constexpr auto function = split_float32_kernel<kSource>;
+};
+template <FloatSource kSource>
+struct RoundTf32 {
+  static constexpr auto function = round_tf32_kernel<kSource>;
+};
+
 void split_float32_ndhwc(const void* src, bool channels_last_source, void* dst, int64_t batch, int64_t channels,
                          int64_t spatial, cudaStream_t stream) {
-  launch_float_tiles<__nv_bfloat16>("split_float32_kernel", split_float32_kernel<false>, split_float32_kernel<true>,
-                                    src, channels_last_source, dst, batch, channels, spatial, stream);
+  launch_float_tiles<__nv_bfloat16, SplitFloat32>("split_float32_kernel", src, channels_last_source, dst, batch,
+                                                  channels, spatial, stream);
 }
 
 void round_tf32_ndhwc(const void* src, bool channels_last_source, void* dst, int64_t batch, int64_t channels,
                       int64_t spatial, cudaStream_t stream) {
-  launch_float_tiles<float>("round_tf32_kernel", round_tf32_kernel<false>, round_tf32_kernel<true>, src,
-                            channels_last_source, dst, batch, channels, spatial, stream);
+  launch_float_tiles<float, RoundTf32>("round_tf32_kernel", src, channels_last_source, dst, batch, channels, spatial,
+                                       stream);
 }
 
-void round_tf32_in_place(void* data, int64_t count, cudaStream_t stream) {
-  if (count == 0) return;
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(count, kThreads), 1024));
-  round_tf32_in_place_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<float*>(data), count);
-  check_launch("round_tf32_in_place_kernel");
+void reverse_filter_tf32(const void* src, void* dst, int64_t in_channels, const Extent3& taps, int64_t out_channels,
+                         cudaStream_t stream) {
+  const int64_t total = in_channels * taps[0] * taps[1] * taps[2] * out_channels;
+  if (total == 0) return;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(total, kThreads), 1024));
+  reverse_filter_tf32_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const float*>(src), static_cast<float*>(dst),
+                                                              in_channels, taps, out_channels);
+  check_launch("reverse_filter_tf32_kernel");
 }
 
 }  // namespace cutlassfuse

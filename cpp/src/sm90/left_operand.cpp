@@ -60,11 +60,8 @@ at::Tensor split_filter(const at::Tensor& packed) {
 // with the blocks' channels side by side), taps reversed, packed [Cout', T', R', S', Cin].
 at::Tensor forward_filter_tf32(const at::Tensor& packed, const Problem& conv, cudaStream_t stream) {
   const auto& k = conv.kernel_size;
-  at::Tensor filter = packed.view({conv.in_channels, k[0], k[1], k[2], conv.out_channels})
-                          .flip({1, 2, 3})
-                          .permute({4, 1, 2, 3, 0})
-                          .contiguous();
-  round_tf32_in_place(filter.data_ptr(), filter.numel(), stream);
+  at::Tensor filter = at::empty({conv.out_channels, k[0], k[1], k[2], conv.in_channels}, packed.options());
+  reverse_filter_tf32(packed.data_ptr(), filter.data_ptr(), conv.in_channels, k, conv.out_channels, stream);
   return filter;
 }
 

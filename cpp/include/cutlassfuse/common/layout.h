@@ -37,8 +37,11 @@ void split_float32_ndhwc(const void* src, bool channels_last_source, void* dst, 
 void round_tf32_ndhwc(const void* src, bool channels_last_source, void* dst, int64_t batch, int64_t channels,
                       int64_t spatial, cudaStream_t stream);
 
-// data[i] = round_to_tf32(data[i]) for i < count (float32).
-void round_tf32_in_place(void* data, int64_t count, cudaStream_t stream);
+// The TF32 path's filter in one pass: src float32 [Cin, T, R, S, Cout] packed; dst
+// [Cout, T, R, S, Cin] packed, the taps reversed along T, R and S, each value rounded
+// to nearest TF32.
+void reverse_filter_tf32(const void* src, void* dst, int64_t in_channels, const Extent3& taps, int64_t out_channels,
+                         cudaStream_t stream);
 
 // dst[i * row_bytes + j] = row[j] for i < copies, j < row_bytes.
 void repeat_row(const void* row, int64_t row_bytes, int64_t copies, void* dst, cudaStream_t stream);
