@@ -34,15 +34,18 @@ struct TileConfig {
                                 cute::Shape<cute::Int<128 / static_cast<int>(sizeof(ElementIn))>>>;
   using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::_1, cute::_1>;
   static constexpr bool kPingpong = KernelSchedule == Schedule::kPingpong;
-  // Epilogue subtile: CUTLASS's choice (64x32) for its own kernel. For the ping-pong
-  // kernel, whose epilogue shared memory is carved out of the mainloop's stages: 64x64
-  // in 16 bits, half the subtiles (each a barrier and a TMA store) per tile; 64x32 for
-  // a float32 activation, whose store buffers at 64x64 (with the statistics' 64 KB
-  // staging tile) would leave the mainloop 3 stages of 32 KB, at 64x32 4.
+  // Epilogue subtile. CUTLASS's kernel, whose epilogue shared memory is a union with
+  // the mainloop's: CUTLASS's choice (64x32) in 16 bits, 64x64 for a float32 activation
+  // (half the subtiles, each a barrier and a TMA store, on an epilogue no MMAs hide).
+  // The ping-pong kernel, whose epilogue shared memory is carved out of the mainloop's
+  // stages: 64x64 in 16 bits, half the subtiles per tile; 64x32 for a float32
+  // activation, whose store buffers at 64x64 (with the statistics' 68 KB staging tile)
+  // would leave the mainloop 3 stages of 32 KB, at 64x32 4.
   template <class ElementOut>
   using EpilogueTile =
       std::conditional_t<kPingpong, cute::Shape<cute::_64, cute::Int<sizeof(ElementOut) == 4 ? 32 : 64>>,
-                         cutlass::epilogue::collective::EpilogueTileAuto>;
+                         std::conditional_t<sizeof(ElementOut) == 4, cute::Shape<cute::_64, cute::_64>,
+                                            cutlass::epilogue::collective::EpilogueTileAuto>>;
 };
 
 template <class Element, class TileShape>
