@@ -1,8 +1,8 @@
 """float32 modes on the GPU. "pytorch" (the default) runs the convolution as PyTorch does
 under its TF32 switch, so the op stays within allclose(1e-4, 1e-4) of eager
 ConvTranspose3d -> ReLU -> GroupNorm with TF32 allowed and with it disallowed. "tf32"
-takes the fused path on TF32 tensor cores: its error against float64 is no larger than
-eager's own with TF32 allowed, it repeats bit for bit, and it rounds its operands to
+takes the fused path on TF32 tensor cores: its error against float64 is eager's own with
+TF32 allowed, to within the summation order (tf32_bound), it repeats bit for bit, and it rounds its operands to
 nearest TF32 (not truncating them, as the tensor cores alone would). "bf16x3" takes
 the fused path too."""
 

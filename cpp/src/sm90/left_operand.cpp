@@ -13,9 +13,7 @@ LeftOperand::LeftOperand(const at::Tensor& input, MathMode math, const Problem& 
     : input_(input), math_(math), problem_(p), channels_last_(input.is_contiguous(at::MemoryFormat::ChannelsLast3d)) {
   if (math == MathMode::kFloat32AsBf16x3) {
     converted_ = workspace.reserve(gemm_in_channels(math, p.input_numel()) * c10::elementSize(at::kBFloat16));
-  } else if (math == MathMode::kFloat32AsTf32) {
-    converted_ = workspace.reserve(input.nbytes());
-  } else if (!channels_last_ && !pixel_major) {
+  } else if (math == MathMode::kFloat32AsTf32 || (!channels_last_ && !pixel_major)) {
     converted_ = workspace.reserve(input.nbytes());
   }
 }

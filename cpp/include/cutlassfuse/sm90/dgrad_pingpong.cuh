@@ -1,6 +1,6 @@
 // A persistent ping-pong kernel for CUTLASS's sm90 collectives (the implicit-GEMM
-// dgrad's or forward convolution's, or the batched GEMM's of the pixel-shuffle path), running the output tiles
-// of several sub-pixel phases in one launch.
+// dgrad's or forward convolution's, or the batched GEMM's of the pixel-shuffle path),
+// running the output tiles of several sub-pixel phases in one launch.
 //
 // Why it exists: CUTLASS's sm90 conv kernel is non-persistent with one consumer
 // warpgroup (its dispatch policy rejects the persistent schedules), so every tile's
