@@ -1,6 +1,6 @@
 """float32: accuracy against float64 and against eager, and time, in one run, of
 cutlassfuse's float32 modes (set_float32_mode: "pytorch", the default, with PyTorch's
-TF32 conv switch on and off; "tf32", the fused path on TF32 tensor cores; "bf16x3", the
+TF32 conv switch on and off; "tf32", the fused path at TF32's precision; "bf16x3", the
 fused path running three bfloat16 piece products) and PyTorch eager with TF32 on (its
 default) and off. The evidence for the float32 modes (docs/performance.md).
 

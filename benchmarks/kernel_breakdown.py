@@ -27,8 +27,8 @@ from cutlassfuse import backends
 from cutlassfuse.bench import parse_shape
 
 REPEATS = 20
-KERNEL_KEYS = ("PingpongPhasesKernel", "ConvUniversal", "ncdhw_to_ndhwc", "split_float32", "round_tf32",
-               "fill_unreached",
+KERNEL_KEYS = ("PingpongPhasesKernel", "ConvUniversal", "ncdhw_to_ndhwc", "split_float32", "abs_max",
+               "scale_tf32", "scale_filter", "fill_unreached",
                "group_norm_finalize", "group_norm_finish_bulk", "group_norm_finish_kernel<__half, true",
                "group_norm_finish_kernel<__half, false",
                "relu_group_norm_stats", "normalize_channels")

@@ -4,10 +4,7 @@ dgrad reads it: every phase takes views (offset + strides) of the packed NDHWC i
 the packed [Cin, T, R, S, Cout] filter and the NDHWC output, and computes
 y[q] = sum_t x[q + lower - t * dilation] w[t] with the extents CUTLASS derives from
 the asymmetric padding. Reassembled, the phases plus ReLU(bias) at the unreached
-pixels must equal F.conv_transpose3d, every output pixel written exactly once. The
-same holds for the phases as the TF32 path runs them: forward convolutions over the
-flipped filter view of the reversed, K-major [Cout, T, R, S, Cin] filter, padded by
-dilation * (taps - 1) - padding."""
+pixels must equal F.conv_transpose3d, every output pixel written exactly once."""
 
 from typing import NamedTuple
 
@@ -21,7 +18,7 @@ import cutlassfuse  # noqa: F401  (loads torch.ops.cutlassfuse)
 from cutlassfuse.ops import transposed_conv_output_size
 from cutlassfuse.testing import make_inputs
 
-PHASE_FIELDS = 41  # four views of 8 values, then lower padding, upper padding, dilation
+PHASE_FIELDS = 33  # three views of 8 values, then lower padding, upper padding, dilation
 
 
 class View(NamedTuple):
@@ -36,7 +33,6 @@ class View(NamedTuple):
 class Phase(NamedTuple):
     input: View
     filter: View
-    flipped_filter: View
     output: View
     lower: tuple
     upper: tuple
@@ -51,35 +47,23 @@ def plan(x_shape, w_shape, stride, padding, output_padding, dilation) -> tuple[i
     phases = []
     for i in range(0, len(rest), PHASE_FIELDS):
         f = rest[i:i + PHASE_FIELDS]
-        views = [View(f[j], tuple(f[j + 1:j + 4]), tuple(f[j + 4:j + 8])) for j in (0, 8, 16, 24)]
-        phases.append(Phase(*views, tuple(f[32:35]), tuple(f[35:38]), tuple(f[38:41])))
+        views = [View(f[j], tuple(f[j + 1:j + 4]), tuple(f[j + 4:j + 8])) for j in (0, 8, 16)]
+        phases.append(Phase(*views, tuple(f[24:27]), tuple(f[27:30]), tuple(f[30:33])))
     return unreached, phases
 
 
-def run_phase(phase: Phase, x_flat, filters, y_flat, batch, cin, cout, forward: bool):
-    """One phase as the dgrad kernel reads it (filters[0]: packed [Cin, T, R, S, Cout]) or,
-    `forward`, as the forward-convolution kernel does (filters[1]: the reversed filter
-    packed [Cout, T, R, S, Cin])."""
+def run_phase(phase: Phase, x_flat, filter_flat, y_flat, batch, cin, cout):
     assert min(phase.lower) >= 0 and min(phase.upper) >= 0, "CUTLASS takes non-negative padding only"
     taps = phase.filter.extent
-    assert phase.flipped_filter.extent == taps
-    reach = [phase.dilation[i] * (taps[i] - 1) for i in range(3)]
     for i in range(3):  # CUTLASS derives the input extent from the output's: they must agree
-        assert phase.input.extent[i] == phase.output.extent[i] + phase.lower[i] + phase.upper[i] - reach[i]
+        reach = phase.dilation[i] * (taps[i] - 1)
+        assert phase.input.extent[i] == phase.output.extent[i] + phase.lower[i] + phase.upper[i] - reach
     x = phase.input.of(x_flat, batch, cin).permute(0, 4, 1, 2, 3)
+    w = phase.filter.of(filter_flat, cin, cout).permute(0, 4, 1, 2, 3)
+    full = F.conv_transpose3d(x, w, dilation=phase.dilation)  # full[i + t * d] += x[i] w[t]
     q = phase.output.extent
-    if forward:
-        lower = [reach[i] - phase.lower[i] for i in range(3)]
-        upper = [reach[i] - phase.upper[i] for i in range(3)]
-        assert min(lower) >= 0 and min(upper) >= 0, "the forward convolution's padding is non-negative"
-        w = phase.flipped_filter.of(filters[1], cout, cin).permute(0, 4, 1, 2, 3)
-        padded = F.pad(x, (lower[2], upper[2], lower[1], upper[1], lower[0], upper[0]))
-        y = F.conv3d(padded, w, dilation=phase.dilation)
-    else:
-        w = phase.filter.of(filters[0], cin, cout).permute(0, 4, 1, 2, 3)
-        full = F.conv_transpose3d(x, w, dilation=phase.dilation)  # full[i + t * d] += x[i] w[t]
-        y = full[:, :, phase.lower[0]:phase.lower[0] + q[0], phase.lower[1]:phase.lower[1] + q[1],
-                 phase.lower[2]:phase.lower[2] + q[2]]
+    y = full[:, :, phase.lower[0]:phase.lower[0] + q[0], phase.lower[1]:phase.lower[1] + q[1],
+             phase.lower[2]:phase.lower[2] + q[2]]
     assert tuple(y.shape[2:]) == q
     phase.output.of(y_flat, batch, cout).copy_(y.permute(0, 2, 3, 4, 1))
 
@@ -90,18 +74,17 @@ def reached_by_rule(o: int, size: int, kernel: int, stride: int, padding: int, d
                and (o + padding - t * dilation) // stride < size for t in range(kernel))
 
 
-def deconvolve_by_phases(x, w, bias, stride, padding, output_padding, dilation, forward=False):
+def deconvolve_by_phases(x, w, bias, stride, padding, output_padding, dilation):
     batch, cin = x.shape[:2]
     cout = w.shape[1]
     out_size = transposed_conv_output_size(x.shape[2:], w.shape[2:], stride, padding, output_padding, dilation)
     unreached, phases = plan(x.shape, w.shape, stride, padding, output_padding, dilation)
     x_flat = x.permute(0, 2, 3, 4, 1).contiguous().flatten()
-    filters = (w.permute(0, 2, 3, 4, 1).contiguous().flatten(),
-               w.flip(2, 3, 4).permute(1, 2, 3, 4, 0).contiguous().flatten())
+    filter_flat = w.permute(0, 2, 3, 4, 1).contiguous().flatten()
     y_flat = torch.full((batch * cout * out_size[0] * out_size[1] * out_size[2],), float("nan"), dtype=x.dtype)
     writes = torch.zeros_like(y_flat)
     for phase in phases:
-        run_phase(phase, x_flat, filters, y_flat, batch, cin, cout, forward)
+        run_phase(phase, x_flat, filter_flat, y_flat, batch, cin, cout)
         phase.output.of(writes, batch, cout).add_(1)
     y = y_flat.view(batch, *out_size, cout).permute(0, 4, 1, 2, 3)
     counts = writes.view(batch, *out_size, cout)[..., 0]
@@ -119,7 +102,6 @@ def deconvolve_by_phases(x, w, bias, stride, padding, output_padding, dilation, 
     return y if bias is None else y + bias.view(1, -1, 1, 1, 1)
 
 
-@pytest.mark.parametrize("forward", [False, True], ids=["dgrad", "forward"])
 @pytest.mark.parametrize("stride,kernel,padding,output_padding,dilation", [
     ((1, 1, 1), (3, 3, 3), (0, 0, 0), (0, 0, 0), (1, 1, 1)),   # KernelBench 61: one phase, the whole kernel
     ((1, 1, 1), (2, 2, 3), (2, 0, 1), (0, 1, 0), (1, 2, 1)),   # stride 1, padding beyond the kernel, op > padding
@@ -130,25 +112,24 @@ def deconvolve_by_phases(x, w, bias, stride, padding, output_padding, dilation, 
     ((2, 3, 2), (3, 3, 2), (1, 0, 1), (1, 2, 0), (2, 1, 3)),   # dilation sharing factors with stride
     ((2, 2, 3), (1, 3, 2), (0, 2, 1), (1, 0, 2), (3, 3, 1)),   # outputs before the first tap reaches
 ])
-def test_phases_reassemble_conv_transpose3d(stride, kernel, padding, output_padding, dilation, forward):
+def test_phases_reassemble_conv_transpose3d(stride, kernel, padding, output_padding, dilation):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 4, 5, 3, generator=g, dtype=torch.float64)
     w = torch.randn(3, 4, *kernel, generator=g, dtype=torch.float64)
     b = torch.randn(4, generator=g, dtype=torch.float64)
     expected = F.conv_transpose3d(x, w, b, stride, padding, output_padding, 1, dilation)
-    got = deconvolve_by_phases(x, w, b, stride, padding, output_padding, dilation, forward)
+    got = deconvolve_by_phases(x, w, b, stride, padding, output_padding, dilation)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("forward", [False, True], ids=["dgrad", "forward"])
 @settings(max_examples=150, deadline=None)
 @given(configurations(max_channels=4, allow_empty_batch=False, conv_groups=False))
-def test_phases_reassemble_any_configuration(forward, config):
+def test_phases_reassemble_any_configuration(config):
     a = make_inputs(**config, dtype=torch.float64, seed=2)
     expected = F.conv_transpose3d(a["input"], a["weight"], a["bias"], a["stride"], a["padding"],
                                   a["output_padding"], 1, a["dilation"])
     got = deconvolve_by_phases(a["input"], a["weight"], a["bias"], a["stride"], a["padding"], a["output_padding"],
-                               a["dilation"], forward)
+                               a["dilation"])
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 

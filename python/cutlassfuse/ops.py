@@ -95,11 +95,15 @@ def set_float32_mode(mode: str) -> None:
       otherwise, deterministic and benchmark as set; then cutlassfuse's bias + ReLU +
       GroupNorm kernels. The convolution is the ATen call ``nn.ConvTranspose3d`` makes, so
       the op is a drop-in for the float32 modules it replaces.
-    - ``"tf32"``: the fused sm90 tensor-core path on TF32: input and filter rounded to
-      nearest TF32 (as PyTorch's TF32 convolutions round them), products summed in fp32,
-      each sub-pixel phase a forward convolution over the reversed filter. The fastest
-      float32 mode, with an error against float64 of PyTorch's TF32 order; not bitwise
-      PyTorch's (another summation order). Other GPUs run ``"pytorch"``.
+    - ``"tf32"``: the fused sm90 tensor-core path at TF32's precision: input and filter
+      rounded to nearest with TF32's 11-bit significands (as PyTorch's TF32 convolutions
+      round them), products summed in fp32. It runs on float16 tensor cores, twice
+      TF32's rate: each operand is scaled by a power of two that puts its largest
+      magnitude near float16's top before the rounding, and the sums are scaled back, so
+      the products are TF32's for every value within 2^28 of its tensor's largest (the
+      rest, far below TF32's own rounding error, round to float16's subnormal steps).
+      The fastest float32 mode, with an error against float64 of PyTorch's TF32 order;
+      not bitwise PyTorch's (another summation order). Other GPUs run ``"pytorch"``.
     - ``"bf16x3"``: the fused sm90 tensor-core path with each float32 operand split into
       bfloat16 pieces (three products summed in fp32): 1.9x faster than PyTorch's TF32 on
       kb61, slower on some strided layers; within ~7e-4 of float64 after GroupNorm (PyTorch's TF32 lands ~3e-3 away,

@@ -6,6 +6,7 @@
 #include "cutlassfuse/common/device_utils.cuh"
 #include "cutlassfuse/plan/float32_split.h"
 #include "cutlassfuse/common/layout.h"
+#include "cutlassfuse/common/tf32_scaling.h"
 
 namespace cutlassfuse {
 namespace {
@@ -200,44 +201,27 @@ split_float32_kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ 
 }
 
 // Block (spatial tile, channel tile, n), as above, writing each pixel's channels
-// rounded to nearest TF32, 4 channels (16 bytes) per store.
+// scaled by 2^e_input and rounded to nearest float16 (tf32_scaling.h), 8 channels
+// (16 bytes) per store.
 template <FloatSource kSource>
 __global__ void __launch_bounds__(kThreads)
-round_tf32_kernel(const float* __restrict__ src, float* __restrict__ dst, int channels, int64_t spatial) {
+scale_tf32_kernel(const float* __restrict__ src, __half* __restrict__ dst, int channels, int64_t spatial,
+                  const Tf32OperandScales* __restrict__ scales) {
   __shared__ float tile[kTile][kTile + 1];  // [s][c]
   const BlockTile b(channels, spatial);
   load_float_tile<kSource>(src, tile, channels, spatial, b);
+  const PowerOfTwo scale(tf32_scale_exponents(scales->input_max_bits, scales->filter_max_bits).input);
   __syncthreads();
 
-  constexpr int kFloatVector = 4;
-  constexpr int kVectorsPerRow = kTile / kFloatVector;  // 16
-  const int store_c = (threadIdx.x % kVectorsPerRow) * kFloatVector;
+  constexpr int kVectorsPerRow = kTile / kVector;  // 8
+  const int store_c = (threadIdx.x % kVectorsPerRow) * kVector;
   if (store_c >= b.c_count) return;
   for (int s = threadIdx.x / kVectorsPerRow; s < b.s_count; s += kThreads / kVectorsPerRow) {
-    const float4 rounded{round_to_tf32(tile[s][store_c]), round_to_tf32(tile[s][store_c + 1]),
-                         round_to_tf32(tile[s][store_c + 2]), round_to_tf32(tile[s][store_c + 3])};
-    *reinterpret_cast<float4*>(dst + (b.n * spatial + b.s_begin + s) * channels + b.c_begin + store_c) = rounded;
-  }
-}
-
-// dst[co][t][r][s][ci] = round_to_tf32(src[ci][T-1-t][R-1-r][S-1-s][co]), one thread per
-// element of dst (whose writes coalesce; the filter is small).
-__global__ void __launch_bounds__(kThreads)
-reverse_filter_tf32_kernel(const float* __restrict__ src, float* __restrict__ dst, int64_t in_channels, Extent3 taps,
-                           int64_t out_channels) {
-  const int64_t total = in_channels * taps[0] * taps[1] * taps[2] * out_channels;
-  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < total; i += int64_t{gridDim.x} * kThreads) {
-    int64_t rest = i;
-    const int64_t ci = rest % in_channels;
-    rest /= in_channels;
-    const int64_t s = rest % taps[2];
-    rest /= taps[2];
-    const int64_t r = rest % taps[1];
-    rest /= taps[1];
-    const int64_t t = rest % taps[0];
-    const int64_t co = rest / taps[0];
-    const int64_t tap = ((taps[0] - 1 - t) * taps[1] + (taps[1] - 1 - r)) * taps[2] + (taps[2] - 1 - s);
-    dst[i] = round_to_tf32(src[(ci * taps[0] * taps[1] * taps[2] + tap) * out_channels + co]);
+    uint4 raw;
+    __half* elems = reinterpret_cast<__half*>(&raw);
+#pragma unroll
+    for (int k = 0; k < kVector; ++k) elems[k] = __float2half_rn(scale.times(tile[s][store_c + k]));
+    *reinterpret_cast<uint4*>(dst + (b.n * spatial + b.s_begin + s) * channels + b.c_begin + store_c) = raw;
   }
 }
 
@@ -317,16 +301,16 @@ void repeat_row(const void* row, int64_t row_bytes, int64_t copies, void* dst, c
 
 // A float32 tile kernel (Kernel<FloatSource>) over tile_grid, reading NCDHW rows in
 // vectors where they hold whole, aligned ones.
-template <class Out, template <FloatSource> class Kernel>
+template <class Out, template <FloatSource> class Kernel, class... Extra>
 void launch_float_tiles(const char* what, const void* src, bool channels_last_source, void* dst, int64_t batch,
-                        int64_t channels, int64_t spatial, cudaStream_t stream) {
+                        int64_t channels, int64_t spatial, cudaStream_t stream, Extra... extra) {
   check_shape(what, batch, channels);
   const bool vectors = spatial % 4 == 0 && reinterpret_cast<uintptr_t>(src) % sizeof(float4) == 0;
   const auto kernel = channels_last_source ? Kernel<FloatSource::kChannelsLast>::function
                       : vectors            ? Kernel<FloatSource::kNcdhwVectors>::function
                                            : Kernel<FloatSource::kNcdhw>::function;
   kernel<<<tile_grid(batch, channels, spatial), kThreads, 0, stream>>>(
-      static_cast<const float*>(src), static_cast<Out*>(dst), static_cast<int>(channels), spatial);
+      static_cast<const float*>(src), static_cast<Out*>(dst), static_cast<int>(channels), spatial, extra...);
   check_launch(what);
 }
 
@@ -335,8 +319,8 @@ struct SplitFloat32 {
   static constexpr auto function = split_float32_kernel<kSource>;
 };
 template <FloatSource kSource>
-struct RoundTf32 {
-  static constexpr auto function = round_tf32_kernel<kSource>;
+struct ScaleTf32 {
+  static constexpr auto function = scale_tf32_kernel<kSource>;
 };
 
 void split_float32_ndhwc(const void* src, bool channels_last_source, void* dst, int64_t batch, int64_t channels,
@@ -345,20 +329,10 @@ void split_float32_ndhwc(const void* src, bool channels_last_source, void* dst, 
                                                   channels, spatial, stream);
 }
 
-void round_tf32_ndhwc(const void* src, bool channels_last_source, void* dst, int64_t batch, int64_t channels,
-                      int64_t spatial, cudaStream_t stream) {
-  launch_float_tiles<float, RoundTf32>("round_tf32_kernel", src, channels_last_source, dst, batch, channels, spatial,
-                                       stream);
-}
-
-void reverse_filter_tf32(const void* src, void* dst, int64_t in_channels, const Extent3& taps, int64_t out_channels,
-                         cudaStream_t stream) {
-  const int64_t total = in_channels * taps[0] * taps[1] * taps[2] * out_channels;
-  if (total == 0) return;
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(total, kThreads), 1024));
-  reverse_filter_tf32_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const float*>(src), static_cast<float*>(dst),
-                                                              in_channels, taps, out_channels);
-  check_launch("reverse_filter_tf32_kernel");
+void scale_tf32_ndhwc(const void* src, bool channels_last_source, const Tf32OperandScales* scales, void* dst,
+                      int64_t batch, int64_t channels, int64_t spatial, cudaStream_t stream) {
+  launch_float_tiles<__half, ScaleTf32>("scale_tf32_kernel", src, channels_last_source, dst, batch, channels, spatial,
+                                        stream, scales);
 }
 
 }  // namespace cutlassfuse

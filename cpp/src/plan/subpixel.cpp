@@ -70,7 +70,6 @@ SubpixelPlan plan_subpixel(const Problem& p) {
 
   const auto input_strides = packed_strides(p.input_size, p.in_channels);
   const auto filter_strides = packed_strides(p.kernel_size, p.out_channels / p.conv_groups);
-  const auto flipped_strides = packed_strides(p.kernel_size, p.in_channels);
   const auto output_strides = packed_strides(p.output_size, p.out_channels);
   SubpixelPlan plan;
   plan.unreached_pixels = p.output_spatial() - reached_pixels;
@@ -81,7 +80,6 @@ SubpixelPlan plan_subpixel(const Problem& p) {
         PhaseProblem phase;
         phase.input.stride = input_strides;
         phase.filter.stride[0] = filter_strides[0];
-        phase.flipped_filter.stride[0] = flipped_strides[0];
         phase.output.stride[0] = output_strides[0];
         for (int i = 0; i < 3; ++i) {
           phase.input.offset += e[i]->input_begin * input_strides[i + 1];
@@ -89,12 +87,6 @@ SubpixelPlan plan_subpixel(const Problem& p) {
           phase.filter.offset += e[i]->tap_begin * filter_strides[i + 1];
           phase.filter.extent[i] = e[i]->tap_count;
           phase.filter.stride[i + 1] = e[i]->tap_step * filter_strides[i + 1];
-          // Reversed tap j is tap tap_begin + tap_step * (tap_count - 1 - j), stored at
-          // kernel - 1 - tap: the first at the offset below, the rest tap_step apart.
-          const int64_t last_tap = e[i]->tap_begin + e[i]->tap_step * (e[i]->tap_count - 1);
-          phase.flipped_filter.offset += (p.kernel_size[i] - 1 - last_tap) * flipped_strides[i + 1];
-          phase.flipped_filter.extent[i] = e[i]->tap_count;
-          phase.flipped_filter.stride[i + 1] = e[i]->tap_step * flipped_strides[i + 1];
           phase.output.offset += e[i]->first_output * output_strides[i + 1];
           phase.output.extent[i] = e[i]->count;
           phase.output.stride[i + 1] = p.stride[i] * output_strides[i + 1];

@@ -45,16 +45,4 @@ DgradConfig choose_config(const Problem& problem) {
   return DgradConfig::k128x128_pingpong;
 }
 
-DgradConfig choose_forward_config(const Problem& problem) {
-  if (problem.out_channels <= 64) return DgradConfig::k128x64_pingpong;
-  // A float32 activation's epilogue leaves the ping-pong kernel 4 mainloop stages of
-  // 32 KB (dgrad_kernel.cuh) against CUTLASS's kernel's 6: on stride-1 convolutions
-  // over several taps (long K) the deeper pipeline outweighs the hidden epilogues, while
-  // sub-pixel phases gain more from sharing launches, and the pixel-shuffle GEMM (one
-  // tap) from the hidden epilogues (docs/performance.md).
-  const bool stride_one = problem.stride[0] == 1 && problem.stride[1] == 1 && problem.stride[2] == 1;
-  const bool one_tap = problem.kernel_size[0] * problem.kernel_size[1] * problem.kernel_size[2] == 1;
-  return stride_one && !one_tap ? DgradConfig::k128x128_cluster1x1 : DgradConfig::k128x128_pingpong;
-}
-
 }  // namespace cutlassfuse::sm90

@@ -3,5 +3,4 @@
 // float32 accumulation, a float32 activation (every tile configuration of sm90/dgrad.h).
 #include "cutlassfuse/sm90/dgrad_launch.cuh"
 
-CUTLASSFUSE_DEFINE_DGRAD_FAMILY(cutlassfuse::MathMode::kFloat32AsBf16x3, cutlass::bfloat16_t, float,
-                                cutlass::conv::Operator::kDgrad)
+CUTLASSFUSE_DEFINE_DGRAD_FAMILY(cutlassfuse::MathMode::kFloat32AsBf16x3, cutlass::bfloat16_t, float)

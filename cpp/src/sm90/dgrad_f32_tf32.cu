@@ -1,8 +1,7 @@
-// The sm90 fused family for float32 calls on TF32 tensor cores: float32 operands
-// rounded to nearest TF32 beforehand (sm90/left_operand.h; wgmma ignores the low
-// mantissa bits), float32 accumulation and activation. TF32 wgmma reads both operands
-// K-major, so each phase runs as the forward convolution of the input view with the
-// reversed K-major filter (subpixel.h), clusters of one.
+// The sm90 fused dgrad family for float32 calls at TF32's precision: float16 operands
+// holding the input and filter scaled by powers of two and rounded to nearest
+// (common/tf32_scaling.h), float32 accumulation, descaled in the epilogue, a float32
+// activation (every tile configuration of sm90/dgrad.h).
 #include "cutlassfuse/sm90/dgrad_launch.cuh"
 
-CUTLASSFUSE_DEFINE_DGRAD_FAMILY(cutlassfuse::MathMode::kFloat32AsTf32, float, float, cutlass::conv::Operator::kFprop)
+CUTLASSFUSE_DEFINE_DGRAD_FAMILY(cutlassfuse::MathMode::kFloat32AsTf32, cutlass::half_t, float)

@@ -12,14 +12,14 @@ struct DgradPlainKernel {
   using Layout = cutlass::layout::TensorNDHWC;
   static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Config::template TileShape<Element>,
-      typename Config::ClusterShape, typename Config::template EpilogueTile<Element>, float, float, void, Layout,
-      kAlignment, Element, Layout, kAlignment, cutlass::epilogue::TmaWarpSpecialized>::CollectiveOp;
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Config::TileShape, typename Config::ClusterShape,
+      typename Config::template EpilogueTile<Element>, float, float, void, Layout, kAlignment, Element, Layout,
+      kAlignment, cutlass::epilogue::TmaWarpSpecialized>::CollectiveOp;
   static constexpr int kCarveout = Config::kPingpong ? pingpong_carveout_bytes<Epilogue>()
                                                      : static_cast<int>(sizeof(typename Epilogue::SharedStorage));
   using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kDgrad, Element, Layout, kAlignment,
-      Element, Layout, kAlignment, float, typename Config::template TileShape<Element>, typename Config::ClusterShape,
+      Element, Layout, kAlignment, float, typename Config::TileShape, typename Config::ClusterShape,
       cutlass::conv::collective::StageCountAutoCarveout<kCarveout>,
       cutlass::conv::collective::KernelScheduleAuto>::CollectiveOp;
   using Kernel =

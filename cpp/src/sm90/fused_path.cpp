@@ -74,8 +74,7 @@ Launches describe_launches(const Call& call, MathMode math) {
   // NCDHW input: a pinned configuration other than that runs as pinned.
   l.pixel_major = shuffle_gemm && (!flags.dgrad_config || *flags.dgrad_config == DgradConfig::k128x128_pingpong) &&
                   reads_pixel_major(call.args.input, math, l.conv);
-  const DgradConfig chosen = runs_forward_convolution(math) ? choose_forward_config(l.conv) : choose_config(l.conv);
-  l.config = l.pixel_major ? DgradConfig::k128x128_pingpong : flags.dgrad_config.value_or(chosen);
+  l.config = l.pixel_major ? DgradConfig::k128x128_pingpong : flags.dgrad_config.value_or(choose_config(l.conv));
   l.schedule = {flags.skip_border_taps, flags.drawn_tile_schedule};
   l.phase_streams = flags.phase_streams;
   if (l.conv.out_channels != p.out_channels) {
@@ -141,20 +140,21 @@ std::string FusedCall::description() const {
            " output blocks) reading the NCDHW input as it is: CUTLASS sm90 GEMM, M-major input, batched over "
            "samples, 128x128_pingpong (epilogue: bias, ReLU, GroupNorm partial statistics) + normalize";
   }
-  const std::string kernel = runs_forward_convolution(l_.math) ? "CUTLASS sm90 fprop over the reversed K-major filter "
-                                                               : "CUTLASS sm90 dgrad ";
-  std::string launches = kernel;
+  std::string launches = "CUTLASS sm90 dgrad ";
   if (l_.blocks() > 1) {
     launches = "pixel-shuffle GEMM (kernel == stride; one launch for " + std::to_string(l_.blocks()) +
-               " output blocks) of " + kernel;
+               " output blocks) of CUTLASS sm90 dgrad ";
   } else if (l_.subpixel.phases.size() > 1) {
-    launches = std::to_string(l_.subpixel.phases.size()) + " sub-pixel phases of " + kernel;
+    launches = std::to_string(l_.subpixel.phases.size()) + " sub-pixel phases of CUTLASS sm90 dgrad ";
   }
   if (l_.subpixel.unreached_pixels > 0) launches = "ReLU(bias) fill of unreached pixels + " + launches;
   if (l_.math == MathMode::kFloat32AsBf16x3) {
     launches = "float32 as three bfloat16 piece products (float32 mode 'bf16x3'): " + launches;
   } else if (l_.math == MathMode::kFloat32AsTf32) {
-    launches = "float32 on TF32 tensor cores, operands rounded to nearest TF32 (float32 mode 'tf32'): " + launches;
+    launches =
+        "float32 at TF32's precision (float32 mode 'tf32'): operands scaled by powers of two, rounded to nearest "
+        "float16 (TF32's 11-bit significands) on float16 tensor cores, descaled in the epilogue: " +
+        launches;
   }
   return launches + config_name(l_.config) + " (epilogue: bias, ReLU, GroupNorm partial statistics) + normalize" +
          schedule_description();
@@ -168,10 +168,7 @@ std::string FusedCall::schedule_description() const {
   std::string text;
   if (is_pingpong(l_.config)) {
     std::vector<bool> skips;
-    // The forward convolutions run every K block of every tile.
-    for (const PhaseProblem& phase : phases) {
-      skips.push_back(!runs_forward_convolution(l_.math) && phase_skips_border_taps(l_.conv, phase, l_.schedule));
-    }
+    for (const PhaseProblem& phase : phases) skips.push_back(phase_skips_border_taps(l_.conv, phase, l_.schedule));
     // A launch draws its units (unit_schedule()) with clusters of one, where its units
     // are uneven (some phase skips taps) and more than two per CTA (one per SM).
     const int sm_count = at::cuda::getDeviceProperties(call_.args.input.device().index())->multiProcessorCount;
@@ -280,6 +277,8 @@ ForwardOutputs FusedCall::run() const {
   const auto counters_region =
       workspace.reserve(group_norm_finish_counters(p.batch) * static_cast<int64_t>(sizeof(int)));
   const auto unit_counters_region = workspace.reserve(unit_counters_bytes());
+  const auto scales_region =
+      scales_operands(l_.math) ? std::optional(workspace.reserve(sizeof(Tf32OperandScales))) : std::nullopt;
   // The GEMM's columns are blocks of Cout channels: each needs the bias (repeated here
   // unless the caller passed it repeated).
   const bool block_bias = present(a.bias) && l_.blocks() > 1 && !present(a.packed_bias);
@@ -287,8 +286,15 @@ ForwardOutputs FusedCall::run() const {
       block_bias ? std::optional(workspace.reserve(c.out_channels * element_bytes)) : std::nullopt;
   workspace.allocate(options);
 
-  const void* input = left.prepare(workspace, stream);
-  const at::Tensor filter = right_operand(a, l_.math, c, stream);
+  const at::Tensor packed = packed_filter(a);
+  Tf32OperandScales* scales = scales_region ? workspace.at<Tf32OperandScales>(*scales_region) : nullptr;
+  if (scales) {
+    const NvtxRange range("cutlassfuse.measure_tf32_operands");
+    measure_tf32_operands(left.source().data_ptr(), left.source().numel(), packed.data_ptr(), packed.numel(), scales,
+                          stream);
+  }
+  const void* input = left.prepare(workspace, scales, stream);
+  const at::Tensor filter = right_operand(packed, l_.math, scales, stream);
   StatisticsSources sources = l_.sources;
   std::optional<at::Tensor> bias, gamma, beta;
   sources.bias = data_or_null(a.bias, bias);
@@ -305,7 +311,9 @@ ForwardOutputs FusedCall::run() const {
   }
   auto* counters = workspace.at<int>(counters_region);
   auto* unit_counters = workspace.at<UnitCounter>(unit_counters_region);
-  const DgradOperands operands{input, filter.data_ptr(), epilogue_bias, activation, partials, counters, unit_counters};
+  const float* descale = scales ? &scales->descale : nullptr;
+  const DgradOperands operands{input,    filter.data_ptr(), epilogue_bias, activation,
+                               partials, counters,          unit_counters, descale};
   const GroupNormAffine affine{data_or_null(a.norm_weight, gamma), data_or_null(a.norm_bias, beta),
                                *affine_element_type(a)};
   StatisticsFinalize finalize = statistics_finalize(partials, sources, element, shape, affine,

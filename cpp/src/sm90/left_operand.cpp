@@ -10,28 +10,33 @@ namespace cutlassfuse::sm90 {
 
 LeftOperand::LeftOperand(const at::Tensor& input, MathMode math, const Problem& p, bool pixel_major,
                          CallWorkspace& workspace)
-    : input_(input), math_(math), problem_(p), channels_last_(input.is_contiguous(at::MemoryFormat::ChannelsLast3d)) {
+    : math_(math), problem_(p), channels_last_(input.is_contiguous(at::MemoryFormat::ChannelsLast3d)) {
+  source_ = channels_last_ ? input : input.contiguous();
   if (math == MathMode::kFloat32AsBf16x3) {
     converted_ = workspace.reserve(gemm_in_channels(math, p.input_numel()) * c10::elementSize(at::kBFloat16));
-  } else if (math == MathMode::kFloat32AsTf32 || (!channels_last_ && !pixel_major)) {
+  } else if (math == MathMode::kFloat32AsTf32) {
+    converted_ = workspace.reserve(p.input_numel() * c10::elementSize(at::kHalf));
+  } else if (!channels_last_ && !pixel_major) {
     converted_ = workspace.reserve(input.nbytes());
   }
 }
 
-const void* LeftOperand::prepare(const CallWorkspace& workspace, cudaStream_t stream) const {
-  if (!converted_) return input_.data_ptr();
-  const at::Tensor src = channels_last_ ? input_ : input_.contiguous();
+const void* LeftOperand::prepare(const CallWorkspace& workspace, const Tf32OperandScales* scales,
+                                 cudaStream_t stream) const {
+  if (!converted_) return source_.data_ptr();
+  const void* src = source_.data_ptr();
   void* dst = workspace.at(*converted_);
   const Problem& p = problem_;
   if (math_ == MathMode::kFloat32AsBf16x3) {
     const NvtxRange range("cutlassfuse.split_float32");
-    split_float32_ndhwc(src.data_ptr(), channels_last_, dst, p.batch, p.in_channels, p.input_spatial(), stream);
+    split_float32_ndhwc(src, channels_last_, dst, p.batch, p.in_channels, p.input_spatial(), stream);
   } else if (math_ == MathMode::kFloat32AsTf32) {
-    const NvtxRange range("cutlassfuse.round_tf32");
-    round_tf32_ndhwc(src.data_ptr(), channels_last_, dst, p.batch, p.in_channels, p.input_spatial(), stream);
+    TORCH_INTERNAL_ASSERT(scales != nullptr, "the TF32 operand needs the call's scales");
+    const NvtxRange range("cutlassfuse.scale_tf32");
+    scale_tf32_ndhwc(src, channels_last_, scales, dst, p.batch, p.in_channels, p.input_spatial(), stream);
   } else {
     const NvtxRange range("cutlassfuse.ncdhw_to_ndhwc");
-    ncdhw_to_ndhwc(activation_element(math_), src.data_ptr(), dst, p.batch, p.in_channels, p.input_spatial(), stream);
+    ncdhw_to_ndhwc(activation_element(math_), src, dst, p.batch, p.in_channels, p.input_spatial(), stream);
   }
   return dst;
 }
@@ -53,26 +58,25 @@ at::Tensor split_filter(const at::Tensor& packed) {
   return at::cat(blocks, 0);
 }
 
-// The packed filter [Cin, T, R, S, Cout] as `conv`'s forward convolutions read it: the
-// dgrad's filter [Cin, T', R', S', Cout'] of `conv` (for the pixel-shuffle GEMM, 1x1x1
-// with the blocks' channels side by side), taps reversed, packed [Cout', T', R', S', Cin].
-at::Tensor forward_filter_tf32(const at::Tensor& packed, const Problem& conv, cudaStream_t stream) {
-  const auto& k = conv.kernel_size;
-  at::Tensor filter = at::empty({conv.out_channels, k[0], k[1], k[2], conv.in_channels}, packed.options());
-  reverse_filter_tf32(packed.data_ptr(), filter.data_ptr(), conv.in_channels, k, conv.out_channels, stream);
+at::Tensor scaled_filter(const at::Tensor& packed, Tf32OperandScales* scales, cudaStream_t stream) {
+  TORCH_INTERNAL_ASSERT(scales != nullptr, "the TF32 filter needs the call's scales");
+  at::Tensor filter = at::empty(packed.sizes(), packed.options().dtype(at::kHalf));
+  scale_filter_tf32(packed.data_ptr(), packed.numel(), scales, filter.data_ptr(), stream);
   return filter;
 }
 
 }  // namespace
 
-at::Tensor right_operand(const OpArgs& a, MathMode math, const Problem& conv, cudaStream_t stream) {
-  const at::Tensor packed =
-      present(a.packed_weight) ? a.packed_weight->contiguous() : a.weight.permute({0, 2, 3, 4, 1}).contiguous();
+at::Tensor packed_filter(const OpArgs& a) {
+  return present(a.packed_weight) ? a.packed_weight->contiguous() : a.weight.permute({0, 2, 3, 4, 1}).contiguous();
+}
+
+at::Tensor right_operand(const at::Tensor& packed, MathMode math, Tf32OperandScales* scales, cudaStream_t stream) {
   switch (math) {
     case MathMode::kFloat32AsBf16x3: return split_filter(packed);
     case MathMode::kFloat32AsTf32: {
-      const NvtxRange range("cutlassfuse.forward_filter_tf32");
-      return forward_filter_tf32(packed, conv, stream);
+      const NvtxRange range("cutlassfuse.scale_filter_tf32");
+      return scaled_filter(packed, scales, stream);
     }
     default: return packed;
   }

@@ -34,8 +34,8 @@ at::Tensor cutlass_dgrad_plain(const OpArgs& a) {
   const auto unit_counters_region = workspace.reserve(sm90::unit_counters_bytes());
   workspace.allocate(a.input.options());
   auto* unit_counters = workspace.at<sm90::UnitCounter>(unit_counters_region);
-  const void* input = left.prepare(workspace, stream);
-  const at::Tensor filter = sm90::right_operand(a, math, p, stream);
+  const void* input = left.prepare(workspace, /*scales=*/nullptr, stream);
+  const at::Tensor filter = sm90::right_operand(sm90::packed_filter(a), math, /*scales=*/nullptr, stream);
   const auto options = a.input.options().memory_format(at::MemoryFormat::ChannelsLast3d);
   const std::vector<int64_t> size{p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]};
   // Pixels no input reaches are zeros of the convolution (it has no bias here).

@@ -63,8 +63,8 @@ std::string explain_meta(const OpArgs& args) {
 
 // The sub-pixel phase plan the CUDA path launches for a deconvolution of these sizes,
 // flattened for tests that execute it with ATen: [unreached pixels per sample, then per
-// phase: input, filter, flipped filter and output views (offset, 3 extents, 4 strides
-// each), lower padding, upper padding and dilation (3 each)].
+// phase: input, filter and output views (offset, 3 extents, 4 strides each), lower
+// padding, upper padding and dilation (3 each)].
 std::vector<int64_t> subpixel_plan(at::IntArrayRef input_size, at::IntArrayRef kernel_size, at::IntArrayRef stride,
                                    at::IntArrayRef padding, at::IntArrayRef output_padding, at::IntArrayRef dilation,
                                    int64_t in_channels, int64_t out_channels) {
@@ -85,7 +85,7 @@ std::vector<int64_t> subpixel_plan(at::IntArrayRef input_size, at::IntArrayRef k
   std::vector<int64_t> flat{plan.unreached_pixels};
   auto append = [&flat](const auto& values) { flat.insert(flat.end(), values.begin(), values.end()); };
   for (const PhaseProblem& phase : plan.phases) {
-    for (const StridedView* view : {&phase.input, &phase.filter, &phase.flipped_filter, &phase.output}) {
+    for (const StridedView* view : {&phase.input, &phase.filter, &phase.output}) {
       flat.push_back(view->offset);
       append(view->extent);
       append(view->stride);

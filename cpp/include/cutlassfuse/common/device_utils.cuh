@@ -55,18 +55,13 @@ class FastDivisor {
   uint32_t shift_ = 0;
 };
 
-// v rounded to nearest TF32 (10 explicit mantissa bits), ties to even, as PyTorch's
-// TF32 convolutions round their operands; the 13 low mantissa bits cleared, which
-// TF32 wgmma ignores. Infinities and NaNs pass through (a NaN keeps a high mantissa
-// bit, so it stays a NaN without its low bits); a value rounding past the largest
-// finite one becomes infinity, as rounding to nearest does.
-__device__ __forceinline__ float round_to_tf32(float v) {
-  constexpr uint32_t kLowBits = (1u << 13) - 1;
-  uint32_t bits = __float_as_uint(v);
-  if ((bits & 0x7f800000u) == 0x7f800000u) return (bits & 0x007fffffu) ? __uint_as_float(0x7fc00000u) : v;
-  bits += (kLowBits >> 1) + ((bits >> 13) & 1u);
-  return __uint_as_float(bits & ~kLowBits);
-}
+// Multiplication by 2^e as two factors, each a normal float32 for |e| up to 250: exact
+// wherever the result is a normal float32, and no intermediate overflows.
+struct PowerOfTwo {
+  float low, high;
+  __device__ explicit PowerOfTwo(int e) : low(ldexpf(1.f, e / 2)), high(ldexpf(1.f, e - e / 2)) {}
+  __device__ float times(float v) const { return v * low * high; }
+};
 
 // ReLU as PyTorch's: NaN propagates.
 __device__ __forceinline__ float relu(float v) { return v > 0.f || v != v ? v : 0.f; }

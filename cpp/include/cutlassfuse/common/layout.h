@@ -1,14 +1,15 @@
 // Layout conversions: the deconvolution's input from NCDHW (PyTorch's default) to the
 // NDHWC the tensor-core kernel reads through TMA, the backward's tensors both ways, one
 // pass at memory bandwidth (ATen's generic permuted copy runs at a fifth of it on this
-// access pattern), with float32 split into bfloat16 pieces or rounded to TF32 on the
-// way; the bias repeated per block of the pixel-shuffle GEMM's columns.
+// access pattern), with float32 split into bfloat16 pieces or scaled to float16 at
+// TF32's precision on the way; the bias repeated per block of the pixel-shuffle GEMM's columns.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 
+#include "cutlassfuse/common/tf32_scaling.h"
 #include "cutlassfuse/plan/problem.h"
 
 namespace cutlassfuse {
@@ -31,17 +32,11 @@ void split_float32_ndhwc(const void* src, bool channels_last_source, void* dst, 
                          int64_t spatial, cudaStream_t stream);
 
 // The TF32 path's left operand in one pass: src float32, [batch, channels, spatial]
-// (NCDHW) or [batch, spatial, channels] (channels_last_source); dst float32
-// [batch, spatial, channels], each value rounded to nearest TF32 (round_to_tf32).
-// channels % 8 == 0.
-void round_tf32_ndhwc(const void* src, bool channels_last_source, void* dst, int64_t batch, int64_t channels,
-                      int64_t spatial, cudaStream_t stream);
-
-// The TF32 path's filter in one pass: src float32 [Cin, T, R, S, Cout] packed; dst
-// [Cout, T, R, S, Cin] packed, the taps reversed along T, R and S, each value rounded
-// to nearest TF32.
-void reverse_filter_tf32(const void* src, void* dst, int64_t in_channels, const Extent3& taps, int64_t out_channels,
-                         cudaStream_t stream);
+// (NCDHW) or [batch, spatial, channels] (channels_last_source); dst float16
+// [batch, spatial, channels], each value scaled by 2^e_input and rounded to nearest
+// (tf32_scaling.h; after measure_tf32_operands on the stream). channels % 8 == 0.
+void scale_tf32_ndhwc(const void* src, bool channels_last_source, const Tf32OperandScales* scales, void* dst,
+                      int64_t batch, int64_t channels, int64_t spatial, cudaStream_t stream);
 
 // dst[i * row_bytes + j] = row[j] for i < copies, j < row_bytes.
 void repeat_row(const void* row, int64_t row_bytes, int64_t copies, void* dst, cudaStream_t stream);

@@ -1,5 +1,6 @@
 // What a tensor-core path multiplies, apart from what the tensors hold: a float32 call
-// stores float32 but multiplies TF32 (its operands rounded to nearest) or bfloat16 pieces.
+// stores float32 but multiplies its operands rounded to TF32's precision, or bfloat16
+// pieces.
 #pragma once
 
 #include <optional>
@@ -17,18 +18,20 @@ enum class MathMode {
   // float32 operands split into bfloat16 pieces, three products in one GEMM over three
   // times the input channels (float32_split.h)
   kFloat32AsBf16x3,
-  // float32 operands rounded to nearest TF32 (10-bit mantissa), float32 accumulation.
-  // TF32 wgmma reads both operands K-major, which a dgrad's filter is not: each phase
-  // runs as the forward convolution of its input with the reversed filter
-  // (runs_forward_convolution).
+  // float32 operands rounded to nearest with TF32's precision (11-bit significands),
+  // float32 accumulation, on float16 tensor cores: float16 has TF32's significand but
+  // not its exponent range, so each operand tensor is first scaled by a power of two
+  // that puts its largest finite magnitude in [2^14, 2^15) (common/tf32_scaling.h), and
+  // the epilogue multiplies the accumulators back (scales_operands). The products are
+  // TF32's for every operand within 2^29 of its tensor's largest magnitude.
   kFloat32AsTf32,
 };
 
 constexpr bool is_16_bit(MathMode math) { return math == MathMode::kFloat16 || math == MathMode::kBFloat16; }
 
-// Whether the phases run as forward convolutions over the reversed, K-major filter
-// [Cout, T, R, S, Cin] (PhaseProblem::flipped_filter) rather than as dgrads.
-constexpr bool runs_forward_convolution(MathMode math) { return math == MathMode::kFloat32AsTf32; }
+// Whether the operands are scaled by powers of two before the tensor cores multiply
+// them, and the epilogue descales the accumulators (tf32_scaling.h).
+constexpr bool scales_operands(MathMode math) { return math == MathMode::kFloat32AsTf32; }
 
 // The math of a tensor-core call in `element`, or nothing where the float32 mode asks
 // for PyTorch's own convolution (settings.h).

@@ -53,35 +53,18 @@ struct StridedView {
 };
 
 // One unit-stride dgrad: ConvTranspose3d(input view, filter view) with asymmetric
-// padding and the sub-dilation, written to the output view. The same phase is the
-// forward convolution (cross-correlation) of the input view with the sub-kernel
-// reversed, padded by forward_lower_padding() / forward_upper_padding(): output k reads
-// input k - forward_lower + dilation * j with reversed tap j.
+// padding and the sub-dilation, written to the output view.
 struct PhaseProblem {
   StridedView input;   // of the NDHWC input
   StridedView filter;  // of the [Cin, T, R, S, Cout] filter; extent = the sub-kernel's taps
-  // Of the filter reversed along T, R and S and packed K-major, [Cout, T, R, S, Cin]
-  // (outer mode Cout): the sub-kernel's taps in reversed order.
-  StridedView flipped_filter;
   StridedView output;  // of the NDHWC activation
   Extent3 lower_padding{};
   Extent3 upper_padding{};
   Extent3 dilation{};
 
   int64_t output_spatial() const { return output.extent[0] * output.extent[1] * output.extent[2]; }
-  // The sub-kernel's reach minus the dgrad's padding; negative where an output's first
-  // tap reads past the cropped input's start (which the forward convolution cannot pad).
-  Extent3 forward_lower_padding() const { return reach_minus(lower_padding); }
-  Extent3 forward_upper_padding() const { return reach_minus(upper_padding); }
 
   bool operator==(const PhaseProblem&) const = default;
-
- private:
-  Extent3 reach_minus(const Extent3& padding) const {
-    Extent3 forward;
-    for (int i = 0; i < 3; ++i) forward[i] = dilation[i] * (filter.extent[i] - 1) - padding[i];
-    return forward;
-  }
 };
 
 struct SubpixelPlan {

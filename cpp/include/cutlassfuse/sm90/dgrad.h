@@ -13,9 +13,8 @@
 // K = in_channels * taps of the phase. Each entry point is instantiated per math mode
 // (math_mode.h): float16 and bfloat16 run in their own type; float32 as bf16x3 runs
 // bfloat16 operands (three products, in_channels tripled by the caller) with a float32
-// activation; float32 as TF32 runs each phase as the forward convolution of the input
-// view with the reversed filter (K = in_channels * taps all the same), float32 operands
-// rounded to TF32 by the caller.
+// activation; float32 as TF32 runs float16 operands scaled by powers of two by the
+// caller (tf32_scaling.h), descaled in the epilogue, with a float32 activation.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -63,8 +62,7 @@ inline int64_t unit_counters_bytes() { return kMaxPartialsRegions * static_cast<
 // Whole tensors; a phase's views (offsets, strides) apply inside.
 struct DgradOperands {
   const void* input;               // [N, D, H, W, Cin] (NDHWC, packed)
-  const void* filter;              // [Cin, T, R, S, Cout]: PyTorch's (Cin, Cout, T, R, S) permuted;
-                                   // TF32: [Cout, T, R, S, Cin], taps reversed (flipped_filter)
+  const void* filter;              // [Cin, T, R, S, Cout]: PyTorch's (Cin, Cout, T, R, S) permuted
   const void* bias;                // [Cout], or nullptr for no bias
   void* activation;                // [N, Do, Ho, Wo, Cout] (NDHWC, packed)
   WelfordPartial* partials;        // the phase's region (PartialsRegion): TilePartials::slots(...) entries
@@ -72,6 +70,9 @@ struct DgradOperands {
   // The counter of the launch that starts with this phase (a launch per phase stream,
   // per kMaxPhasesPerLaunch phases); nullptr: every CTA walks its units statically.
   UnitCounter* unit_counter = nullptr;
+  // The factor the epilogue multiplies the accumulators by before the bias, on the
+  // device: the math modes that scale their operands (scales_operands), else unused.
+  const float* descale = nullptr;
 
   bool operator==(const DgradOperands&) const = default;
 };

@@ -41,7 +41,5 @@ int cluster_size(DgradConfig config);
 
 // The heuristic's configuration for `problem` (the GEMM the kernels run).
 DgradConfig choose_config(const Problem& problem);
-// The same for the phases run as forward convolutions (TF32), built in clusters of one.
-DgradConfig choose_forward_config(const Problem& problem);
 
 }  // namespace cutlassfuse::sm90

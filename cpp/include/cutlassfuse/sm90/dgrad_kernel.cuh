@@ -1,7 +1,5 @@
 // Type assembly of the sm90 fused dgrad family: epilogue visitor tree, collective
-// epilogue and mainloop from CUTLASS's builders, kernel and device adapter. The phases
-// run as CUTLASS dgrads, or (TF32, math_mode.h) as forward convolutions over the
-// reversed filter: the same tiles, epilogue and kernel layers.
+// epilogue and mainloop from CUTLASS's builders, kernel and device adapter.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -27,11 +25,8 @@ enum class Schedule { kNonPersistent, kPingpong };
 
 template <int TileM, int TileN, int ClusterM, Schedule KernelSchedule = Schedule::kNonPersistent>
 struct TileConfig {
-  // K blocks of 128 bytes, one 128-byte swizzle atom: 64 16-bit or 32 float32 (TF32)
-  // channels. The conv builders expect the K mode wrapped in its own tuple.
-  template <class ElementIn>
-  using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>,
-                                cute::Shape<cute::Int<128 / static_cast<int>(sizeof(ElementIn))>>>;
+  // The conv builders expect the K mode wrapped in its own tuple.
+  using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Shape<cute::_64>>;
   using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::_1, cute::_1>;
   static constexpr bool kPingpong = KernelSchedule == Schedule::kPingpong;
   // Epilogue subtile. CUTLASS's kernel, whose epilogue shared memory is a union with
@@ -48,8 +43,13 @@ struct TileConfig {
                                             cutlass::epilogue::collective::EpilogueTileAuto>>;
 };
 
-template <class Element, class TileShape>
+// kDescaled: the accumulators hold the products of operands scaled by powers of two
+// (float32 as TF32 on float16 tensor cores, math_mode.h); the tree multiplies them by
+// the call's descale factor, read from device memory (the kernel that scaled the
+// filter wrote it), before the bias: fma(descale, acc, bias).
+template <class Element, class TileShape, bool kDescaled_ = false>
 struct FusedEpilogueTree {
+  static constexpr bool kDescaled = kDescaled_;
   using Accumulator = float;
   static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
   static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;  // 16-byte vectors
@@ -62,8 +62,12 @@ struct FusedEpilogueTree {
   // instantiation serves layers with and without bias.
   using Bias = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, Element, Accumulator,
                                                            cute::Stride<cute::_0, cute::_1, int64_t>, kAlignment>;
-  using BiasRelu = EVT<Compute<cutlass::epilogue::thread::ReLu>,
-                       EVT<Compute<cutlass::plus>, cutlass::epilogue::fusion::Sm90AccFetch, Bias>>;
+  using Descale = cutlass::epilogue::fusion::Sm90ScalarBroadcast<Accumulator>;
+  using BiasSum = std::conditional_t<
+      kDescaled,
+      EVT<Compute<cutlass::homogeneous_multiply_add>, Descale, cutlass::epilogue::fusion::Sm90AccFetch, Bias>,
+      EVT<Compute<cutlass::plus>, cutlass::epilogue::fusion::Sm90AccFetch, Bias>>;
+  using BiasRelu = EVT<Compute<cutlass::epilogue::thread::ReLu>, BiasSum>;
   // Root: passes ReLU(acc + bias) to the store and reduces GroupNorm partials of it.
   using Tree = EVT<Sm90GroupNormStats<Element, TileShape>, BiasRelu>;
 };
@@ -71,18 +75,16 @@ struct FusedEpilogueTree {
 // ElementIn: input and filter (the tensor-core operands); ElementOut: bias, the stored
 // activation and the statistics' staging tile. Equal for float16/bfloat16 calls;
 // float32 calls in bf16x3 run bfloat16 operands (three products; sm90/left_operand.h)
-// with a float32 activation, in TF32 float32 operands (TF32 wgmma) as forward
-// convolutions (ConvOp kFprop: input view and flipped filter, both K-major).
-template <class ElementIn, class ElementOut, class Config_,
-          cutlass::conv::Operator ConvOp = cutlass::conv::Operator::kDgrad>
+// with a float32 activation, in TF32 float16 operands scaled by powers of two
+// (math_mode.h), descaled by the epilogue (kDescaled), with a float32 activation.
+template <class ElementIn, class ElementOut, class Config_, bool kDescaled = false>
 struct DgradFusedKernel {
   using Config = Config_;
-  static constexpr cutlass::conv::Operator kConvOp = ConvOp;
   using Layout = cutlass::layout::TensorNDHWC;
   using Accumulator = float;
-  using TileShape = typename Config::template TileShape<ElementIn>;
+  using TileShape = typename Config::TileShape;
   using ClusterShape = typename Config::ClusterShape;
-  using Trees = FusedEpilogueTree<ElementOut, TileShape>;
+  using Trees = FusedEpilogueTree<ElementOut, TileShape, kDescaled>;
   static constexpr int kAlignmentIn = 128 / cutlass::sizeof_bits<ElementIn>::value;  // 16-byte vectors
   static constexpr int kAlignmentOut = Trees::kAlignment;
 
@@ -102,13 +104,14 @@ struct DgradFusedKernel {
                         : static_cast<int>(sizeof(typename EpilogueWith<typename Trees::BiasRelu>::SharedStorage));
 
   using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ConvOp, ElementIn, Layout, kAlignmentIn, ElementIn, Layout,
-      kAlignmentIn, Accumulator, TileShape, ClusterShape, cutlass::conv::collective::StageCountAutoCarveout<kCarveout>,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kDgrad, ElementIn, Layout,
+      kAlignmentIn, ElementIn, Layout, kAlignmentIn, Accumulator, TileShape, ClusterShape,
+      cutlass::conv::collective::StageCountAutoCarveout<kCarveout>,
       cutlass::conv::collective::KernelScheduleAuto>::CollectiveOp;
 
-  using ProblemShape = cutlass::conv::ConvProblemShape<ConvOp, 3>;
+  using ProblemShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kDgrad, 3>;
   using Kernel =
-      std::conditional_t<Config::kPingpong, PingpongPhasesKernel<ProblemShape, Mainloop, Epilogue, kMaxPhasesPerLaunch>,
+      std::conditional_t<Config::kPingpong, PingpongPhasesKernel<DgradShape, Mainloop, Epilogue, kMaxPhasesPerLaunch>,
                          cutlass::conv::kernel::ConvUniversal<ProblemShape, Mainloop, Epilogue>>;
   static_assert(sizeof(typename Kernel::SharedStorage) <= 227 * 1024, "shared memory over the sm90 limit");
 };

@@ -24,48 +24,36 @@ namespace cutlassfuse::sm90 {
 // input view, its filter the phase's taps; all strides are passed explicitly, so the
 // views need no copies. (CUTLASS derives the input extent from the others; the plan
 // guarantees it equals the view's.)
-// The same phase as a forward convolution (ConvOp kFprop): CUTLASS's "activation" is
-// the input view, its filter the reversed taps [Cout, t, r, s, Cin] (flipped_filter),
-// its "transformed activation" the output view, whose extent it derives from the
-// forward padding.
-template <cutlass::conv::Operator ConvOp = cutlass::conv::Operator::kDgrad>
-cutlass::conv::ConvProblemShape<ConvOp, 3> make_problem_shape(const Problem& p, const PhaseProblem& phase) {
-  using Shape = cutlass::conv::ConvProblemShape<ConvOp, 3>;
+inline DgradShape make_problem_shape(const Problem& p, const PhaseProblem& phase) {
   auto i32 = [](int64_t v) { return static_cast<int>(v); };
   auto strides = [](const StridedView& v) {
-    return typename Shape::TensorStride{v.stride[0], v.stride[1], v.stride[2], v.stride[3], 1};
+    return DgradShape::TensorStride{v.stride[0], v.stride[1], v.stride[2], v.stride[3], 1};
   };
-  auto triple = [&](const Extent3& e) { return typename Shape::SpatialExtent{i32(e[0]), i32(e[1]), i32(e[2])}; };
-  auto tensor = [&](int64_t outer, const Extent3& e, int64_t channels) {
-    return typename Shape::TensorExtent{i32(outer), i32(e[0]), i32(e[1]), i32(e[2]), i32(channels)};
-  };
+  auto triple = [&](const Extent3& e) { return DgradShape::SpatialExtent{i32(e[0]), i32(e[1]), i32(e[2])}; };
+  const Extent3& out = phase.output.extent;
   const Extent3& taps = phase.filter.extent;
-  if constexpr (ConvOp == cutlass::conv::Operator::kFprop) {
-    return Shape(cutlass::conv::Mode::kCrossCorrelation, tensor(p.batch, phase.input.extent, p.in_channels),
-                 strides(phase.input), tensor(p.out_channels, taps, p.in_channels), strides(phase.flipped_filter),
-                 strides(phase.output), triple(phase.forward_lower_padding()), triple(phase.forward_upper_padding()),
-                 typename Shape::SpatialExtent{1, 1, 1}, triple(phase.dilation), /*groups=*/1);
-  } else {
-    return Shape(cutlass::conv::Mode::kCrossCorrelation, tensor(p.batch, phase.output.extent, p.out_channels),
-                 strides(phase.output), tensor(p.in_channels, taps, p.out_channels), strides(phase.filter),
-                 strides(phase.input), triple(phase.lower_padding), triple(phase.upper_padding),
-                 typename Shape::SpatialExtent{1, 1, 1}, triple(phase.dilation), /*groups=*/1);
-  }
+  return DgradShape(
+      cutlass::conv::Mode::kCrossCorrelation,
+      DgradShape::TensorExtent{i32(p.batch), i32(out[0]), i32(out[1]), i32(out[2]), i32(p.out_channels)},
+      strides(phase.output),
+      DgradShape::TensorExtent{i32(p.in_channels), i32(taps[0]), i32(taps[1]), i32(taps[2]), i32(p.out_channels)},
+      strides(phase.filter), strides(phase.input), triple(phase.lower_padding), triple(phase.upper_padding),
+      DgradShape::SpatialExtent{1, 1, 1}, triple(phase.dilation),
+      /*groups=*/1);
 }
 
 // The output's M mode is hierarchical ((W, H, D, N), C): make_cute_packed_stride has no
 // overload for it, so copy the problem's strides (those of the phase's view) mode by mode.
-template <class StrideD, class ConvShape>
-StrideD output_stride(const ConvShape& shape) {
+template <class StrideD>
+StrideD output_stride(const DgradShape& shape) {
   StrideD stride_d{};
   cute::for_each(cute::make_seq<cute::rank<0>(StrideD{})>{},
-                 [&](auto i) { cute::get<0, i>(stride_d) = shape.stride_C[ConvShape::RankT - 2 - i]; });
+                 [&](auto i) { cute::get<0, i>(stride_d) = shape.stride_C[DgradShape::RankT - 2 - i]; });
   return stride_d;
 }
 
-// The phase's views applied to the whole tensors; the filter is [Cin, T, R, S, Cout]
-// for a dgrad, the reversed [Cout, T, R, S, Cin] for a forward convolution.
-template <class ElementIn, class ElementOut, cutlass::conv::Operator ConvOp = cutlass::conv::Operator::kDgrad>
+// The phase's views applied to the whole tensors.
+template <class ElementIn, class ElementOut>
 struct PhasePointers {
   const ElementIn* input;
   const ElementIn* filter;
@@ -73,17 +61,13 @@ struct PhasePointers {
 
   PhasePointers(const PhaseProblem& phase, const void* input, const void* filter, void* output)
       : input(static_cast<const ElementIn*>(input) + (input ? phase.input.offset : 0)),
-        filter(static_cast<const ElementIn*>(filter) + (filter ? filter_view(phase).offset : 0)),
+        filter(static_cast<const ElementIn*>(filter) + (filter ? phase.filter.offset : 0)),
         output(static_cast<ElementOut*>(output) + (output ? phase.output.offset : 0)) {}
-
-  static const StridedView& filter_view(const PhaseProblem& phase) {
-    return ConvOp == cutlass::conv::Operator::kFprop ? phase.flipped_filter : phase.filter;
-  }
 };
 
 // The epilogue tree's arguments (they nest as the tree: {child arguments..., node
-// arguments}): the bias, and the statistics of `gn` into ops.partials, laid out as
-// TilePartials of the kernel's tile.
+// arguments}): the descale factor where the tree has one, the bias, and the statistics
+// of `gn` into ops.partials, laid out as TilePartials of the kernel's tile.
 template <class Fused>
 typename Fused::Epilogue::FusionCallbacks::Arguments tree_arguments(const GroupNormShape& gn,
                                                                     const DgradOperands& ops) {
@@ -100,21 +84,23 @@ typename Fused::Epilogue::FusionCallbacks::Arguments tree_arguments(const GroupN
                                       ops.finish_counters,
                                       ops.finish_counters ? group_norm_finish_counters(gn.batch) : 0};
   const typename Fused::Trees::Bias::Arguments bias{static_cast<const ElementOut*>(ops.bias), ElementOut(0), {}};
-  return {{{{}, bias, {}}, {}}, stats};
+  if constexpr (Fused::Trees::kDescaled) {
+    const typename Fused::Trees::Descale::Arguments descale{{1.f}, {ops.descale}, {}};
+    return {{{descale, {}, bias, {}}, {}}, stats};
+  } else {
+    return {{{{}, bias, {}}, {}}, stats};
+  }
 }
 
 template <class Fused>
-using FusedPhaseArguments =
-    PhaseArguments<typename Fused::ProblemShape, typename Fused::Mainloop, typename Fused::Epilogue>;
-
-template <class Fused>
-FusedPhaseArguments<Fused> make_arguments(const Problem& problem, const PhaseProblem& phase, const DgradOperands& ops) {
+PhaseArguments<DgradShape, typename Fused::Mainloop, typename Fused::Epilogue> make_arguments(
+    const Problem& problem, const PhaseProblem& phase, const DgradOperands& ops) {
   using ElementIn = typename Fused::Mainloop::ElementA;
   using ElementOut = typename Fused::Epilogue::ElementD;
   using StrideD = typename Fused::Epilogue::StrideD;
-  const auto shape = make_problem_shape<Fused::kConvOp>(problem, phase);
+  const DgradShape shape = make_problem_shape(problem, phase);
   const StrideD stride_d = output_stride<StrideD>(shape);
-  const PhasePointers<ElementIn, ElementOut, Fused::kConvOp> ptr(phase, ops.input, ops.filter, ops.activation);
+  const PhasePointers<ElementIn, ElementOut> ptr(phase, ops.input, ops.filter, ops.activation);
   const auto tree = tree_arguments<Fused>(phase_group_norm_shape(problem, phase), ops);
   return {shape, {ptr.input, ptr.filter}, {tree, nullptr, stride_d, ptr.output, stride_d}};
 }
@@ -130,15 +116,13 @@ inline std::string shape_rules_violation(const Problem& p) {
   return {};
 }
 
-// Empty when CUTLASS's collectives take the phase: the extents they derive match the
-// views' (A is the input, C the output, for a dgrad and a forward convolution alike),
-// and their can_implement (TMA im2col limits on padding, dilation, filter extent) agrees.
-template <class ConvShape, class Mainloop, class Epilogue>
-std::string phase_rejection(const PhaseProblem& phase, const PhaseArguments<ConvShape, Mainloop, Epilogue>& args) {
+// Empty when CUTLASS's collectives take the phase: the input extent they derive matches
+// the view's, and their can_implement (TMA im2col limits on padding, dilation, filter
+// extent) agrees.
+template <class Mainloop, class Epilogue>
+std::string phase_rejection(const PhaseProblem& phase, const PhaseArguments<DgradShape, Mainloop, Epilogue>& args) {
   for (int i = 0; i < 3; ++i) {
-    if (args.shape.shape_A[i + 1] != phase.input.extent[i] || args.shape.shape_C[i + 1] != phase.output.extent[i])
-      return "input or output extent does not match the convolution problem";
-    if (args.shape.lower_padding[i] < 0 || args.shape.upper_padding[i] < 0) return "negative padding";
+    if (args.shape.shape_A[i + 1] != phase.input.extent[i]) return "input extent does not match the dgrad problem";
   }
   if (!collectives_can_implement(args))
     return "CUTLASS can_implement rejected a phase (TMA im2col limits: padding <= 16, (kernel - 1) * dilation < 31)";
@@ -272,7 +256,7 @@ void run(const Problem& problem, std::span<const PhaseLaunch> phases, const Sche
          cudaStream_t stream) {
   using Kernel = typename Fused::Kernel;
   auto arguments = [&] {
-    std::vector<FusedPhaseArguments<Fused>> args;
+    std::vector<PhaseArguments<DgradShape, typename Fused::Mainloop, typename Fused::Epilogue>> args;
     for (const PhaseLaunch& launch : phases) {
       args.push_back(make_arguments<Fused>(problem, *launch.phase, launch.operands));
     }
@@ -289,53 +273,38 @@ void run(const Problem& problem, std::span<const PhaseLaunch> phases, const Sche
   }
 }
 
-// One configuration enum value -> one kernel type. The forward convolutions are
-// instantiated in clusters of one only (config_rejection).
-template <class ElementIn, class ElementOut, cutlass::conv::Operator ConvOp, class F>
+// One configuration enum value -> one kernel type.
+template <class ElementIn, class ElementOut, bool kDescaled, class F>
 decltype(auto) with_kernel(DgradConfig config, F&& f) {
   switch (config) {
     case DgradConfig::k128x64_cluster1x1:
-      return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 64, 1>, ConvOp>{});
+      return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 64, 1>, kDescaled>{});
     case DgradConfig::k128x128_pingpong:
-      return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 128, 1, Schedule::kPingpong>, ConvOp>{});
+      return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 128, 1, Schedule::kPingpong>, kDescaled>{});
     case DgradConfig::k128x64_pingpong:
-      return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 64, 1, Schedule::kPingpong>, ConvOp>{});
+      return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 64, 1, Schedule::kPingpong>, kDescaled>{});
     case DgradConfig::k128x128_pingpong_cluster2x1:
-      if constexpr (ConvOp == cutlass::conv::Operator::kDgrad) {
-        return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 128, 2, Schedule::kPingpong>, ConvOp>{});
-      }
-      throw std::invalid_argument("cutlassfuse: the forward-convolution kernels run clusters of one");
-    default: return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 128, 1>, ConvOp>{});
+      return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 128, 2, Schedule::kPingpong>, kDescaled>{});
+    default: return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 128, 1>, kDescaled>{});
   }
-}
-
-// Why `config` cannot run the family of `ConvOp` at all, or empty.
-template <cutlass::conv::Operator ConvOp>
-std::string config_rejection(DgradConfig config) {
-  if (ConvOp == cutlass::conv::Operator::kFprop && cluster_size(config) > 1)
-    return std::string("tile configuration ") + config_name(config) +
-           " is not built for the forward convolutions of float32 mode 'tf32' (clusters of one only)";
-  return {};
 }
 
 }  // namespace cutlassfuse::sm90
 
 // Defines the family's two entry points for one math mode (MATH_MODE), run with
-// CUTLASS_IN operands and a CUTLASS_OUT activation as CONV_OP (kDgrad, or kFprop over
-// the reversed filter).
-#define CUTLASSFUSE_DEFINE_DGRAD_FAMILY(MATH_MODE, CUTLASS_IN, CUTLASS_OUT, CONV_OP)                           \
+// CUTLASS_IN operands and a CUTLASS_OUT activation.
+#define CUTLASSFUSE_DEFINE_DGRAD_FAMILY(MATH_MODE, CUTLASS_IN, CUTLASS_OUT)                                    \
   namespace cutlassfuse::sm90 {                                                                                \
   template <>                                                                                                  \
   std::string dgrad_unsupported_reason<MATH_MODE>(DgradConfig config, const Problem& problem,                  \
                                                   const PhaseProblem& phase) {                                 \
-    if (std::string why = config_rejection<CONV_OP>(config); !why.empty()) return why;                         \
-    return with_kernel<CUTLASS_IN, CUTLASS_OUT, CONV_OP>(                                                      \
+    return with_kernel<CUTLASS_IN, CUTLASS_OUT, scales_operands(MATH_MODE)>(                                   \
         config, [&](auto fused) { return unsupported_reason<decltype(fused)>(problem, phase); });              \
   }                                                                                                            \
   template <>                                                                                                  \
   void dgrad_fused<MATH_MODE>(DgradConfig config, const Problem& problem, std::span<const PhaseLaunch> phases, \
                               const ScheduleOptions& schedule, int sm_count, cudaStream_t stream) {            \
-    with_kernel<CUTLASS_IN, CUTLASS_OUT, CONV_OP>(                                                             \
+    with_kernel<CUTLASS_IN, CUTLASS_OUT, scales_operands(MATH_MODE)>(                                          \
         config, [&](auto fused) { run<decltype(fused)>(problem, phases, schedule, sm_count, stream); });       \
   }                                                                                                            \
   }

@@ -1,6 +1,6 @@
 // A persistent ping-pong kernel for CUTLASS's sm90 collectives (the implicit-GEMM
-// dgrad's or forward convolution's, or the batched GEMM's of the pixel-shuffle path),
-// running the output tiles of several sub-pixel phases in one launch.
+// dgrad's, or the batched GEMM's of the pixel-shuffle path), running the output tiles
+// of several sub-pixel phases in one launch.
 //
 // Why it exists: CUTLASS's sm90 conv kernel is non-persistent with one consumer
 // warpgroup (its dispatch policy rejects the persistent schedules), so every tile's
@@ -104,13 +104,19 @@ struct PhaseTiles {
 };
 
 using DgradShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kDgrad, 3>;
-using FpropShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kFprop, 3>;
 using BatchedGemmShape = cute::Shape<int, int, int, int>;  // (M, N, K, L)
 
-// Tiles that run every K block: a GEMM's K has no taps, and a forward convolution's
-// tiles are not tested for border taps.
-struct EveryKBlock {
-  template <class ProblemShape>
+// A problem's GEMM extents (M, N, K, L) as the collectives see them. A dgrad's come
+// from CUTLASS's conv helpers (the mainloop's M linear over the output pixels, the
+// epilogue's hierarchical); a batched GEMM's are the shape itself.
+// The depth taps of its K blocks (tap_window.h): a GEMM's K has none, every K block runs.
+template <class ProblemShape>
+struct GemmExtents {
+  template <class CollectiveMainloop>
+  static BatchedGemmShape mainloop(ProblemShape const& shape) {
+    return shape;
+  }
+  static BatchedGemmShape epilogue(ProblemShape const& shape) { return shape; }
   static TapWindow taps(ProblemShape const&, int k_tiles, int /*tile_m*/, bool /*skip_border_taps*/) {
     TapWindow every_block;
     every_block.blocks_per_tap = k_tiles;
@@ -122,35 +128,15 @@ struct EveryKBlock {
   }
 };
 
-// A problem's GEMM extents (M, N, K, L) as the collectives see them. A convolution's
-// come from CUTLASS's conv helpers (the mainloop's M linear over the output pixels, the
-// epilogue's hierarchical); a batched GEMM's are the shape itself. `taps`: the depth
-// taps of its K blocks (tap_window.h).
-template <class ProblemShape>
-struct GemmExtents : EveryKBlock {
+template <>
+struct GemmExtents<DgradShape> {
   template <class CollectiveMainloop>
-  static BatchedGemmShape mainloop(ProblemShape const& shape) {
-    return shape;
-  }
-  static BatchedGemmShape epilogue(ProblemShape const& shape) { return shape; }
-};
-
-template <class ConvShape>
-struct ConvGemmExtents {
-  template <class CollectiveMainloop>
-  static auto mainloop(ConvShape const& shape) {
+  static auto mainloop(DgradShape const& shape) {
     return cute::append<4>(CollectiveMainloop::get_problem_shape_MNKL(shape), cute::Int<1>{});
   }
-  static auto epilogue(ConvShape const& shape) {
+  static auto epilogue(DgradShape const& shape) {
     return cutlass::conv::detail::get_transformed_problem_shape_MNKL(shape);
   }
-};
-
-template <>
-struct GemmExtents<FpropShape> : ConvGemmExtents<FpropShape>, EveryKBlock {};
-
-template <>
-struct GemmExtents<DgradShape> : ConvGemmExtents<DgradShape> {
   // CUTLASS's shapes are (n, d, h, w, c) and its per-dimension arrays (d, h, w).
   static TapWindow taps(DgradShape const& shape, int k_tiles, int tile_m, bool skip_border_taps) {
     TapWindow w;
