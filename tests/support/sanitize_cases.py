@@ -2,8 +2,8 @@
 path in fp16 and bf16 with tiles straddling samples and groups crossing N tiles, CTAs
 drawing their tiles (kb61_v0's 405), NCDHW and channels-last output, bias and no
 affine, strided (sub-pixel phases, pixels no tap reaches, the pixel-shuffle GEMM),
-float32 as bfloat16 piece products (opted in), and the CUDA fallback (odd channels,
-conv groups, strict float32)."""
+float32 in the "tf32" and "bf16x3" modes (opted in), and the CUDA fallback (odd
+channels, conv groups, strict float32)."""
 
 import torch
 
@@ -34,7 +34,7 @@ CASES = [  # make_inputs keywords
     # fallback: conv groups
     dict(batch=2, in_channels=16, out_channels=32, size=4, kernel=3, stride=2, padding=1, groups=4, num_groups=8,
          channels_last=True, dtype=F16),
-    # float32 as three bfloat16 products
+    # float32 in the opted-in modes (main): sub-pixel phases
     dict(batch=2, in_channels=16, out_channels=32, size=4, kernel=3, stride=2, padding=1, num_groups=8, dtype=F32),
     # float32 pixel-shuffle GEMM, channels-last
     dict(batch=2, in_channels=16, out_channels=32, size=4, kernel=2, stride=2, num_groups=8, channels_last=True,
