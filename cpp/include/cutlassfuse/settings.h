@@ -20,8 +20,9 @@ enum class Float32Mode {
   // then this project's bias + ReLU + GroupNorm kernels. The default: the op's float32
   // numerics are those of the modules it replaces.
   kPyTorch,
-  // The fused tensor-core path on TF32: operands rounded to nearest TF32, as PyTorch's
-  // TF32 convolutions round them, float32 accumulation (math_mode.h).
+  // The fused tensor-core path at TF32's precision: operands rounded to nearest with
+  // TF32's significand, as PyTorch's TF32 convolutions round them, float32 accumulation,
+  // on float16 tensor cores after a power-of-two scaling (math_mode.h).
   kTf32,
   // The fused tensor-core path, each float32 operand split into bfloat16 pieces and the
   // products summed in fp32 (float32_split.h).
