@@ -105,9 +105,10 @@ def set_float32_mode(mode: str) -> None:
       The fastest float32 mode, with an error against float64 of PyTorch's TF32 order;
       not bitwise PyTorch's (another summation order). Other GPUs run ``"pytorch"``.
     - ``"bf16x3"``: the fused sm90 tensor-core path with each float32 operand split into
-      bfloat16 pieces (three products summed in fp32): 1.9x faster than PyTorch's TF32 on
-      kb61, slower on some strided layers; within ~7e-4 of float64 after GroupNorm (PyTorch's TF32 lands ~3e-3 away,
-      its strict fp32 ~1e-5). Other GPUs run ``"pytorch"``.
+      bfloat16 pieces (three products summed in fp32): 2.3x faster than PyTorch's TF32 on
+      kb61, about its speed on gan_k4s2p1; within ~7e-4 of float64 after GroupNorm
+      (PyTorch's TF32 lands ~3e-3 away, its strict fp32 ~1e-5). Other GPUs run
+      ``"pytorch"``.
     """
     torch.ops.cutlassfuse.set_float32_mode(mode)
 

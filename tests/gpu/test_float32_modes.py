@@ -179,8 +179,8 @@ def test_tf32_mode_runs_every_config(case: dict, config: str):
 @pytest.mark.parametrize("stride", [1, 2])
 def test_tf32_mode_rounds_operands_to_nearest(stride: int):
     """The op lands on the float64 result of its operands rounded to nearest TF32, not of
-    them truncated (which the tensor cores do to unrounded float32): uniform positive
-    inputs make truncation's bias add up over the 27 * 64 terms of each output."""
+    them truncated: uniform positive inputs make truncation's bias add up over the
+    27 * 64 terms of each output."""
     call = make_inputs(batch=2, in_channels=64, out_channels=64, size=6, kernel=3, stride=stride, padding=1,
                        num_groups=8, device="cuda", seed=stride)
     call["input"] = torch.rand_like(call["input"]) + 1

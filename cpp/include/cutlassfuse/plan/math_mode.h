@@ -23,7 +23,7 @@ enum class MathMode {
   // not its exponent range, so each operand tensor is first scaled by a power of two
   // that puts its largest finite magnitude in [2^14, 2^15) (common/tf32_scaling.h), and
   // the epilogue multiplies the accumulators back (scales_operands). The products are
-  // TF32's for every operand within 2^29 of its tensor's largest magnitude.
+  // TF32's for every operand within 2^28 of its tensor's largest magnitude.
   kFloat32AsTf32,
 };
 
