@@ -36,6 +36,15 @@ def test_explain_on_cpu_names_the_reference_path():
     assert cutlassfuse.explain(x, w, num_groups=2).startswith("reference")
 
 
+def test_explain_says_what_a_call_in_grad_mode_keeps():
+    x, w = torch.rand(1, 8, 3, 3, 3), torch.randn(8, 8, 3, 3, 3)
+    assert "keeping for the backward" not in cutlassfuse.explain(x, w, num_groups=2)
+    w.requires_grad_()
+    assert "keeping for the backward" in cutlassfuse.explain(x, w, num_groups=2)
+    with torch.no_grad():
+        assert "keeping for the backward" not in cutlassfuse.explain(x, w, num_groups=2)
+
+
 def test_explain_validates_like_the_op():
     x, w = torch.rand(1, 8, 3, 3, 3), torch.randn(8, 8, 3, 3, 3)
     try:

@@ -136,11 +136,17 @@ def set_float32_tensor_cores(enabled: bool) -> None:
 
 def explain(*args, **kwargs) -> str:
     """Which implementation ``conv_transpose3d_relu_group_norm`` takes for the same
-    arguments, and why: ``"fused_sm90: ..."``, ``"fallback: ..., because ..."`` or
-    ``"reference: ..., because ..."``."""
+    arguments in the current grad mode, and why: ``"fused_sm90: ..."``, ``"fallback:
+    ..., because ..."`` or ``"reference: ..., because ..."``. A call in grad mode on
+    tensors that require grad keeps what its backward reads: the description then says
+    what it keeps and which launch writes it."""
     bound = inspect.signature(conv_transpose3d_relu_group_norm).bind(*args, **kwargs)
     bound.apply_defaults()
-    return torch.ops.cutlassfuse.explain(*_op_arguments(**bound.arguments))
+    arguments = bound.arguments
+    differentiable = (arguments[name] for name in ("input", "weight", "bias", "norm_weight", "norm_bias"))
+    tracked = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in differentiable)
+    op = torch.ops.cutlassfuse.explain_for_backward if tracked else torch.ops.cutlassfuse.explain
+    return op(*_op_arguments(**arguments))
 
 
 explain.__signature__ = inspect.signature(conv_transpose3d_relu_group_norm).replace(return_annotation=str)

@@ -86,14 +86,19 @@ at::Tensor reference_conv_transpose3d_input_grad(const at::Tensor& grad_output, 
 at::Tensor reference_conv_transpose3d_weight_grad(const at::Tensor& grad_output, const at::Tensor& input,
                                                   const at::Tensor& weight, const ConvTransposeGeometry& g);
 
-// What explain() says of calls that run reference_forward.
+// What explain() says of calls that run reference_forward, and of calls keeping what
+// the backward reads that run reference_forward_for_backward.
 inline constexpr const char* kReferenceDescription = "reference: ATen conv_transpose3d + relu + group_norm";
+inline constexpr const char* kReferenceForBackwardDescription =
+    "reference: ATen conv_transpose3d + relu + group_norm (keeping for the backward: a channels-last copy of the "
+    "activation and GroupNorm's mean and rstd)";
 
 #if CUTLASSFUSE_WITH_CUDA
 // The op's CUDA kernel: the first kernel path that takes the call (dispatch/routing.cpp),
 // else reference_forward.
 at::Tensor forward_cuda(const OpArgs& args);
-// forward_cuda keeping what the backward reads (reference_forward_for_backward).
+// forward_cuda keeping what the backward reads (reference_forward_for_backward's
+// results, written by the kernel path that takes the call).
 ForwardForBackward forward_for_backward_cuda(const OpArgs& args);
 ReluGroupNormGradients relu_group_norm_backward_cuda(const at::Tensor& grad_output, const at::Tensor& activation,
                                                      const at::Tensor& mean, const at::Tensor& rstd,
@@ -108,8 +113,10 @@ at::Tensor cutlass_conv_transpose3d_input_grad(const at::Tensor& grad_output, co
 at::Tensor cutlass_conv_transpose3d_weight_grad(const at::Tensor& grad_output, const at::Tensor& input,
                                                 const at::Tensor& weight, const ConvTransposeGeometry& g);
 // Which path forward_cuda takes for these arguments, what it runs, and why the paths
-// preferred to it do not take the call.
+// preferred to it do not take the call; explain_for_backward_cuda the same of
+// forward_for_backward_cuda, with what the call keeps.
 std::string explain_cuda(const OpArgs& args);
+std::string explain_for_backward_cuda(const OpArgs& args);
 // ConvTranspose3d alone through the stock CUTLASS sm90 dgrad (plain store, NDHWC
 // output): the baseline of the fused epilogue, for benchmarks.
 at::Tensor cutlass_dgrad_plain(const OpArgs& args);

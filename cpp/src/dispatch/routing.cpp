@@ -64,13 +64,21 @@ ForwardForBackward forward_for_backward_cuda(const OpArgs& args) {
   return {std::move(o.out), std::move(o.activation), std::move(o.mean), std::move(o.rstd)};
 }
 
-std::string explain_cuda(const OpArgs& args) {
+namespace {
+
+std::string explain(const OpArgs& args, bool keep_for_backward) {
   const Problem problem = validate_and_describe(args);
   const CallOptions options = current_options();
-  const Routed routed = route({args, problem, options});
+  const Routed routed = route({args, problem, options, keep_for_backward});
   const std::string because = routed.why_not_earlier.empty() ? "" : ", because " + routed.why_not_earlier;
   if (routed.plan) return std::string(routed.path->name) + ": " + routed.plan->description() + because;
-  return std::string(kReferenceDescription) + because;
+  return std::string(keep_for_backward ? kReferenceForBackwardDescription : kReferenceDescription) + because;
 }
+
+}  // namespace
+
+std::string explain_cuda(const OpArgs& args) { return explain(args, /*keep_for_backward=*/false); }
+
+std::string explain_for_backward_cuda(const OpArgs& args) { return explain(args, /*keep_for_backward=*/true); }
 
 }  // namespace cutlassfuse

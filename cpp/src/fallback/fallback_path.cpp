@@ -1,7 +1,9 @@
 // The CUDA fallback for calls the fused sm90 path does not take (other GPUs, float32,
 // channel counts TMA cannot align, conv groups, ...): cuDNN's transposed convolution
 // without bias, then this project's ReLU + GroupNorm statistics, finalize and
-// normalize kernels (group_norm_generic.h), the normalize in place.
+// normalize kernels (group_norm_generic.h). The normalize runs in place; a call that
+// keeps what its backward reads writes the output beside the activation in the same
+// pass, and the finalize writes mean and rstd.
 //
 // float32 runs the convolution as PyTorch does (float32 mode "pytorch", settings.h):
 // ATen's convolution, the call nn.ConvTranspose3d makes (its bias added after), reads
@@ -63,7 +65,11 @@ class FallbackCall final : public PlannedCall {
                            ? "PyTorch's conv_transpose3d under its switches (float32 mode 'pytorch': TF32 where "
                              "torch.backends.cudnn allows it)"
                            : "cuDNN conv_transpose3d (deterministic)";
-    return std::string(conv) + " + cutlassfuse ReLU/GroupNorm kernels";
+    const char* kept = call_.keep_for_backward
+                           ? " (keeping for the backward: the activation ReLU(conv + bias), channels-last, written "
+                             "beside the output by the normalize pass, and GroupNorm's mean and rstd)"
+                           : "";
+    return std::string(conv) + " + cutlassfuse ReLU/GroupNorm kernels" + kept;
   }
 
   ForwardOutputs run() const override;
@@ -75,11 +81,6 @@ class FallbackCall final : public PlannedCall {
 ForwardOutputs FallbackCall::run() const {
   const OpArgs& a = call_.args;
   const Problem& p = call_.problem;
-  if (call_.keep_for_backward) {
-    // The activation must outlive the normalize, which these kernels run in place.
-    auto [out, activation, mean, rstd] = reference_forward_for_backward(a);
-    return {std::move(out), std::move(activation), std::move(mean), std::move(rstd)};
-  }
   const NvtxRange op_range("cutlassfuse.conv_transpose3d_relu_group_norm");
   const c10::cuda::CUDAGuard device_guard(a.input.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -106,14 +107,30 @@ ForwardOutputs FallbackCall::run() const {
   at::Tensor scale_shift = at::empty({group_norm_scale_shift_bytes(shape)}, options.dtype(at::kByte));
   const GroupNormAffine affine{data_or_null(a.norm_weight, gamma), data_or_null(a.norm_bias, beta),
                                *affine_element_type(a)};
+  StatisticsFinalize finalize = statistics_finalize(partials_ptr, sources, element, shape, affine,
+                                                    static_cast<float>(p.eps), scale_shift.data_ptr());
+  ForwardOutputs result;
+  NormalizeOutputs outputs;
+  if (call_.keep_for_backward) {
+    result.out = at::empty_like(y);
+    // An NDHWC convolution output becomes the activation in place.
+    result.activation = layout == ActivationLayout::kChannelsLast
+                            ? y
+                            : at::empty(y.sizes(), options.memory_format(at::MemoryFormat::ChannelsLast3d));
+    result.mean = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
+    result.rstd = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
+    finalize.mean = result.mean.data_ptr<float>();
+    finalize.rstd = result.rstd.data_ptr<float>();
+    outputs = {result.out.data_ptr(), result.activation.data_ptr()};
+  } else {
+    result.out = y;
+  }
 
   const NvtxRange range("cutlassfuse.relu_group_norm");
   relu_group_norm_stats(element, y.data_ptr(), layout, bias_ptr, shape, partials_ptr, stream);
-  group_norm_finalize(statistics_finalize(partials_ptr, sources, element, shape, affine, static_cast<float>(p.eps),
-                                          scale_shift.data_ptr()),
-                      stream);
-  relu_group_norm_normalize(element, y.data_ptr(), layout, bias_ptr, scale_shift.data_ptr(), shape, stream);
-  return {y};
+  group_norm_finalize(finalize, stream);
+  relu_group_norm_normalize(element, y.data_ptr(), layout, bias_ptr, scale_shift.data_ptr(), shape, outputs, stream);
+  return result;
 }
 
 }  // namespace

@@ -79,14 +79,17 @@ __device__ void load_scale_shift(const float2* __restrict__ scale_shift, int64_t
 // stay resident, faster than batching loads per thread, which doubles the registers
 // and halves the resident blocks.
 template <class T, bool kShuffled>
-__device__ void normalize_rows_channels_last(const T* activation, T* out, int64_t row_begin, int rows, int channels,
-                                             const ShuffleIndex& order, const float* scale, const float* shift) {
+__device__ void normalize_rows_channels_last(const T* activation, T* out, T* activation_in_pixel_order,
+                                             int64_t row_begin, int rows, int channels, const ShuffleIndex& order,
+                                             const float* scale, const float* shift) {
   const int vectors_per_row = channels / kVector;
   for (int i = threadIdx.x; i < rows * vectors_per_row; i += kThreads) {
     const int64_t pixel = row_begin + i / vectors_per_row;
     const int c0 = (i % vectors_per_row) * kVector;
     float v[kVector];
     load_vector(activation + source_row<kShuffled>(pixel, order) * channels + c0, v);
+    if (kShuffled && activation_in_pixel_order != nullptr)
+      store_vector(activation_in_pixel_order + pixel * channels + c0, v);
 #pragma unroll
     for (int k = 0; k < kVector; ++k) v[k] = fmaf(v[k], scale[c0 + k], shift[c0 + k]);
     store_vector(out + pixel * channels + c0, v);
@@ -98,9 +101,9 @@ __device__ void normalize_rows_channels_last(const T* activation, T* out, int64_
 // dimension, a warp covering 32 consecutive rows of one channel (64 contiguous bytes):
 // the fastest of the variants measured (docs/performance.md, designs rejected).
 template <class T, bool kShuffled>
-__device__ void normalize_rows_ncdhw(const T* activation, T* sample_out, int64_t row_begin, int rows, int channels,
-                                     int64_t spatial, const ShuffleIndex& order, const float* scale,
-                                     const float* shift) {
+__device__ void normalize_rows_ncdhw(const T* activation, T* sample_out, T* activation_in_pixel_order,
+                                     int64_t row_begin, int rows, int channels, int64_t spatial,
+                                     const ShuffleIndex& order, const float* scale, const float* shift) {
   constexpr int kVectorsPerTileRow = kTile / kVector;          // 8
   constexpr int kRowsPerLoad = kThreads / kVectorsPerTileRow;  // 32
   constexpr int kChannelsPerStore = kThreads / kTile;          // 4
@@ -112,6 +115,9 @@ __device__ void normalize_rows_ncdhw(const T* activation, T* sample_out, int64_t
       for (int r = threadIdx.x / kVectorsPerTileRow; r < rows; r += kRowsPerLoad) {
         float v[kVector];
         load_vector(activation + source_row<kShuffled>(row_begin + r, order) * channels + c_begin + load_c, v);
+        if (kShuffled && activation_in_pixel_order != nullptr) {
+          store_vector(activation_in_pixel_order + (row_begin + r) * channels + c_begin + load_c, v);
+        }
 #pragma unroll
         for (int k = 0; k < kVector; ++k) {
           const int c = c_begin + load_c + k;
@@ -134,6 +140,7 @@ __device__ void normalize_rows_ncdhw(const T* activation, T* sample_out, int64_t
 struct NormalizeJob {
   const void* activation;
   void* out;
+  void* activation_in_pixel_order;  // of a space-to-depth activation that is kept, else nullptr
   ShuffleIndex order;
   int64_t spatial;
   int* groups_finalized;   // [batch], zero at the start
@@ -207,6 +214,9 @@ __global__ void __launch_bounds__(kThreads, kFinishBlocksPerSM)
   const int64_t sample_offset = n * job.spatial * finalize.channels;
   const T* sample_in = static_cast<const T*>(job.activation) + sample_offset;
   T* sample_out = static_cast<T*>(job.out) + sample_offset;
+  T* sample_kept = job.activation_in_pixel_order == nullptr
+                       ? nullptr
+                       : static_cast<T*>(job.activation_in_pixel_order) + sample_offset;
   prefetch_rows<kShuffled>(sample_in, first_row, end_row, finalize.channels, job.order);
   if (threadIdx.x == 0) {
     while (load_acquire(job.groups_finalized + n) < finalize.num_groups) __nanosleep(128);
@@ -218,11 +228,11 @@ __global__ void __launch_bounds__(kThreads, kFinishBlocksPerSM)
   for (int64_t row_begin = first_row; row_begin < end_row; row_begin += kTile) {
     const int rows = static_cast<int>(min(job.spatial - row_begin, int64_t{kTile}));
     if constexpr (kChannelsLast) {
-      normalize_rows_channels_last<T, kShuffled>(sample_in, sample_out, row_begin, rows, finalize.channels, job.order,
-                                                 scale, shift);
+      normalize_rows_channels_last<T, kShuffled>(sample_in, sample_out, sample_kept, row_begin, rows, finalize.channels,
+                                                 job.order, scale, shift);
     } else {
-      normalize_rows_ncdhw<T, kShuffled>(sample_in, sample_out, row_begin, rows, finalize.channels, job.spatial,
-                                         job.order, scale, shift);
+      normalize_rows_ncdhw<T, kShuffled>(sample_in, sample_out, sample_kept, row_begin, rows, finalize.channels,
+                                         job.spatial, job.order, scale, shift);
     }
   }
 }
@@ -288,11 +298,12 @@ void group_norm_finalize(const StatisticsFinalize& finalize, cudaStream_t stream
 
 void group_norm_finish(const StatisticsFinalize& finalize, int* groups_finalized, const void* activation,
                        const PixelShuffle& order, int64_t spatial, bool channels_last_output, void* output,
-                       cudaStream_t stream) {
+                       void* activation_in_pixel_order, cudaStream_t stream) {
   const bool shuffled = !order.identity();
   const int64_t rows_per_block = rows_per_normalize_block(channels_last_output);
   const NormalizeJob job{activation,
                          output,
+                         shuffled ? activation_in_pixel_order : nullptr,
                          shuffled ? ShuffleIndex(order) : ShuffleIndex(),
                          spatial,
                          groups_finalized,

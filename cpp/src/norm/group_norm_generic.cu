@@ -110,8 +110,8 @@ relu_group_norm_stats_kernel(Activation<T> a, int64_t total_rows, int channels_p
   }
 }
 
-// NCDHW: block (plane n * channels + c, chunk of the plane), contiguous accesses, one
-// scale/shift per block.
+// NCDHW, in place: block (plane n * channels + c, chunk of the plane), contiguous
+// accesses, one scale/shift per block.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
 normalize_channels_first_kernel(T* y, const T* bias, const float2* __restrict__ scale_shift, int64_t spatial,
@@ -127,22 +127,64 @@ normalize_channels_first_kernel(T* y, const T* bias, const float2* __restrict__ 
   }
 }
 
-// NDHWC: block (sample, chunk of the sample's pixels x channels).
+// NCDHW, keeping the activation: block (tile of kTransposeTile pixels x kTransposeTile
+// channels, sample). The output is written along the pixels as y is read; the
+// activation goes through a padded shared-memory transpose and is written NDHWC along
+// the channels.
+constexpr int kTransposeTile = 64;
+constexpr int kTransposeRows = kThreads / kTransposeTile;  // 4
+
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-normalize_channels_last_kernel(T* y, const T* bias, const float2* __restrict__ scale_shift, int64_t spatial,
-                               int channels, int64_t chunks_per_sample) {
+normalize_keeping_channels_first_kernel(const T* __restrict__ y, const T* bias, const float2* __restrict__ scale_shift,
+                                        int64_t spatial, int channels, T* __restrict__ out,
+                                        T* __restrict__ activation) {
+  __shared__ float tile[kTransposeTile][kTransposeTile + 1];  // [channel][pixel]
+  const int64_t n = blockIdx.y;
+  const int64_t pixel_begin = int64_t{blockIdx.x} * kTransposeTile;
+  const int channel_begin = static_cast<int>(blockIdx.z) * kTransposeTile;
+  const int lane = static_cast<int>(threadIdx.x % kTransposeTile);
+  const int first_row = static_cast<int>(threadIdx.x / kTransposeTile);
+  const int64_t pixel = pixel_begin + lane;
+  for (int i = first_row; i < kTransposeTile; i += kTransposeRows) {
+    const int c = channel_begin + i;
+    if (c >= channels || pixel >= spatial) continue;
+    const int64_t index = (n * channels + c) * spatial + pixel;
+    const float a = relu(to_float(y[index]) + (bias == nullptr ? 0.f : to_float(bias[c])));
+    const float2 ss = scale_shift[n * channels + c];
+    out[index] = from_float<T>(fmaf(a, ss.x, ss.y));
+    tile[i][lane] = a;
+  }
+  __syncthreads();
+  const int c = channel_begin + lane;
+  for (int i = first_row; i < kTransposeTile; i += kTransposeRows) {
+    const int64_t p = pixel_begin + i;
+    if (c >= channels || p >= spatial) continue;
+    activation[(n * spatial + p) * channels + c] = from_float<T>(tile[lane][i]);
+  }
+}
+
+// NDHWC: block (sample, chunk of the sample's pixels x channels). out may be y (in
+// place); activation, when kept, may be y too: each element is read and written by one
+// thread.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+normalize_channels_last_kernel(const T* y, const T* bias, const float2* __restrict__ scale_shift, int64_t spatial,
+                               int channels, int64_t chunks_per_sample, T* out, T* activation) {
   const int64_t n = blockIdx.x / chunks_per_sample;
   const int64_t begin = (blockIdx.x % chunks_per_sample) * kChunk;
   const int64_t count = spatial * channels;
   const int first_channel = static_cast<int>(begin % channels);
-  T* sample = y + n * count;
+  const int64_t sample = n * count;
   const float2* sample_ss = scale_shift + n * channels;
   for (int k = threadIdx.x; k < kChunk && begin + k < count; k += kThreads) {
     const int c = (first_channel + k) % channels;
     const float2 ss = sample_ss[c];
     const float b = bias == nullptr ? 0.f : to_float(bias[c]);
-    sample[begin + k] = from_float<T>(fmaf(relu(to_float(sample[begin + k]) + b), ss.x, ss.y));
+    const int64_t index = sample + begin + k;
+    const float a = relu(to_float(y[index]) + b);
+    if (activation != nullptr) activation[index] = from_float<T>(a);
+    out[index] = from_float<T>(fmaf(a, ss.x, ss.y));
   }
 }
 
@@ -161,19 +203,27 @@ void launch_stats(const void* y, ActivationLayout layout, const void* bias, cons
 
 template <class T>
 void launch_normalize(void* y, ActivationLayout layout, const void* bias, const void* scale_shift,
-                      const GroupNormShape& shape, cudaStream_t stream) {
+                      const GroupNormShape& shape, const NormalizeOutputs& outputs, cudaStream_t stream) {
   auto* data = static_cast<T*>(y);
   const auto* b = static_cast<const T*>(bias);
   const auto* ss = static_cast<const float2*>(scale_shift);
+  auto* out = static_cast<T*>(outputs.out == nullptr ? y : outputs.out);
+  auto* activation = static_cast<T*>(outputs.activation);
   const int channels = static_cast<int>(shape.channels);
-  if (layout == ActivationLayout::kChannelsFirst) {
+  if (layout == ActivationLayout::kChannelsLast) {
+    const int64_t chunks = ceil_div(shape.spatial * shape.channels, kChunk);
+    const auto blocks = static_cast<unsigned>(shape.batch * chunks);
+    normalize_channels_last_kernel<T>
+        <<<blocks, kThreads, 0, stream>>>(data, b, ss, shape.spatial, channels, chunks, out, activation);
+  } else if (activation == nullptr) {
     const int64_t chunks = ceil_div(shape.spatial, kChunk);
     const auto blocks = static_cast<unsigned>(shape.batch * shape.channels * chunks);
     normalize_channels_first_kernel<T><<<blocks, kThreads, 0, stream>>>(data, b, ss, shape.spatial, channels, chunks);
   } else {
-    const int64_t chunks = ceil_div(shape.spatial * shape.channels, kChunk);
-    const auto blocks = static_cast<unsigned>(shape.batch * chunks);
-    normalize_channels_last_kernel<T><<<blocks, kThreads, 0, stream>>>(data, b, ss, shape.spatial, channels, chunks);
+    const dim3 grid(static_cast<unsigned>(ceil_div(shape.spatial, kTransposeTile)), static_cast<unsigned>(shape.batch),
+                    static_cast<unsigned>(ceil_div(shape.channels, kTransposeTile)));
+    normalize_keeping_channels_first_kernel<T>
+        <<<grid, kThreads, 0, stream>>>(data, b, ss, shape.spatial, channels, out, activation);
   }
   check_launch("relu_group_norm_normalize_kernel");
 }
@@ -198,8 +248,10 @@ void relu_group_norm_stats(ElementType element, const void* y, ActivationLayout 
 }
 
 void relu_group_norm_normalize(ElementType element, void* y, ActivationLayout layout, const void* bias,
-                               const void* scale_shift, const GroupNormShape& shape, cudaStream_t stream) {
-  with_type(element, [&](auto t) { launch_normalize<decltype(t)>(y, layout, bias, scale_shift, shape, stream); });
+                               const void* scale_shift, const GroupNormShape& shape, const NormalizeOutputs& outputs,
+                               cudaStream_t stream) {
+  with_type(element,
+            [&](auto t) { launch_normalize<decltype(t)>(y, layout, bias, scale_shift, shape, outputs, stream); });
 }
 
 }  // namespace cutlassfuse

@@ -64,9 +64,7 @@ Launches describe_launches(const Call& call, MathMode math) {
   const BackendFlags& flags = call.options.backend;
   Launches l;
   l.math = math;
-  // A call keeping its activation for backward keeps it in pixel order: the
-  // pixel-shuffle GEMM's space-to-depth order would need a backward of its own.
-  const bool shuffle_gemm = is_pixel_shuffle_gemm(p) && !call.keep_for_backward;
+  const bool shuffle_gemm = is_pixel_shuffle_gemm(p);
   l.conv = shuffle_gemm ? pixel_shuffle_gemm_problem(p) : p;
   l.conv.in_channels = gemm_in_channels(math, l.conv.in_channels);
   l.subpixel = plan_subpixel(l.conv);
@@ -126,6 +124,8 @@ class FusedCall final : public PlannedCall {
   ForwardOutputs run() const override;
 
  private:
+  std::string launches_description() const;
+  std::string kept_description() const;
   std::string schedule_description() const;
   void launch_phases(const DgradOperands& operands, int sm_count) const;
   void launch_deconvolution(const DgradOperands& operands, int sm_count, cudaStream_t stream) const;
@@ -134,7 +134,17 @@ class FusedCall final : public PlannedCall {
   Launches l_;
 };
 
-std::string FusedCall::description() const {
+std::string FusedCall::description() const { return launches_description() + kept_description(); }
+
+// What a call keeping its tensors for the backward keeps, and which launch writes them.
+std::string FusedCall::kept_description() const {
+  if (!call_.keep_for_backward) return "";
+  const char* writer = l_.order.identity() ? "stored by the epilogue" : "copied to pixel order by the normalize";
+  return std::string("; keeping for the backward: the activation (channels-last, ") + writer +
+         ") and GroupNorm's mean and rstd (written by the finalize)";
+}
+
+std::string FusedCall::launches_description() const {
   if (l_.pixel_major) {
     return "pixel-shuffle GEMM (kernel == stride; one launch for " + std::to_string(l_.blocks()) +
            " output blocks) reading the NCDHW input as it is: CUTLASS sm90 GEMM, M-major input, batched over "
@@ -255,8 +265,12 @@ ForwardOutputs FusedCall::run() const {
   // is read and written by the same thread, after the statistics are complete.
   const at::MemoryFormat format = output_memory_format(a.input, a.weight);
   const bool channels_last = format == at::MemoryFormat::ChannelsLast3d;
+  // A call keeping what its backward reads has the kernels write its activation
+  // (pixel order, NDHWC), or, from the pixel-shuffle GEMM's space-to-depth order, the
+  // finishing kernel copy it there as it normalizes.
   const bool keep = call_.keep_for_backward;
-  const bool in_place = channels_last && l_.order.identity() && !keep;
+  const bool shuffled = !l_.order.identity();
+  const bool in_place = channels_last && !shuffled && !keep;
   const std::vector<int64_t> size{p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]};
   ForwardOutputs result;
   result.out = at::empty(size, options.memory_format(format));
@@ -269,8 +283,10 @@ ForwardOutputs FusedCall::run() const {
 
   CallWorkspace workspace;
   const LeftOperand left(a.input, l_.math, p, l_.pixel_major, workspace);
-  const auto activation_region =
-      in_place || keep ? std::nullopt : std::optional(workspace.reserve(c.output_numel() * element_bytes));
+  const bool activation_kept_as_written = keep && !shuffled;
+  const auto activation_region = in_place || activation_kept_as_written
+                                     ? std::nullopt
+                                     : std::optional(workspace.reserve(c.output_numel() * element_bytes));
   static_assert(sizeof(WelfordPartial) == 3 * sizeof(float));
   const auto partials_region = workspace.reserve(l_.slots * static_cast<int64_t>(sizeof(WelfordPartial)));
   const auto scale_shift_region = workspace.reserve(group_norm_scale_shift_bytes(shape));
@@ -303,7 +319,9 @@ ForwardOutputs FusedCall::run() const {
     epilogue_bias = workspace.at(*block_bias_region);
     repeat_row(sources.bias, p.out_channels * element_bytes, l_.blocks(), workspace.at(*block_bias_region), stream);
   }
-  void* activation = keep ? result.activation.data_ptr() : in_place ? out.data_ptr() : workspace.at(*activation_region);
+  void* activation = activation_kept_as_written ? result.activation.data_ptr()
+                     : in_place                 ? out.data_ptr()
+                                                : workspace.at(*activation_region);
   auto* partials = workspace.at<WelfordPartial>(partials_region);
   if (l_.subpixel.unreached_pixels > 0) {
     const NvtxRange range("cutlassfuse.fill_unreached_pixels");
@@ -325,11 +343,12 @@ ForwardOutputs FusedCall::run() const {
   launch_deconvolution(operands, sm_count, stream);
 
   const NvtxRange range("cutlassfuse.group_norm_finish");
-  if (!channels_last && l_.order.identity() &&
+  if (!channels_last && !shuffled &&
       group_norm_finish_bulk_takes(element, p.out_channels, shape.spatial, activation, out.data_ptr())) {
     group_norm_finish_bulk(finalize, counters, activation, shape.spatial, out.data_ptr(), stream);
   } else {
-    group_norm_finish(finalize, counters, activation, l_.order, shape.spatial, channels_last, out.data_ptr(), stream);
+    group_norm_finish(finalize, counters, activation, l_.order, shape.spatial, channels_last, out.data_ptr(),
+                      keep && shuffled ? result.activation.data_ptr() : nullptr, stream);
   }
   return result;
 }

@@ -48,10 +48,16 @@ at::Tensor forward_reference(const OpArgs& args) {
   return reference_forward(args);
 }
 
-std::string explain_reference(const OpArgs& args) {
+std::string explain_reference_call(const OpArgs& args, const char* description) {
   validate_and_describe(args);
-  return std::string(kReferenceDescription) +
+  return std::string(description) +
          (args.input.is_cuda() ? ", because the library was built without CUDA kernels" : "");
+}
+
+std::string explain_reference(const OpArgs& args) { return explain_reference_call(args, kReferenceDescription); }
+
+std::string explain_for_backward_reference(const OpArgs& args) {
+  return explain_reference_call(args, kReferenceForBackwardDescription);
 }
 
 // Meta tensors carry no data: the op's Meta kernel (the fake kernel, ops.py) gives the
@@ -160,8 +166,11 @@ FlagsTuple backend_flags_for_schema() { return flags_tuple(current_options().bac
 
 TORCH_LIBRARY(cutlassfuse, m) {
   m.def((std::string("conv_transpose3d_relu_group_norm") + kArguments + " -> Tensor").c_str());
-  // Which implementation a call with these arguments takes, and why.
+  // Which implementation a call with these arguments takes, and why; explain_for_backward
+  // the same of a call that keeps what its backward reads (a call in grad mode on
+  // tensors that require grad), and what it keeps.
   m.def((std::string("explain") + kArguments + " -> str").c_str());
+  m.def((std::string("explain_for_backward") + kArguments + " -> str").c_str());
   // The op keeping what its backward reads (autograd.cpp): (output, activation =
   // ReLU(ConvTranspose3d(...)) channels_last_3d, mean, rstd [batch, num_groups]; op.h).
   m.def((std::string("conv_transpose3d_relu_group_norm_for_backward") + kArguments +
@@ -214,9 +223,13 @@ TORCH_LIBRARY_IMPL(cutlassfuse, CPU, m) {
   m.impl("conv_transpose3d_input_grad", &gradient_kernel<&reference_conv_transpose3d_input_grad>);
   m.impl("conv_transpose3d_weight_grad", &gradient_kernel<&reference_conv_transpose3d_weight_grad>);
   m.impl("explain", &kernel<std::string, &explain_reference>);
+  m.impl("explain_for_backward", &kernel<std::string, &explain_for_backward_reference>);
 }
 
-TORCH_LIBRARY_IMPL(cutlassfuse, Meta, m) { m.impl("explain", &kernel<std::string, &explain_meta>); }
+TORCH_LIBRARY_IMPL(cutlassfuse, Meta, m) {
+  m.impl("explain", &kernel<std::string, &explain_meta>);
+  m.impl("explain_for_backward", &kernel<std::string, &explain_meta>);
+}
 
 // A library built without the CUDA toolkit still serves CUDA tensors, through ATen.
 TORCH_LIBRARY_IMPL(cutlassfuse, CUDA, m) {
@@ -228,6 +241,7 @@ TORCH_LIBRARY_IMPL(cutlassfuse, CUDA, m) {
   m.impl("conv_transpose3d_input_grad", &gradient_kernel<&cutlass_conv_transpose3d_input_grad>);
   m.impl("conv_transpose3d_weight_grad", &gradient_kernel<&cutlass_conv_transpose3d_weight_grad>);
   m.impl("explain", &kernel<std::string, &explain_cuda>);
+  m.impl("explain_for_backward", &kernel<std::string, &explain_for_backward_cuda>);
   m.impl("conv_transpose3d_cutlass", &kernel<at::Tensor, &cutlass_dgrad_plain>);
 #else
   m.impl("conv_transpose3d_relu_group_norm", &kernel<at::Tensor, &forward_reference>);
@@ -237,6 +251,7 @@ TORCH_LIBRARY_IMPL(cutlassfuse, CUDA, m) {
   m.impl("conv_transpose3d_input_grad", &gradient_kernel<&reference_conv_transpose3d_input_grad>);
   m.impl("conv_transpose3d_weight_grad", &gradient_kernel<&reference_conv_transpose3d_weight_grad>);
   m.impl("explain", &kernel<std::string, &explain_reference>);
+  m.impl("explain_for_backward", &kernel<std::string, &explain_for_backward_reference>);
 #endif
 }
 

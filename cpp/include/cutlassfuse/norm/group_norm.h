@@ -155,9 +155,11 @@ inline int64_t group_norm_finish_counters(int64_t batch) { return batch; }
 // activation of `spatial` pixels per sample, in `order` (NDHWC or space-to-depth), into
 // `output` (channels-last or NCDHW), the finalize's scale_shift holding the
 // per-channel scale and shift in between. In place only for NDHWC to channels-last;
-// group_norm_unsupported_reason() empty.
+// group_norm_unsupported_reason() empty. A space-to-depth activation that a backward
+// reads is also written in pixel order, NDHWC, to `activation_in_pixel_order` (else
+// nullptr) as the normalize reads it: the backward's layout without a pass of its own.
 void group_norm_finish(const StatisticsFinalize& finalize, int* groups_finalized, const void* activation,
                        const PixelShuffle& order, int64_t spatial, bool channels_last_output, void* output,
-                       cudaStream_t stream);
+                       void* activation_in_pixel_order, cudaStream_t stream);
 
 }  // namespace cutlassfuse
