@@ -130,11 +130,72 @@ normalize_channels_first_kernel(T* y, const T* bias, const float2* __restrict__ 
 // NCDHW, keeping the activation: block (tile of kTransposeTile pixels x kTransposeTile
 // channels, sample). The output is written along the pixels as y is read; the
 // activation goes through a padded shared-memory transpose and is written NDHWC along
-// the channels.
+// the channels. Accesses are 8-element vectors (16 bytes of 16-bit data) where the rows
+// hold whole aligned ones (kVectorPixels: pixels per sample a multiple of 8;
+// kVectorChannels: channels a multiple of 8), else one element per lane.
 constexpr int kTransposeTile = 64;
-constexpr int kTransposeRows = kThreads / kTransposeTile;  // 4
 
-template <class T>
+template <class T, bool kVectorPixels>
+__device__ void normalize_tile_keeping(const T* __restrict__ y, const T* bias, const float2* __restrict__ scale_shift,
+                                       int64_t spatial, int channels, T* __restrict__ out,
+                                       float (*tile)[kTransposeTile + 1], int64_t n, int64_t pixel_begin,
+                                       int channel_begin) {
+  constexpr int kLanesPerChannel = kVectorPixels ? kTransposeTile / kVector : kTransposeTile;
+  constexpr int kWidth = kVectorPixels ? kVector : 1;
+  const int first = static_cast<int>(threadIdx.x % kLanesPerChannel) * kWidth;
+  const int64_t pixel = pixel_begin + first;
+  if (pixel >= spatial) return;  // with vectors, spatial is a whole number of them
+  for (int i = static_cast<int>(threadIdx.x / kLanesPerChannel); i < kTransposeTile; i += kThreads / kLanesPerChannel) {
+    const int c = channel_begin + i;
+    if (c >= channels) return;
+    const int64_t index = (n * channels + c) * spatial + pixel;
+    const float b = bias == nullptr ? 0.f : to_float(bias[c]);
+    const float2 ss = scale_shift[n * channels + c];
+    float v[kVector];
+    if constexpr (kVectorPixels) {
+      load_vector(y + index, v);
+    } else {
+      v[0] = to_float(y[index]);
+    }
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) {
+      v[k] = relu(v[k] + b);
+      tile[i][first + k] = v[k];
+      v[k] = fmaf(v[k], ss.x, ss.y);
+    }
+    if constexpr (kVectorPixels) {
+      store_vector(out + index, v);
+    } else {
+      out[index] = from_float<T>(v[0]);
+    }
+  }
+}
+
+template <class T, bool kVectorChannels>
+__device__ void store_tile_channels_last(const float (*tile)[kTransposeTile + 1], int64_t spatial, int channels,
+                                         T* __restrict__ activation, int64_t n, int64_t pixel_begin,
+                                         int channel_begin) {
+  constexpr int kLanesPerPixel = kVectorChannels ? kTransposeTile / kVector : kTransposeTile;
+  constexpr int kWidth = kVectorChannels ? kVector : 1;
+  const int first = static_cast<int>(threadIdx.x % kLanesPerPixel) * kWidth;
+  const int c = channel_begin + first;
+  if (c >= channels) return;  // with vectors, channels is a whole number of them
+  for (int i = static_cast<int>(threadIdx.x / kLanesPerPixel); i < kTransposeTile; i += kThreads / kLanesPerPixel) {
+    const int64_t p = pixel_begin + i;
+    if (p >= spatial) return;
+    T* dst = activation + (n * spatial + p) * channels + c;
+    if constexpr (kVectorChannels) {
+      float v[kVector];
+#pragma unroll
+      for (int k = 0; k < kVector; ++k) v[k] = tile[first + k][i];
+      store_vector(dst, v);
+    } else {
+      *dst = from_float<T>(tile[first][i]);
+    }
+  }
+}
+
+template <class T, bool kVectorPixels, bool kVectorChannels>
 __global__ void __launch_bounds__(kThreads)
 normalize_keeping_channels_first_kernel(const T* __restrict__ y, const T* bias, const float2* __restrict__ scale_shift,
                                         int64_t spatial, int channels, T* __restrict__ out,
@@ -143,24 +204,29 @@ normalize_keeping_channels_first_kernel(const T* __restrict__ y, const T* bias, 
   const int64_t n = blockIdx.y;
   const int64_t pixel_begin = int64_t{blockIdx.x} * kTransposeTile;
   const int channel_begin = static_cast<int>(blockIdx.z) * kTransposeTile;
-  const int lane = static_cast<int>(threadIdx.x % kTransposeTile);
-  const int first_row = static_cast<int>(threadIdx.x / kTransposeTile);
-  const int64_t pixel = pixel_begin + lane;
-  for (int i = first_row; i < kTransposeTile; i += kTransposeRows) {
-    const int c = channel_begin + i;
-    if (c >= channels || pixel >= spatial) continue;
-    const int64_t index = (n * channels + c) * spatial + pixel;
-    const float a = relu(to_float(y[index]) + (bias == nullptr ? 0.f : to_float(bias[c])));
-    const float2 ss = scale_shift[n * channels + c];
-    out[index] = from_float<T>(fmaf(a, ss.x, ss.y));
-    tile[i][lane] = a;
-  }
+  normalize_tile_keeping<T, kVectorPixels>(y, bias, scale_shift, spatial, channels, out, tile, n, pixel_begin,
+                                           channel_begin);
   __syncthreads();
-  const int c = channel_begin + lane;
-  for (int i = first_row; i < kTransposeTile; i += kTransposeRows) {
-    const int64_t p = pixel_begin + i;
-    if (c >= channels || p >= spatial) continue;
-    activation[(n * spatial + p) * channels + c] = from_float<T>(tile[lane][i]);
+  store_tile_channels_last<T, kVectorChannels>(tile, spatial, channels, activation, n, pixel_begin, channel_begin);
+}
+
+template <class T>
+void launch_normalize_keeping_channels_first(const T* y, const T* bias, const float2* scale_shift,
+                                             const GroupNormShape& shape, T* out, T* activation, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(ceil_div(shape.spatial, kTransposeTile)), static_cast<unsigned>(shape.batch),
+                  static_cast<unsigned>(ceil_div(shape.channels, kTransposeTile)));
+  const int channels = static_cast<int>(shape.channels);
+  const auto launch = [&](auto kernel) {
+    kernel<<<grid, kThreads, 0, stream>>>(y, bias, scale_shift, shape.spatial, channels, out, activation);
+  };
+  const bool vector_pixels = shape.spatial % kVector == 0;
+  const bool vector_channels = shape.channels % kVector == 0;
+  if (vector_pixels) {
+    vector_channels ? launch(normalize_keeping_channels_first_kernel<T, true, true>)
+                    : launch(normalize_keeping_channels_first_kernel<T, true, false>);
+  } else {
+    vector_channels ? launch(normalize_keeping_channels_first_kernel<T, false, true>)
+                    : launch(normalize_keeping_channels_first_kernel<T, false, false>);
   }
 }
 
@@ -220,10 +286,7 @@ void launch_normalize(void* y, ActivationLayout layout, const void* bias, const 
     const auto blocks = static_cast<unsigned>(shape.batch * shape.channels * chunks);
     normalize_channels_first_kernel<T><<<blocks, kThreads, 0, stream>>>(data, b, ss, shape.spatial, channels, chunks);
   } else {
-    const dim3 grid(static_cast<unsigned>(ceil_div(shape.spatial, kTransposeTile)), static_cast<unsigned>(shape.batch),
-                    static_cast<unsigned>(ceil_div(shape.channels, kTransposeTile)));
-    normalize_keeping_channels_first_kernel<T>
-        <<<grid, kThreads, 0, stream>>>(data, b, ss, shape.spatial, channels, out, activation);
+    launch_normalize_keeping_channels_first<T>(data, b, ss, shape, out, activation, stream);
   }
   check_launch("relu_group_norm_normalize_kernel");
 }
