@@ -27,6 +27,10 @@
 #        training   benchmarks/training_step.py
 #        gradients  benchmarks/conv_gradient_choice.py (the backward's convolution gradients,
 #                   CUTLASS against cuDNN per layer: the conv_gradients rule's data)
+#        gradmode   benchmarks/grad_mode.py (eager and cutlassfuse in grad mode against no_grad,
+#                   every benchmark shape, dtype, float32 mode and the fallback; CSV)
+#        kernelbench benchmarks/kernelbench_harness.py (level2/61 judged by KernelBench's own
+#                   evaluation method: correctness trials, grad-mode timing; fp32, fp16, bf16)
 #        examples   examples/*.py
 #        bench      python -m cutlassfuse bench (CSV, JSON, PNG)
 #        cli        every bench and profile option once on the GPU (small shapes)
@@ -37,7 +41,8 @@
 #      e.g. STEPS="tests breakdown" bash scripts/device_iteration.sh
 #   4. a short summary last.
 # Results go to $OUT (default /tmp/cutlassfuse-device): the bench CLI's CSV, JSON and
-# PNG, the GPU tests' JUnit XML, and one archive of every log (logs.tar.gz).
+# PNG, grad_mode.py's CSV, the GPU tests' JUnit XML, and one archive of every log
+# (logs.tar.gz).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/cutlassfuse-device}"
@@ -192,6 +197,16 @@ if wanted gradients; then
   "$PYTHON" benchmarks/conv_gradient_choice.py 2>&1 | tee "$LOGS/gradients.log"
 fi
 
+if wanted gradmode; then
+  step "grad mode against no_grad"
+  "$PYTHON" benchmarks/grad_mode.py --csv "$OUT/grad-mode.csv" 2>&1 | tee "$LOGS/gradmode.log"
+fi
+
+if wanted kernelbench; then
+  step "KernelBench's evaluation of level2/61"
+  "$PYTHON" benchmarks/kernelbench_harness.py 2>&1 | tee "$LOGS/kernelbench.log"
+fi
+
 if wanted examples; then
   step "examples"
   for example in examples/*.py; do
@@ -250,7 +265,9 @@ show schedule.log cat "$LOGS/schedule.log"
 show host.log head -7 "$LOGS/host.log"
 show float32.log cat "$LOGS/float32.log"
 show streams.log cat "$LOGS/streams.log"
-show bench-cli.log grep -E "^\[|cutlassfuse  |cutlassfuse fallback" "$LOGS/bench-cli.log"
+show bench-cli.log grep -E "^\[|cutlassfuse  |cutlassfuse fallback|grad mode" "$LOGS/bench-cli.log"
 show training.log cat "$LOGS/training.log"
 show gradients.log cat "$LOGS/gradients.log"
+show gradmode.log cat "$LOGS/gradmode.log"
+show kernelbench.log cat "$LOGS/kernelbench.log"
 true

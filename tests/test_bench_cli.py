@@ -5,7 +5,9 @@ import csv
 import json
 
 import pytest
+import torch
 
+from cutlassfuse import bench
 from cutlassfuse.__main__ import main
 from cutlassfuse.bench import DEFAULT_SHAPES, parse_shape
 
@@ -25,9 +27,10 @@ def test_custom_shape():
     assert shape.output_size() == (8, 8, 8)
 
 
-def test_bad_shape_is_explained():
+@pytest.mark.parametrize("text", ["1,2,3", "kb62"])
+def test_bad_shape_is_explained(text):
     with pytest.raises(ValueError, match="give a name"):
-        parse_shape("1,2,3")
+        parse_shape(text)
 
 
 @pytest.mark.parametrize("options", [
@@ -45,7 +48,8 @@ def test_bench_runs_every_option_on_cpu(options, tmp_path, capsys):
     float32_modes = {"pytorch eager, TF32 off", "cutlassfuse, TF32 off", "cutlassfuse tf32", "cutlassfuse bf16x3"}
     for case in cases:
         names = {r["implementation"] for r in rows if (r["shape"], r["dtype"], r["memory_format"]) == case}
-        expected = {"pytorch eager", "cuDNN conv alone", "CUTLASS conv alone", "cutlassfuse fallback", "cutlassfuse"}
+        expected = {"pytorch eager", "cuDNN conv alone", "CUTLASS conv alone", "cutlassfuse fallback", "cutlassfuse",
+                    "eager (grad mode)", "cutlassfuse (grad mode)"}
         assert names == expected | (float32_modes if case[1] == "float32" else set()), case
     for r in rows:
         runs_here = r["implementation"] not in ("cuDNN conv alone", "CUTLASS conv alone", "cutlassfuse fallback",
@@ -56,6 +60,21 @@ def test_bench_runs_every_option_on_cpu(options, tmp_path, capsys):
             assert r["median_ms"] == "" and r["note"].startswith("n/a"), r
     assert "n/a" in printed
     assert json.loads(out_json.read_text())["environment"]["device"] == "CPU"
+
+
+def test_only_the_grad_mode_rows_are_tracked(monkeypatch):
+    tracked = []
+
+    def recording_time_rotating(fn, inputs, warmup, repeats):
+        tracked.append(fn(inputs[0]).requires_grad)
+        return bench.Timing(1.0, 1.0, 1.0)
+
+    monkeypatch.setattr(bench, "time_rotating", recording_time_rotating)
+    rows = bench.bench_case(parse_shape("kb61_v0").tiny(), torch.float32, False, with_compile=False, warmup=0,
+                            repeats=1, device=torch.device("cpu"))
+    timed = [r.implementation for r in rows if r.median_ms is not None]
+    assert dict(zip(timed, tracked, strict=True)) == {name: name.endswith("(grad mode)") for name in timed}
+    assert {"eager (grad mode)", "cutlassfuse (grad mode)"} <= set(timed)
 
 
 def test_bench_compiles_on_cpu(capsys):

@@ -3,6 +3,10 @@ fused path turned off) against PyTorch eager, torch.compile,
 cuDNN's convolution alone and the same CUTLASS convolution with a plain store, on the
 shapes of docs (or given ones), all ratios from one run.
 
+Every row but two runs under torch.no_grad(); "eager (grad mode)" and "cutlassfuse
+(grad mode)" call the same layers as most PyTorch code does, tracked by autograd: the
+parameters require grad, no torch.no_grad(), the output discarded without a backward.
+
 Timing: CUDA events around each call, medians and the 20th-80th percentile spread,
 after warm-up; each call reads the next of several input copies whose total exceeds
 twice the L2 cache, so repeated calls do not run out of cache.
@@ -95,7 +99,10 @@ def parse_shape(text: str) -> BenchShape:
     for shape in DEFAULT_SHAPES:
         if text == shape.name:
             return shape
-    values = [int(v) for v in text.split(",")]
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:  # neither a name nor numbers
+        values = []
     if len(values) != 11:
         raise ValueError(f"shape {text!r}: give a name ({', '.join(s.name for s in DEFAULT_SHAPES)}) or "
                          "N,Cin,Cout,D,H,W,kernel,stride,padding,output_padding,groups")
@@ -108,6 +115,15 @@ class Timing:
     median_ms: float
     p20_ms: float
     p80_ms: float
+
+
+def rotating_inputs(shape: BenchShape, dtype: torch.dtype, device: torch.device,
+                    memory_format: torch.memory_format = torch.contiguous_format) -> list[torch.Tensor]:
+    """torch.rand inputs of the layer, as many copies (up to 16) as it takes on a GPU for
+    their total to exceed twice a 60 MB L2; one on the CPU."""
+    one = torch.rand(shape.batch, shape.in_channels, *shape.size, device=device, dtype=dtype)
+    copies = max(1, min(16, int(2 * 60e6 // (one.numel() * one.element_size())) + 1)) if device.type == "cuda" else 1
+    return [torch.rand_like(one).contiguous(memory_format=memory_format) for _ in range(copies)]
 
 
 def time_rotating(fn: Callable[[torch.Tensor], object], inputs: list[torch.Tensor], warmup: int,
@@ -173,6 +189,7 @@ class Candidate:
     fn: Callable[[torch.Tensor], object]
     setting: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     whole_op: bool = True  # computes the whole block (its error against float64 is reported)
+    grad_mode: bool = False  # called with autograd on (the parameters require grad), else under no_grad
 
 
 def _strict_float32():
@@ -183,7 +200,8 @@ def _candidates(shape: BenchShape, dtype: torch.dtype, eager: nn.Module, fused: 
                 with_compile: bool) -> dict[str, Candidate]:
     """What one case times: PyTorch (eager, compiled), the convolution alone (cuDNN; the
     same CUTLASS kernel with plain stores), cutlassfuse's fallback and fused call; for
-    float32 also PyTorch's strict setting and the "tf32" and "bf16x3" modes."""
+    float32 also PyTorch's strict setting and the "tf32" and "bf16x3" modes; then eager
+    and the fused call in grad mode."""
     conv = eager[0]
     conv_args = dict(stride=conv.stride, padding=conv.padding, output_padding=conv.output_padding)
 
@@ -207,6 +225,8 @@ def _candidates(shape: BenchShape, dtype: torch.dtype, eager: nn.Module, fused: 
         candidates["cutlassfuse tf32"] = Candidate(fused, lambda: float32_mode("tf32"))
         candidates["cutlassfuse bf16x3"] = Candidate(fused, lambda: float32_mode("bf16x3"))
     candidates["cutlassfuse"] = Candidate(fused)
+    candidates["eager (grad mode)"] = Candidate(eager, grad_mode=True)
+    candidates["cutlassfuse (grad mode)"] = Candidate(fused, grad_mode=True)
     return candidates
 
 
@@ -221,9 +241,7 @@ def bench_case(shape: BenchShape, dtype: torch.dtype, channels_last: bool, *, wi
     device = device or torch.device("cuda")
     eager, fused = layer_models(shape, dtype, device)
     memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
-    one = torch.rand(shape.batch, shape.in_channels, *shape.size, device=device, dtype=dtype)
-    copies = max(1, min(16, int(2 * 60e6 // (one.numel() * one.element_size())) + 1)) if device.type == "cuda" else 1
-    inputs = [torch.rand_like(one).contiguous(memory_format=memory_format) for _ in range(copies)]
+    inputs = rotating_inputs(shape, dtype, device, memory_format)
     case = (shape.name, str(dtype).removeprefix("torch."), "channels_last" if channels_last else "ncdhw")
     conv, norm = eager[0], eager[2]
     reference = reference_float64(inputs[0], conv.weight, conv.bias, conv.stride, conv.padding, conv.output_padding,
@@ -231,17 +249,16 @@ def bench_case(shape: BenchShape, dtype: torch.dtype, channels_last: bool, *, wi
                                   eps=norm.eps)
 
     results: dict[str, tuple[Timing, float | None] | str] = {}
-    with torch.no_grad():
-        for name, candidate in _candidates(shape, dtype, eager, fused, with_compile).items():
-            results[name] = _not_applicable(name, dtype, device)
-            if results[name]:
-                continue
-            try:
-                with candidate.setting():
-                    results[name] = (time_rotating(candidate.fn, inputs, warmup, repeats),
-                                     _max_abs_error(candidate, inputs[0], reference))
-            except (RuntimeError, ValueError) as error:  # a baseline refusing this problem
-                results[name] = f"refused: {str(error).splitlines()[0]}"
+    for name, candidate in _candidates(shape, dtype, eager, fused, with_compile).items():
+        results[name] = _not_applicable(name, dtype, device)
+        if results[name]:
+            continue
+        try:
+            with torch.set_grad_enabled(candidate.grad_mode), candidate.setting():
+                results[name] = (time_rotating(candidate.fn, inputs, warmup, repeats),
+                                 _max_abs_error(candidate, inputs[0], reference))
+        except (RuntimeError, ValueError) as error:  # a baseline refusing this problem
+            results[name] = f"refused: {str(error).splitlines()[0]}"
     fused_ms = results["cutlassfuse"][0].median_ms
     rows = []
     for name, result in results.items():
@@ -253,7 +270,7 @@ def bench_case(shape: BenchShape, dtype: torch.dtype, channels_last: bool, *, wi
         ceiling = TENSOR_CEILING_TFLOPS.get(dtype) if device.type == "cuda" else None
         rows.append(Row(*case, name, t.median_ms, t.p20_ms, t.p80_ms, tflops,
                         100 * tflops / ceiling if ceiling else None,
-                        shape.min_bytes(one.element_size()) / (t.median_ms * 1e-3) / 1e9, t.median_ms / fused_ms,
+                        shape.min_bytes(inputs[0].element_size()) / (t.median_ms * 1e-3) / 1e9, t.median_ms / fused_ms,
                         max_abs_vs_float64=error))
     return rows
 
