@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import datetime
 import json
 import itertools
 import statistics
@@ -295,7 +296,8 @@ def write_outputs(rows: list[Row], device_name: str, csv_path: str | None, json_
             writer.writeheader()
             writer.writerows(records)
     if json_path:
-        meta = {"device": device_name, "torch": torch.__version__, "cuda": torch.version.cuda}
+        meta = {"device": device_name, "torch": torch.__version__, "cuda": torch.version.cuda,
+                "date": datetime.date.today().isoformat()}
         with open(json_path, "w") as f:
             json.dump({"environment": meta, "rows": records}, f, indent=2)
     if plot_path:

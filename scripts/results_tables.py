@@ -1,0 +1,124 @@
+"""The results tables of README.md and docs/performance.md, rendered from the bench files
+in docs/bench/ (what `python -m cutlassfuse bench --json ...` wrote), so that every number
+in them has one source.
+
+    python scripts/results_tables.py           # rewrite the tables between their markers
+    python scripts/results_tables.py --check   # exit 1 if a table differs from its bench file
+
+A table sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->`; NAME is a bench
+file's stem without `bench-` (`h100`: the 16-bit table of docs/bench/bench-h100.json,
+`float32-h100`: the float32 table of docs/bench/bench-float32-h100.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCUMENTS = [ROOT / "README.md", ROOT / "docs" / "performance.md"]
+MARKER = re.compile(r"(<!-- results:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
+
+
+def _rows(path: Path) -> tuple[dict, dict[tuple[str, str], dict[str, dict]]]:
+    """The file's environment and its NCDHW rows by (shape, dtype), then implementation."""
+    data = json.loads(path.read_text())
+    cases: dict[tuple[str, str], dict[str, dict]] = {}
+    for row in data["rows"]:
+        if row["memory_format"] == "ncdhw":
+            cases.setdefault((row["shape"], row["dtype"]), {})[row["implementation"]] = row
+    return data["environment"], cases
+
+
+def _ms(rows: dict[str, dict], implementation: str) -> str:
+    row = rows.get(implementation)
+    return "n/a" if row is None or row["median_ms"] is None else f"{row['median_ms']:.3f}"
+
+
+def _ratio(rows: dict[str, dict], slower: str, faster: str) -> str:
+    if rows.get(slower, {}).get("median_ms") is None or rows.get(faster, {}).get("median_ms") is None:
+        return "n/a"
+    return f"{rows[slower]['median_ms'] / rows[faster]['median_ms']:.2f}x"
+
+
+def _error(rows: dict[str, dict], implementation: str) -> str:
+    error = rows.get(implementation, {}).get("max_abs_vs_float64")
+    return "n/a" if error is None else f"{error:.1e}"
+
+
+def _heading(environment: dict, command: str) -> str:
+    date = environment.get("date", "")
+    return (f"{environment['device']}, torch {environment['torch']}{', ' + date if date else ''}: `{command}` "
+            "(median ms, NCDHW input, layers with conv bias; the inference columns under `torch.no_grad()`, "
+            "the grad-mode ones with parameters that require grad and no backward; max abs error against "
+            "float64).\n\n")
+
+
+def sixteen_bit_table(path: Path) -> str:
+    environment, cases = _rows(path)
+    lines = ["| shape | dtype | eager | compile | cuDNN conv alone | fallback | cutlassfuse | vs eager "
+             "| vs compile | eager, grad mode | cutlassfuse, grad mode | vs eager, grad mode "
+             "| error eager / cutlassfuse |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (shape, dtype), rows in cases.items():
+        lines.append(" | ".join([
+            f"| {shape}", dtype, _ms(rows, "pytorch eager"), _ms(rows, "torch.compile"),
+            _ms(rows, "cuDNN conv alone"), _ms(rows, "cutlassfuse fallback"), _ms(rows, "cutlassfuse"),
+            _ratio(rows, "pytorch eager", "cutlassfuse"), _ratio(rows, "torch.compile", "cutlassfuse"),
+            _ms(rows, "eager (grad mode)"), _ms(rows, "cutlassfuse (grad mode)"),
+            _ratio(rows, "eager (grad mode)", "cutlassfuse (grad mode)"),
+            f"{_error(rows, 'pytorch eager')} / {_error(rows, 'cutlassfuse')} |"]))
+    command = "python -m cutlassfuse bench --json bench.json"
+    return _heading(environment, command) + "\n".join(lines) + "\n"
+
+
+def float32_table(path: Path) -> str:
+    environment, cases = _rows(path)
+    lines = ["| shape | eager (TF32) | cutlassfuse \"pytorch\" | \"tf32\" | \"bf16x3\" | \"tf32\" vs eager "
+             "| eager, TF32 off | cutlassfuse, TF32 off | eager, grad mode | cutlassfuse, grad mode "
+             "| error eager / \"tf32\" / \"bf16x3\" |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (shape, _), rows in cases.items():
+        lines.append(" | ".join([
+            f"| {shape}", _ms(rows, "pytorch eager"), _ms(rows, "cutlassfuse"), _ms(rows, "cutlassfuse tf32"),
+            _ms(rows, "cutlassfuse bf16x3"), _ratio(rows, "pytorch eager", "cutlassfuse tf32"),
+            _ms(rows, "pytorch eager, TF32 off"), _ms(rows, "cutlassfuse, TF32 off"),
+            _ms(rows, "eager (grad mode)"), _ms(rows, "cutlassfuse (grad mode)"),
+            f"{_error(rows, 'pytorch eager')} / {_error(rows, 'cutlassfuse tf32')} / "
+            f"{_error(rows, 'cutlassfuse bf16x3')} |"]))
+    command = "python -m cutlassfuse bench --dtypes float32 --json bench-float32.json"
+    return _heading(environment, command) + "\n".join(lines) + "\n"
+
+
+def render(name: str) -> str:
+    path = ROOT / "docs" / "bench" / f"bench-{name}.json"
+    return float32_table(path) if name.startswith("float32-") else sixteen_bit_table(path)
+
+
+def updated(text: str) -> str:
+    return MARKER.sub(lambda m: m.group(1) + render(m.group("name")) + m.group(4), text)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if a table differs from its bench file")
+    args = parser.parse_args()
+    stale = []
+    for document in DOCUMENTS:
+        text = document.read_text()
+        new = updated(text)
+        if new != text:
+            stale.append(document.relative_to(ROOT))
+            if not args.check:
+                document.write_text(new)
+    if args.check and stale:
+        print(f"tables differ from docs/bench: {', '.join(map(str, stale))} (python scripts/results_tables.py)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
