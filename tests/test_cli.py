@@ -35,3 +35,13 @@ def test_bench_rejects_unknown_values_before_running(option):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", option])
     assert exit_info.value.code == 2  # argparse's usage error, not a traceback
+
+
+def test_data_parallel_outside_torchrun_is_a_usage_error(monkeypatch, capsys):
+    from cutlassfuse.__main__ import main
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["data-parallel"])
+    assert exit_info.value.code == 2
+    assert "torchrun --nproc-per-node 2 -m cutlassfuse data-parallel" in capsys.readouterr().err

@@ -1,9 +1,10 @@
 """Data-parallel training: two processes (torch.distributed with the gloo backend) train a
-small decoder built with the module under DistributedDataParallel, each on half of the
-batch; the gradients after DDP's all-reduce equal those of one process on the whole
-batch. CPU tensors here; CUDA tensors, both processes on one GPU, on the GPU. TF32 is off
-in every process: cuDNN may pick other algorithms for half the batch, and TF32's rounding
-would then differ by more than the reduction order does."""
+small decoder of fused blocks under DistributedDataParallel and under FSDP2
+(``fully_shard``), each on half of every batch, and after each SGD step the gradients and
+the parameters equal those of one process taking that step on the whole batch, within the
+tolerances of ``cutlassfuse.data_parallel`` (which has the decoder, the steps and why each
+tolerance holds). CPU tensors here; on the GPU, DDP with both processes on one GPU
+(gloo); NCCL with a GPU per process is tests/gpu/test_data_parallel_gpus.py."""
 
 from __future__ import annotations
 
@@ -14,44 +15,18 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn.functional as F
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-import cutlassfuse
+from cutlassfuse.data_parallel import compare_with_one_process, format_table, worst_over_processes
 
 WORLD = 2
-BATCH = 4  # split in two
+STEPS = 3
 
 
-def decoder() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(cutlassfuse.ConvTranspose3dReLUGroupNorm(8, 8, 3, 4, padding=1, bias=True),
-                         cutlassfuse.ConvTranspose3dReLUGroupNorm(8, 4, 2, 2, stride=2, bias=True),
-                         nn.Conv3d(4, 1, 1))
-
-
-def batch(device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(1)
-    x = torch.rand(BATCH, 8, 4, 4, 4, generator=generator)
-    target = torch.randn(BATCH, 1, 8, 8, 8, generator=generator)
-    return x.to(device), target.to(device)
-
-
-def gradients(model: nn.Module) -> list[torch.Tensor]:
-    return [p.grad.detach().cpu() for p in model.parameters()]
-
-
-def train_one_step(rank: int, port: int, device: str, results) -> None:
+def run_process(rank: int, port: int, device: str, modes: list[str], dtypes: list[torch.dtype], results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    torch.backends.cudnn.allow_tf32 = False
     try:
-        model = DistributedDataParallel(decoder().to(device))
-        x, target = batch(device)
-        half = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
-        F.mse_loss(model(x[half]), target[half]).backward()  # DDP averages the ranks' gradients
-        results[rank] = gradients(model.module)
+        results[rank] = compare_with_one_process(torch.device(device), modes, dtypes, STEPS)
     finally:
         dist.destroy_process_group()
 
@@ -62,24 +37,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def check_data_parallel(device: str) -> None:
+def check_data_parallel(device: str, modes: list[str], dtypes: list[torch.dtype]) -> None:
     results = mp.Manager().dict()
-    mp.spawn(train_one_step, args=(free_port(), device, results), nprocs=WORLD, join=True)
-    single = decoder().to(device)
-    x, target = batch(device)
-    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-        F.mse_loss(single(x), target).backward()
-    expected = gradients(single)
-    for rank in range(WORLD):
-        assert len(results[rank]) == len(expected)
-        for got, want in zip(results[rank], expected, strict=True):
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    mp.spawn(run_process, args=(free_port(), device, modes, dtypes, results), nprocs=WORLD, join=True)
+    rows = worst_over_processes([results[rank] for rank in range(WORLD)])
+    assert [(row.mode, row.dtype, row.step) for row in rows] == [
+        (mode, str(dtype).removeprefix("torch."), step) for dtype in dtypes for mode in modes
+        for step in range(1, STEPS + 1)]
+    assert all(row.passed for row in rows), "\n" + format_table(rows)
 
 
-def test_data_parallel_cpu():
-    check_data_parallel("cpu")
+def test_ddp_and_fsdp2_train_as_one_process_on_cpu():
+    check_data_parallel("cpu", ["DDP", "FSDP2"], [torch.float32, torch.bfloat16])
 
 
 @pytest.mark.gpu
-def test_data_parallel_cuda():
-    check_data_parallel("cuda")
+def test_ddp_trains_as_one_process_with_both_processes_on_one_gpu():
+    check_data_parallel("cuda:0", ["DDP"], [torch.float32, torch.float16, torch.bfloat16])

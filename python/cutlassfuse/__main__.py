@@ -1,9 +1,10 @@
-"""Command line: `python -m cutlassfuse {demo,info,bench,profile}`."""
+"""Command line: `python -m cutlassfuse {demo,info,bench,profile,data-parallel}`."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -28,6 +29,7 @@ def positive_int(text: str) -> int:
 
 
 DTYPES = ("float16", "bfloat16", "float32")
+DATA_PARALLEL_MODES = ("DDP", "FSDP2")
 MEMORY_FORMATS = ("ncdhw", "channels_last")
 
 
@@ -59,7 +61,20 @@ def main(argv: list[str] | None = None) -> int:
     profile.add_argument("--dtype", default="float16", choices=DTYPES)
     profile.add_argument("--memory-format", default="ncdhw", choices=["ncdhw", "channels_last"])
     profile.add_argument("--csv", help="keep ncu's full CSV here")
+    data_parallel = commands.add_parser(
+        "data-parallel", help="under torchrun: DistributedDataParallel and FSDP2 training of fused blocks against one "
+                              "process, step by step (torchrun --nproc-per-node 2 -m cutlassfuse data-parallel)")
+    data_parallel.add_argument("--modes", default="DDP,FSDP2", type=comma_list(DATA_PARALLEL_MODES),
+                               help="comma-separated: " + ", ".join(DATA_PARALLEL_MODES))
+    data_parallel.add_argument("--dtypes", default="float32,float16,bfloat16", type=comma_list(DTYPES),
+                               help="comma-separated: " + ", ".join(DTYPES) + " (16-bit: under torch.autocast)")
+    data_parallel.add_argument("--steps", type=positive_int, default=4, help="SGD steps compared")
+    data_parallel.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                               help="cuda (default): NCCL, one GPU per process; cpu: gloo")
     args = parser.parse_args(argv)
+    if args.command == "data-parallel" and "LOCAL_RANK" not in os.environ:
+        parser.error("data-parallel runs in each process of torchrun: "
+                     "torchrun --nproc-per-node 2 -m cutlassfuse data-parallel")
 
     import torch
 
@@ -84,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         from .profiling import run_profile
 
         print(run_profile(args.shape, args.dtype, args.memory_format, args.csv))
+    elif args.command == "data-parallel":
+        from .data_parallel import run_data_parallel_check
+
+        return run_data_parallel_check(args.modes, [getattr(torch, d) for d in args.dtypes], args.steps, args.device)
     return 0
 
 
