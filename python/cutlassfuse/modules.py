@@ -150,6 +150,25 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
         self.clear_packed_cache()
         return super()._apply(fn, recurse)
 
+    def extra_repr(self) -> str:
+        """The options as nn.ConvTranspose3d and nn.GroupNorm print theirs, defaults left
+        out. The convolution's groups print as ``conv_groups``, the constructor's keyword
+        (its ``groups`` is GroupNorm's group count, printed as ``num_groups``)."""
+        conv, norm = self.conv_transpose, self.group_norm
+        options = [f"{conv.in_channels}, {conv.out_channels}", f"kernel_size={conv.kernel_size}",
+                   f"stride={conv.stride}"]
+        defaults = {"padding": (0, 0, 0), "output_padding": (0, 0, 0), "dilation": (1, 1, 1)}
+        options += [f"{name}={getattr(conv, name)}" for name, default in defaults.items()
+                    if getattr(conv, name) != default]
+        if conv.groups != 1:
+            options.append(f"conv_groups={conv.groups}")
+        if conv.bias is None:
+            options.append("bias=False")
+        options += [f"num_groups={norm.num_groups}", f"eps={norm.eps}", f"affine={norm.affine}"]
+        if self.recompute:
+            options.append("recompute=True")
+        return ", ".join(options)
+
     def forward(self, x: Tensor, output_size: list[int] | None = None) -> Tensor:
         """``output_size`` as in ``nn.ConvTranspose3d.forward``: picks the output padding
         that gives this (D, H, W) (U-Net decoders pass the skip connection's size)."""
