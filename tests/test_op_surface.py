@@ -185,9 +185,17 @@ def test_float32_mode_setting():
                 assert cutlassfuse.info()["float32_mode"] == mode
                 raise KeyError
         assert cutlassfuse.get_float32_mode() == "pytorch"
-    cutlassfuse.set_float32_tensor_cores(True)
+
+
+def test_set_float32_tensor_cores_is_deprecated_and_still_works():
+    """A FutureWarning naming its replacement, as PyTorch deprecates user-facing APIs."""
+    with pytest.warns(FutureWarning, match=r"set_float32_tensor_cores\(True\) is deprecated; use "
+                                           r"cutlassfuse.set_float32_mode\('bf16x3'\)"):
+        cutlassfuse.set_float32_tensor_cores(True)
     try:
         assert cutlassfuse.get_float32_mode() == "bf16x3"
     finally:
-        cutlassfuse.set_float32_tensor_cores(False)
+        with pytest.warns(FutureWarning, match=r"set_float32_mode\('pytorch'\)") as warned:
+            cutlassfuse.set_float32_tensor_cores(False)
     assert cutlassfuse.get_float32_mode() == "pytorch"
+    assert warned[0].filename == __file__, "the warning points at the caller's line"

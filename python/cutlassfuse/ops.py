@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import warnings
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -130,8 +131,13 @@ def float32_mode(mode: str) -> Iterator[None]:
 
 
 def set_float32_tensor_cores(enabled: bool) -> None:
-    """``set_float32_mode("bf16x3")`` when True, ``set_float32_mode("pytorch")`` when False."""
-    set_float32_mode("bf16x3" if enabled else "pytorch")
+    """Deprecated: ``set_float32_mode("bf16x3")`` when True, ``set_float32_mode("pytorch")``
+    when False, with a ``FutureWarning`` (PyTorch's category for deprecated user-facing
+    APIs, shown by default). Call ``set_float32_mode`` instead."""
+    mode = "bf16x3" if enabled else "pytorch"
+    warnings.warn(f"cutlassfuse.set_float32_tensor_cores({enabled}) is deprecated; use "
+                  f"cutlassfuse.set_float32_mode({mode!r}) instead", FutureWarning, stacklevel=2)
+    set_float32_mode(mode)
 
 
 def explain(*args, **kwargs) -> str:
