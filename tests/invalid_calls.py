@@ -107,15 +107,20 @@ def cases_for(device: str) -> list[Case]:
 
 
 def valid_arguments(device: str, seed: int = 0) -> dict:
-    """The valid call every case starts from, with every optional tensor given (packed
-    operands included) so that each can be made wrong."""
-    import cutlassfuse
-    from cutlassfuse.testing import make_inputs
+    """The valid call every case starts from, with every optional tensor given (the
+    packed operands the module passes included) so that each can be made wrong."""
+    from cutlassfuse.testing import make_inputs, packed_operands
 
     args = make_inputs(batch=2, in_channels=16, out_channels=32, size=6, kernel=3, num_groups=8,
                        dtype=torch.float16 if device == "cuda" else torch.float32, device=device, seed=seed)
-    return dict(args, packed_weight=cutlassfuse.pack_weight(args["weight"]),
-                packed_bias=cutlassfuse.pack_bias(args["bias"], args["stride"]))
+    return dict(args, **packed_operands(args))
+
+
+def call(args: dict) -> torch.Tensor:
+    """The op with these arguments, as the functional op and the module pass them."""
+    from cutlassfuse.testing import op_arguments
+
+    return torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm(*op_arguments(args))
 
 
 def apply(case: Case, device: str) -> dict:
@@ -151,20 +156,18 @@ def _check_against_reference(out: torch.Tensor, args: dict) -> str:
 
 def run(name: str, device: str) -> dict:
     """The case's call, then a valid call in the same process: what each gave."""
-    import cutlassfuse
-
     case = next(c for c in cases_for(device) if c.name == name)
     args = apply(case, device)
     result: dict = {"case": name, "device": device}
     try:
-        out = cutlassfuse.conv_transpose3d_relu_group_norm(**args)
+        out = call(args)
         if device == "cuda":
             torch.cuda.synchronize()
         result.update(raised=None, mismatch=_check_against_reference(out, args))
     except Exception as error:  # noqa: BLE001  (reported to the parent test)
         result.update(raised=type(error).__name__, message=str(error).splitlines()[0])
     valid = valid_arguments(device, seed=1)
-    result["next_valid_call"] = _check_against_reference(cutlassfuse.conv_transpose3d_relu_group_norm(**valid), valid)
+    result["next_valid_call"] = _check_against_reference(call(valid), valid)
     return result
 
 

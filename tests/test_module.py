@@ -165,6 +165,17 @@ def test_packed_copy_follows_optimizer_steps(fused):
     assert torch.equal(cache.get(weight, pack), weight)
 
 
+@pytest.mark.parametrize("assign", [False, True])
+def test_packed_copy_follows_load_state_dict(assign):
+    """load_state_dict copies in place (a new version) or, with assign=True, puts the
+    loaded tensors in place of the parameters."""
+    block = ConvTranspose3dReLUGroupNorm(8, 16, 3, 4, bias=True)
+    cache, (pack, _) = PackedCopy(), counting_pack()
+    cache.get(block.conv_transpose.weight, pack)
+    block.load_state_dict(ConvTranspose3dReLUGroupNorm(8, 16, 3, 4, bias=True).state_dict(), assign=assign)
+    assert torch.equal(cache.get(block.conv_transpose.weight, pack), block.conv_transpose.weight)
+
+
 def test_models_holding_the_module_trace_with_torch_fx():
     torch.manual_seed(0)
     model = torch.nn.Sequential(ConvTranspose3dReLUGroupNorm(8, 16, 3, 4, bias=True), torch.nn.Conv3d(16, 4, 1))

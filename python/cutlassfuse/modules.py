@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from torch.nn.common_types import _size_3_t
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from .ops import pack_bias, pack_weight
+from .ops import _pack_bias, _pack_weight
 
 _OP = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm.default
 
@@ -114,21 +114,21 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
         block._packed = {}
         return block
 
-    def packed_weight(self) -> Tensor | None:
+    def _packed_weight(self) -> Tensor | None:
         """The weight in the tensor-core kernel's layout, re-packed only when the weight
         changed (in place, replaced, moved or cast) since the last call. None on the CPU
         and while compiling (there the permutation is part of the traced graph)."""
-        return self._packed_copy("weight", self.conv_transpose.weight, pack_weight)
+        return self._packed_copy("weight", self.conv_transpose.weight, _pack_weight)
 
-    def packed_bias(self) -> Tensor | None:
+    def _packed_bias(self) -> Tensor | None:
         """The bias repeated per block of stride_d * stride_h * stride_w output pixels
-        (``pack_bias``), re-packed only when the bias changed: the epilogue of a kernel ==
+        (``_pack_bias``), re-packed only when the bias changed: the epilogue of a kernel ==
         stride layer's GEMM reads it, the op decides which layers those are and ignores it
         for the others. None without a bias, on the CPU and while compiling."""
         conv = self.conv_transpose
         if conv.bias is None:
             return None
-        return self._packed_copy("bias", conv.bias, lambda bias: pack_bias(bias, conv.stride))
+        return self._packed_copy("bias", conv.bias, lambda bias: _pack_bias(bias, conv.stride))
 
     def clear_packed_cache(self) -> None:
         """Drops the packed weight and bias: needed only after writes to the parameters
@@ -188,4 +188,4 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
         # The op itself, not the functional wrapper: nn.ConvTranspose3d already holds its
         # options as 3-tuples, and small calls are bound by the host's time per call.
         return _OP(x, conv.weight, conv.bias, norm.weight, norm.bias, norm.num_groups, norm.eps, conv.stride,
-                   conv.padding, output_padding, conv.groups, conv.dilation, self.packed_weight(), self.packed_bias())
+                   conv.padding, output_padding, conv.groups, conv.dilation, self._packed_weight(), self._packed_bias())

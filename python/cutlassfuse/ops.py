@@ -32,7 +32,11 @@ def _triple(value: IntOrTriple, name: str) -> list[int]:
 
 
 def _op_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation,
-                  num_groups, norm_weight, norm_bias, eps, packed_weight, packed_bias=None) -> tuple:
+                  num_groups, norm_weight, norm_bias, eps, packed_weight=None, packed_bias=None) -> tuple:
+    """The op's positional arguments. ``packed_weight``/``packed_bias`` are the schema's
+    last two: ``_pack_weight(weight)`` and ``_pack_bias(bias, stride)``, which the module
+    passes from its cache (the kernels then read them instead of the weight and the bias:
+    they must be those tensors' current values)."""
     return (input, weight, bias, norm_weight, norm_bias, int(num_groups), float(eps),
             _triple(stride, "stride"), _triple(padding, "padding"),
             _triple(output_padding, "output_padding"), int(groups), _triple(dilation, "dilation"), packed_weight,
@@ -53,8 +57,6 @@ def conv_transpose3d_relu_group_norm(
     norm_weight: Tensor | None = None,
     norm_bias: Tensor | None = None,
     eps: float = 1e-5,
-    packed_weight: Tensor | None = None,
-    packed_bias: Tensor | None = None,
 ) -> Tensor:
     """``F.group_norm(F.relu(F.conv_transpose3d(input, weight, bias, stride, padding,
     output_padding, groups, dilation)), num_groups, norm_weight, norm_bias, eps)`` in one op.
@@ -64,23 +66,19 @@ def conv_transpose3d_relu_group_norm(
     affine gamma/beta). Input (N, C_in, D, H, W), weight (C_in, C_out / groups, kD,
     kH, kW). The output has the input's dtype, and is channels_last_3d when the input
     or the weight is, contiguous otherwise (as PyTorch's composite).
-
-    ``packed_weight``, if given, must be ``pack_weight(weight)``, and ``packed_bias``
-    ``pack_bias(bias, stride)``: callers that reuse a layer's parameters (the module does)
-    pass them to skip re-permuting the weight and re-repeating the bias on every call.
     """
     return torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm(
         *_op_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation,
-                       num_groups, norm_weight, norm_bias, eps, packed_weight, packed_bias))
+                       num_groups, norm_weight, norm_bias, eps))
 
 
-def pack_weight(weight: Tensor) -> Tensor:
+def _pack_weight(weight: Tensor) -> Tensor:
     """The weight (C_in, C_out, kD, kH, kW) laid out as the tensor-core kernel reads it:
     (C_in, kD, kH, kW, C_out), contiguous."""
     return weight.detach().permute(0, 2, 3, 4, 1).contiguous()
 
 
-def pack_bias(bias: Tensor, stride: IntOrTriple) -> Tensor:
+def _pack_bias(bias: Tensor, stride: IntOrTriple) -> Tensor:
     """The bias repeated once per block of stride_d * stride_h * stride_w output pixels,
     as the epilogue of a kernel == stride layer's GEMM reads it (its columns are those
     blocks of C_out channels; other layers ignore it)."""
