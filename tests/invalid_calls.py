@@ -34,6 +34,8 @@ def _convert(name, **to):
     return lambda args: args[name].to(**to)
 
 
+ALL_META = {name: _convert(name, device="meta") for name in ("input", *TENSOR_ARGUMENTS)}
+
 CASES = [
     Case("num_groups_not_dividing", {"num_groups": 5}, ValueError, r"num_groups \(5\) must be positive and divide"),
     Case("num_groups_zero", {"num_groups": 0}, ValueError, r"num_groups \(0\)"),
@@ -80,10 +82,22 @@ CASES = [
          "packed_bias given without a bias"),
     Case("packed_bias_length", {"bias": _tensor(32), "stride": 2, "packed_bias": _tensor(32)}, ValueError,
          r"bias.repeat\(prod\(stride\)\), 256"),
+    # Outputs beyond PyTorch's limit on a tensor's storage (2^63 - 1 bytes), refused before
+    # anything is allocated: more elements than int64 counts; elements that int64 counts but
+    # bytes it does not (8.0e18 elements); an extent past int64 itself (stride or dilation
+    # 2^62); the same on meta tensors (the fake kernel).
+    Case("stride_2_31", {"stride": 2**31}, ValueError, r"output size overflows: .*stride \[2147483648, "),
+    Case("output_bytes_overflow", {"stride": 100_000}, ValueError, "output size overflows"),
+    Case("stride_extent_overflow", {"stride": 2**62}, ValueError, "output size overflows"),
+    Case("dilation_extent_overflow", {"dilation": 2**62}, ValueError, "output size overflows"),
+    Case("all_meta_stride_2_31", {**ALL_META, "stride": 2**31}, ValueError, "output size overflows"),
+    # Sizes computed exactly: padding 2^63 - 1 empties the output (int64 arithmetic would wrap).
+    Case("padding_int64_max", {"padding": 2**63 - 1}, ValueError, "output would be empty"),
+    Case("stride_beyond_int64", {"stride": 2**63}, ValueError, "stride must lie within int64's range"),
     # Valid calls at the edges, computed as PyTorch computes them.
     Case("float64", {name: _convert(name, dtype=torch.float64) for name in ("input", "weight", "bias")}),
     Case("zero_batch", {"input": lambda a: a["input"][:0]}),
-    Case("all_meta", {name: _convert(name, device="meta") for name in ("input", *TENSOR_ARGUMENTS)}),
+    Case("all_meta", ALL_META),
 ]
 
 

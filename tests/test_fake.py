@@ -84,3 +84,18 @@ def test_torch_compile_fullgraph():
 
     compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(*args[:5]), fn(*args[:5]))
+
+
+@pytest.mark.parametrize("change", [dict(stride=[2**31] * 3), dict(dilation=[2**62] * 3)], ids=["stride", "dilation"])
+def test_fake_kernel_refuses_outputs_beyond_the_storage_limit(change):
+    """The C++ validation's check and message, in the fake kernel: before torch.compile or
+    a meta model allocates anything."""
+    args = dict(num_groups=2, eps=1e-5, stride=[1] * 3, padding=[0] * 3, output_padding=[0] * 3, groups=1,
+                dilation=[1] * 3)
+    args.update(change)
+    x, w = torch.rand(1, 8, 3, 3, 3), torch.rand(8, 8, 3, 3, 3)
+    with pytest.raises(ValueError, match="output size overflows") as real:
+        OP(x, w, None, None, None, *args.values())
+    with FakeTensorMode() as mode, pytest.raises(ValueError, match="output size overflows") as fake:
+        OP(mode.from_tensor(x), mode.from_tensor(w), None, None, None, *args.values())
+    assert str(fake.value) == str(real.value)

@@ -22,13 +22,21 @@ _INPUT_GRAD = "cutlassfuse::conv_transpose3d_input_grad"
 _WEIGHT_GRAD = "cutlassfuse::conv_transpose3d_weight_grad"
 
 
+_INT64_MAX = 2**63 - 1
+
+
+def _int64(value: int, name: str) -> int:
+    """`value`, which the schema's int arguments take only within int64's range."""
+    if not -_INT64_MAX - 1 <= value <= _INT64_MAX:
+        raise ValueError(f"cutlassfuse: {name} must lie within int64's range, got {value}")
+    return value
+
+
 def _triple(value: IntOrTriple, name: str) -> list[int]:
-    if isinstance(value, int):
-        return [value] * 3
-    values = list(value)
+    values = [value] * 3 if isinstance(value, int) else list(value)
     if len(values) != 3 or not all(isinstance(v, int) for v in values):
         raise ValueError(f"cutlassfuse: {name} must be an int or 3 ints (depth, height, width), got {value!r}")
-    return values
+    return [_int64(v, name) for v in values]
 
 
 def _op_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation,
@@ -37,10 +45,10 @@ def _op_arguments(input, weight, bias, stride, padding, output_padding, groups, 
     last two: ``_pack_weight(weight)`` and ``_pack_bias(bias, stride)``, which the module
     passes from its cache (the kernels then read them instead of the weight and the bias:
     they must be those tensors' current values)."""
-    return (input, weight, bias, norm_weight, norm_bias, int(num_groups), float(eps),
+    return (input, weight, bias, norm_weight, norm_bias, _int64(int(num_groups), "num_groups"), float(eps),
             _triple(stride, "stride"), _triple(padding, "padding"),
-            _triple(output_padding, "output_padding"), int(groups), _triple(dilation, "dilation"), packed_weight,
-            packed_bias)
+            _triple(output_padding, "output_padding"), _int64(int(groups), "groups"), _triple(dilation, "dilation"),
+            packed_weight, packed_bias)
 
 
 def conv_transpose3d_relu_group_norm(
@@ -214,6 +222,14 @@ def _conv_transpose3d_relu_group_norm_fake(input, weight, bias, norm_weight, nor
                        lambda: f"cutlassfuse: the output would be empty (spatial size {spatial})")
     out_channels = weight.shape[1] * groups
     torch._check_value(out_channels > 0, lambda: "cutlassfuse: weight gives zero output channels")
+    # PyTorch's bound on a tensor's storage, 2^63 - 1 bytes, with at least one sample (so
+    # that the output's strides fit too), as the C++ validation checks it.
+    output_bytes = torch.sym_max(input.shape[0], 1) * out_channels * math.prod(spatial) * input.element_size()
+    torch._check_value(output_bytes <= _INT64_MAX,
+                       lambda: f"cutlassfuse: the output size overflows: input {list(input.shape)}, weight "
+                               f"{list(weight.shape)}, stride {stride}, padding {padding}, output_padding "
+                               f"{output_padding} and dilation {dilation} give an output of more than 2^63 - 1 bytes "
+                               f"(PyTorch's limit on a tensor's storage)")
     torch._check_value(num_groups > 0 and out_channels % num_groups == 0,
                        lambda: f"cutlassfuse: num_groups ({num_groups}) must be positive and divide the output "
                                f"channels ({out_channels})")
