@@ -25,6 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 import cutlassfuse
 from cutlassfuse import backends
 from cutlassfuse.bench import parse_shape
+from cutlassfuse.testing import op_arguments, packed_operands
 
 REPEATS = 20
 KERNEL_KEYS = ("PingpongPhasesKernel", "ConvUniversal", "ncdhw_to_ndhwc", "split_float32", "abs_max",
@@ -72,12 +73,12 @@ def main() -> None:
     conv = dict(stride=shape.stride, padding=shape.padding, output_padding=shape.output_padding)
     x_cl = x.contiguous(memory_format=torch.channels_last_3d)
     # A layer's calls: the weight packed once, as the module caches it.
-    packed = cutlassfuse.pack_weight(w)
+    layer = dict(weight=w, num_groups=shape.groups, **conv)
+    ncdhw, channels_last = (op_arguments(dict(layer, input=t, **packed_operands(layer))) for t in (x, x_cl))
     runs = {
-        "cutlassfuse, NCDHW input": lambda: cutlassfuse.conv_transpose3d_relu_group_norm(
-            x, w, num_groups=shape.groups, packed_weight=packed, **conv),
-        "cutlassfuse, channels_last input": lambda: cutlassfuse.conv_transpose3d_relu_group_norm(
-            x_cl, w, num_groups=shape.groups, packed_weight=packed, **conv),
+        "cutlassfuse, NCDHW input": lambda: torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm(*ncdhw),
+        "cutlassfuse, channels_last input": lambda: torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm(
+            *channels_last),
         "cuDNN conv_transpose3d alone, channels_last": lambda: F.conv_transpose3d(x_cl, w, **conv),
         "cutlassfuse fallback (fused path off), NCDHW input": lambda: cutlassfuse.conv_transpose3d_relu_group_norm(
             x, w, num_groups=shape.groups, **conv),

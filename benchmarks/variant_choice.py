@@ -27,10 +27,10 @@ import statistics
 
 import torch
 
-import cutlassfuse
 from cutlassfuse import backends
 from cutlassfuse.bench import DEFAULT_SHAPES, parse_shape
 from cutlassfuse.benchmarking import median_ms
+from cutlassfuse.testing import op_arguments, packed_operands
 
 # Per comparison: each variant's name and the flags it runs under.
 VARIANTS = {
@@ -46,12 +46,12 @@ def calls(shape, dtype: torch.dtype) -> dict[str, object]:
     x = x.contiguous(memory_format=torch.channels_last_3d)
     k = shape.kernel
     w = torch.randn(shape.in_channels, shape.out_channels, k, k, k, device="cuda", dtype=dtype) * 0.05
-    packed = cutlassfuse.pack_weight(w)
-    conv = dict(stride=shape.stride, padding=shape.padding, output_padding=shape.output_padding)
+    layer = dict(input=x, weight=w, num_groups=shape.groups, stride=shape.stride, padding=shape.padding,
+                 output_padding=shape.output_padding)
+    fused = op_arguments(dict(layer, **packed_operands(layer)))  # the weight packed once, as the module caches it
     triple = [shape.stride] * 3, [shape.padding] * 3, [shape.output_padding] * 3
     return {
-        "fused": lambda: cutlassfuse.conv_transpose3d_relu_group_norm(x, w, num_groups=shape.groups,
-                                                                      packed_weight=packed, **conv),
+        "fused": lambda: torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm(*fused),
         "plain store": lambda: torch.ops.cutlassfuse.conv_transpose3d_cutlass(
             x, w, None, None, None, shape.groups, 1e-5, *triple, 1, [1] * 3, None),
     }

@@ -34,6 +34,8 @@ def _convert(name, **to):
     return lambda args: args[name].to(**to)
 
 
+ALL_META = {name: _convert(name, device="meta") for name in ("input", *TENSOR_ARGUMENTS)}
+
 CASES = [
     Case("num_groups_not_dividing", {"num_groups": 5}, ValueError, r"num_groups \(5\) must be positive and divide"),
     Case("num_groups_zero", {"num_groups": 0}, ValueError, r"num_groups \(0\)"),
@@ -80,10 +82,22 @@ CASES = [
          "packed_bias given without a bias"),
     Case("packed_bias_length", {"bias": _tensor(32), "stride": 2, "packed_bias": _tensor(32)}, ValueError,
          r"bias.repeat\(prod\(stride\)\), 256"),
+    # Outputs beyond PyTorch's limit on a tensor's storage (2^63 - 1 bytes), refused before
+    # anything is allocated: more elements than int64 counts; elements that int64 counts but
+    # bytes it does not (8.0e18 elements); an extent past int64 itself (stride or dilation
+    # 2^62); the same on meta tensors (the fake kernel).
+    Case("stride_2_31", {"stride": 2**31}, ValueError, r"output size overflows: .*stride \[2147483648, "),
+    Case("output_bytes_overflow", {"stride": 100_000}, ValueError, "output size overflows"),
+    Case("stride_extent_overflow", {"stride": 2**62}, ValueError, "output size overflows"),
+    Case("dilation_extent_overflow", {"dilation": 2**62}, ValueError, "output size overflows"),
+    Case("all_meta_stride_2_31", {**ALL_META, "stride": 2**31}, ValueError, "output size overflows"),
+    # Sizes computed exactly: padding 2^63 - 1 empties the output (int64 arithmetic would wrap).
+    Case("padding_int64_max", {"padding": 2**63 - 1}, ValueError, "output would be empty"),
+    Case("stride_beyond_int64", {"stride": 2**63}, ValueError, "stride must lie within int64's range"),
     # Valid calls at the edges, computed as PyTorch computes them.
     Case("float64", {name: _convert(name, dtype=torch.float64) for name in ("input", "weight", "bias")}),
     Case("zero_batch", {"input": lambda a: a["input"][:0]}),
-    Case("all_meta", {name: _convert(name, device="meta") for name in ("input", *TENSOR_ARGUMENTS)}),
+    Case("all_meta", ALL_META),
 ]
 
 
@@ -107,15 +121,20 @@ def cases_for(device: str) -> list[Case]:
 
 
 def valid_arguments(device: str, seed: int = 0) -> dict:
-    """The valid call every case starts from, with every optional tensor given (packed
-    operands included) so that each can be made wrong."""
-    import cutlassfuse
-    from cutlassfuse.testing import make_inputs
+    """The valid call every case starts from, with every optional tensor given (the
+    packed operands the module passes included) so that each can be made wrong."""
+    from cutlassfuse.testing import make_inputs, packed_operands
 
     args = make_inputs(batch=2, in_channels=16, out_channels=32, size=6, kernel=3, num_groups=8,
                        dtype=torch.float16 if device == "cuda" else torch.float32, device=device, seed=seed)
-    return dict(args, packed_weight=cutlassfuse.pack_weight(args["weight"]),
-                packed_bias=cutlassfuse.pack_bias(args["bias"], args["stride"]))
+    return dict(args, **packed_operands(args))
+
+
+def call(args: dict) -> torch.Tensor:
+    """The op with these arguments, as the functional op and the module pass them."""
+    from cutlassfuse.testing import op_arguments
+
+    return torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm(*op_arguments(args))
 
 
 def apply(case: Case, device: str) -> dict:
@@ -151,20 +170,18 @@ def _check_against_reference(out: torch.Tensor, args: dict) -> str:
 
 def run(name: str, device: str) -> dict:
     """The case's call, then a valid call in the same process: what each gave."""
-    import cutlassfuse
-
     case = next(c for c in cases_for(device) if c.name == name)
     args = apply(case, device)
     result: dict = {"case": name, "device": device}
     try:
-        out = cutlassfuse.conv_transpose3d_relu_group_norm(**args)
+        out = call(args)
         if device == "cuda":
             torch.cuda.synchronize()
         result.update(raised=None, mismatch=_check_against_reference(out, args))
     except Exception as error:  # noqa: BLE001  (reported to the parent test)
         result.update(raised=type(error).__name__, message=str(error).splitlines()[0])
     valid = valid_arguments(device, seed=1)
-    result["next_valid_call"] = _check_against_reference(cutlassfuse.conv_transpose3d_relu_group_norm(**valid), valid)
+    result["next_valid_call"] = _check_against_reference(call(valid), valid)
     return result
 
 

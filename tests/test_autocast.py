@@ -4,7 +4,7 @@ the convolution's operands in the autocast dtype, as nn.ConvTranspose3d's are.""
 import torch
 
 import cutlassfuse
-from cutlassfuse.testing import RELATIVE_TOLERANCE, errors
+from cutlassfuse.testing import RELATIVE_TOLERANCE, errors, op_arguments, packed_operands
 
 
 def test_module_runs_in_the_autocast_dtype_and_trains_float32_parameters():
@@ -23,9 +23,10 @@ def test_module_runs_in_the_autocast_dtype_and_trains_float32_parameters():
 
 def test_packed_arguments_of_another_dtype_are_dropped():
     torch.manual_seed(0)
-    x, w, b = torch.rand(1, 8, 3, 3, 3), torch.randn(8, 8, 2, 2, 2), torch.randn(8)
-    packed = dict(packed_weight=cutlassfuse.pack_weight(w), packed_bias=cutlassfuse.pack_bias(b, 2))
+    args = dict(input=torch.rand(1, 8, 3, 3, 3), weight=torch.randn(8, 8, 2, 2, 2), bias=torch.randn(8), stride=2,
+                num_groups=2)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        with_packed = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, b, 2, num_groups=2, **packed)
-        plain = cutlassfuse.conv_transpose3d_relu_group_norm(x, w, b, 2, num_groups=2)
+        with_packed = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm(
+            *op_arguments(dict(args, **packed_operands(args))))
+        plain = cutlassfuse.conv_transpose3d_relu_group_norm(**args)
     assert with_packed.dtype == torch.bfloat16 and torch.equal(with_packed, plain)

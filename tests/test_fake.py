@@ -84,3 +84,75 @@ def test_torch_compile_fullgraph():
 
     compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(*args[:5]), fn(*args[:5]))
+
+
+META_CALLS = {
+    "plain": dict(batch=2, in_channels=8, out_channels=16, size=4, kernel=3, num_groups=4, bias=False, affine=False),
+    "strided_channels_last_input": dict(batch=2, in_channels=8, out_channels=16, size=(3, 4, 5), kernel=3, stride=2,
+                                        padding=1, output_padding=1, num_groups=4, channels_last=True),
+    "grouped_dilated": dict(batch=1, in_channels=8, out_channels=8, size=(3, 4, 5), kernel=(3, 2, 3),
+                            stride=(2, 1, 1), padding=(1, 0, 1), dilation=(1, 2, 1), groups=2, num_groups=2),
+}
+
+
+def _on_meta(inputs: dict, dtype: torch.dtype, requires_grad: bool) -> dict:
+    return {name: value.detach().to("meta", dtype).requires_grad_(requires_grad) if isinstance(value, torch.Tensor)
+            else value for name, value in inputs.items()}
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["inference", "autograd"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("call", META_CALLS)
+def test_meta_tensors_give_the_outputs_metadata(call, dtype, requires_grad):
+    """Meta tensors on every build (CPU-only and CUDA): a meta output of the shape
+    F.conv_transpose3d gives and the memory format the real kernels give (the CPU
+    composite's); through the autograd kernel, the backward runs shape-only too."""
+    inputs = make_inputs(**META_CALLS[call])
+    real = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
+    meta = _on_meta(inputs, dtype, requires_grad)
+    out = cutlassfuse.conv_transpose3d_relu_group_norm(**meta)
+    conv_args = [meta[name] for name in ("input", "weight", "bias", "stride", "padding", "output_padding", "groups",
+                                         "dilation")]
+    assert out.device.type == "meta" and out.dtype == dtype
+    assert out.shape == torch.nn.functional.conv_transpose3d(*conv_args).shape == real.shape
+    assert out.stride() == real.stride()
+    assert out.requires_grad == requires_grad
+    if requires_grad:
+        out.sum().backward()
+        for name, value in meta.items():
+            if isinstance(value, torch.Tensor):
+                assert value.grad.device.type == "meta" and value.grad.shape == value.shape, name
+    assert cutlassfuse.explain(**meta).startswith("meta")
+
+
+def test_module_on_the_meta_device():
+    """ConvTranspose3dReLUGroupNorm(..., device="meta") and fuse() of a model on the meta
+    device run shape-only, forward and backward."""
+    block = cutlassfuse.ConvTranspose3dReLUGroupNorm(8, 16, 3, 4, bias=True, stride=2, padding=1, device="meta")
+    assert all(p.device.type == "meta" for p in block.parameters())
+    x = torch.empty(2, 8, 4, 5, 6, device="meta")
+    out = block(x, output_size=[8, 10, 12])
+    assert out.device.type == "meta" and out.shape == (2, 16, 8, 10, 12)
+    out.sum().backward()
+    assert block.conv_transpose.weight.grad.device.type == "meta"
+
+    model = torch.nn.Sequential(torch.nn.ConvTranspose3d(8, 16, 3, device="meta"), torch.nn.ReLU(),
+                                torch.nn.GroupNorm(4, 16, device="meta"))
+    fused = cutlassfuse.fuse(model).model
+    assert isinstance(fused[0], cutlassfuse.ConvTranspose3dReLUGroupNorm)
+    assert fused(x).shape == model(x).shape == (2, 16, 6, 7, 8)
+
+
+@pytest.mark.parametrize("change", [dict(stride=[2**31] * 3), dict(dilation=[2**62] * 3)], ids=["stride", "dilation"])
+def test_fake_kernel_refuses_outputs_beyond_the_storage_limit(change):
+    """The C++ validation's check and message, in the fake kernel: before torch.compile or
+    a meta model allocates anything."""
+    args = dict(num_groups=2, eps=1e-5, stride=[1] * 3, padding=[0] * 3, output_padding=[0] * 3, groups=1,
+                dilation=[1] * 3)
+    args.update(change)
+    x, w = torch.rand(1, 8, 3, 3, 3), torch.rand(8, 8, 3, 3, 3)
+    with pytest.raises(ValueError, match="output size overflows") as real:
+        OP(x, w, None, None, None, *args.values())
+    with FakeTensorMode() as mode, pytest.raises(ValueError, match="output size overflows") as fake:
+        OP(mode.from_tensor(x), mode.from_tensor(w), None, None, None, *args.values())
+    assert str(fake.value) == str(real.value)

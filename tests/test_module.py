@@ -73,6 +73,19 @@ def test_dtype_and_device_arguments():
     assert fused(torch.rand(1, 8, 3, 3, 3, dtype=torch.float64)).dtype == torch.float64
 
 
+def test_repr_shows_the_options_like_torch_nn():
+    """Defaults left out, as nn.ConvTranspose3d and nn.GroupNorm print theirs."""
+    plain = ConvTranspose3dReLUGroupNorm(16, 32, 3, 8)
+    assert plain.extra_repr() == ("16, 32, kernel_size=(3, 3, 3), stride=(1, 1, 1), bias=False, num_groups=8, "
+                                  "eps=1e-05, affine=True")
+    every = ConvTranspose3dReLUGroupNorm(16, 32, (3, 2, 3), 4, bias=True, stride=2, padding=1, output_padding=1,
+                                         dilation=(1, 2, 1), conv_groups=2, eps=1e-3, affine=False, recompute=True)
+    assert every.extra_repr() == ("16, 32, kernel_size=(3, 2, 3), stride=(2, 2, 2), padding=(1, 1, 1), "
+                                  "output_padding=(1, 1, 1), dilation=(1, 2, 1), conv_groups=2, num_groups=4, "
+                                  "eps=0.001, affine=False, recompute=True")
+    assert repr(every).startswith(f"ConvTranspose3dReLUGroupNorm(\n  {every.extra_repr()}\n  (conv_transpose): ")
+
+
 # The packed weight/bias cache (PackedCopy), exercised on CPU tensors: the module uses it
 # for CUDA parameters only, with the same logic.
 def counting_pack():
@@ -150,6 +163,17 @@ def test_packed_copy_follows_optimizer_steps(fused):
     weight.grad = torch.ones_like(weight)
     optimizer.step()
     assert torch.equal(cache.get(weight, pack), weight)
+
+
+@pytest.mark.parametrize("assign", [False, True])
+def test_packed_copy_follows_load_state_dict(assign):
+    """load_state_dict copies in place (a new version) or, with assign=True, puts the
+    loaded tensors in place of the parameters."""
+    block = ConvTranspose3dReLUGroupNorm(8, 16, 3, 4, bias=True)
+    cache, (pack, _) = PackedCopy(), counting_pack()
+    cache.get(block.conv_transpose.weight, pack)
+    block.load_state_dict(ConvTranspose3dReLUGroupNorm(8, 16, 3, 4, bias=True).state_dict(), assign=assign)
+    assert torch.equal(cache.get(block.conv_transpose.weight, pack), block.conv_transpose.weight)
 
 
 def test_models_holding_the_module_trace_with_torch_fx():

@@ -1,6 +1,7 @@
 """The registered operator and the package around it: schema, library loading, explain(),
 info(), the packed operands, cutlassfuse.backends' flags and the float32 mode."""
 
+import inspect
 import itertools
 
 import pytest
@@ -8,6 +9,7 @@ import torch
 
 import cutlassfuse
 from cutlassfuse import backends
+from cutlassfuse.ops import _pack_bias, _pack_weight
 
 EXPECTED_ARGUMENTS = [
     ("input", "Tensor"), ("weight", "Tensor"), ("bias", "Optional[Tensor]"), ("norm_weight", "Optional[Tensor]"),
@@ -68,17 +70,31 @@ def test_info_reports_build_facts():
     assert (facts["device"] is None) == (not torch.cuda.is_available())
 
 
+def test_packed_operands_are_the_modules_not_the_functional_ops():
+    """A packed copy is read instead of the weight and the bias, so a stale one would give
+    a wrong result: only the module passes them (from its cache), the functional op and
+    explain() take none, and the packing functions are private."""
+    for function in (cutlassfuse.conv_transpose3d_relu_group_norm, cutlassfuse.explain):
+        assert not {"packed_weight", "packed_bias"} & set(inspect.signature(function).parameters)
+    x, w = torch.rand(1, 8, 3, 3, 3), torch.randn(8, 8, 3, 3, 3)
+    with pytest.raises(TypeError, match="packed_weight"):
+        cutlassfuse.conv_transpose3d_relu_group_norm(x, w, num_groups=2, packed_weight=_pack_weight(w))
+    for name in ("pack_weight", "pack_bias", "packed_weight", "packed_bias"):
+        assert not hasattr(cutlassfuse, name) and name not in cutlassfuse.__all__, name
+        assert not hasattr(cutlassfuse.ConvTranspose3dReLUGroupNorm, name), name
+
+
 def test_pack_weight_is_the_kernel_layout():
     """Element (i, a, b, c, o) of the packed weight is weight[i, o, a, b, c]: each weight
     value encodes its own index, and every packed element is checked to sit where the
     kernel reads it."""
     shape = (4, 6, 3, 2, 5)  # (C_in, C_out, kD, kH, kW)
     w = torch.arange(torch.Size(shape).numel(), dtype=torch.float64).reshape(shape)
-    packed = cutlassfuse.pack_weight(w)
+    packed = _pack_weight(w)
     assert packed.shape == (4, 3, 2, 5, 6) and packed.is_contiguous()
     for i, a, b, c, o in itertools.product(*(range(n) for n in packed.shape)):
         assert packed[i, a, b, c, o] == (((i * 6 + o) * 3 + a) * 2 + b) * 5 + c
-    assert cutlassfuse.pack_weight(w.requires_grad_()).grad_fn is None, "a packed copy is never differentiated"
+    assert _pack_weight(w.requires_grad_()).grad_fn is None, "a packed copy is never differentiated"
 
 
 def test_pack_bias_repeats_the_bias_per_output_block():
@@ -86,14 +102,14 @@ def test_pack_bias_repeats_the_bias_per_output_block():
     stride_d * stride_h * stride_w blocks of a kernel == stride layer's GEMM row."""
     b = torch.tensor([0.5, -1.0, 2.0])
     for stride, blocks in [(1, 1), (2, 8), ((2, 1, 3), 6)]:
-        packed = cutlassfuse.pack_bias(b, stride)
+        packed = _pack_bias(b, stride)
         assert packed.shape == (blocks * 3,) and packed.is_contiguous()
         assert [packed[block * 3 + c].item() for block in range(blocks) for c in range(3)] == b.tolist() * blocks
 
 
 def test_module_packs_nothing_on_cpu():
     layer = cutlassfuse.ConvTranspose3dReLUGroupNorm(8, 8, 2, 2, bias=True, stride=2)
-    assert layer.packed_weight() is None and layer.packed_bias() is None
+    assert layer._packed_weight() is None and layer._packed_bias() is None
 
 
 REMOVED_SWITCHES = ["set_dgrad_config", "set_skip_border_taps", "set_drawn_tile_schedule", "set_fused_path_enabled",
@@ -194,9 +210,17 @@ def test_float32_mode_setting():
                 assert cutlassfuse.info()["float32_mode"] == mode
                 raise KeyError
         assert cutlassfuse.get_float32_mode() == "pytorch"
-    cutlassfuse.set_float32_tensor_cores(True)
+
+
+def test_set_float32_tensor_cores_is_deprecated_and_still_works():
+    """A FutureWarning naming its replacement, as PyTorch deprecates user-facing APIs."""
+    with pytest.warns(FutureWarning, match=r"set_float32_tensor_cores\(True\) is deprecated; use "
+                                           r"cutlassfuse.set_float32_mode\('bf16x3'\)"):
+        cutlassfuse.set_float32_tensor_cores(True)
     try:
         assert cutlassfuse.get_float32_mode() == "bf16x3"
     finally:
-        cutlassfuse.set_float32_tensor_cores(False)
+        with pytest.warns(FutureWarning, match=r"set_float32_mode\('pytorch'\)") as warned:
+            cutlassfuse.set_float32_tensor_cores(False)
     assert cutlassfuse.get_float32_mode() == "pytorch"
+    assert warned[0].filename == __file__, "the warning points at the caller's line"

@@ -1,6 +1,9 @@
 """cutlassfuse.fuse on Sequential chains, traced forward() code, and a decoder-style
 model: same outputs, same parameter objects, and an honest report."""
 
+import copy
+import io
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -55,17 +58,17 @@ def test_decoder_every_chain_fused_same_outputs_same_parameters():
     assert "final_up" in str(result) and "up1.0" in str(result)
 
 
-def test_sequential_rewrite_keeps_other_keys_and_type():
+def test_sequential_rewrite_keeps_the_keys_and_type():
     torch.manual_seed(0)
     model = up_block(8, 8, 2)
-    keys = set(model.state_dict())
+    keys = list(model.state_dict())
     x = torch.rand(1, 8, 3, 3, 3)
     expected = model(x)
     result = cutlassfuse.fuse(model, trace=False)
     assert result.model is model and isinstance(model, nn.Sequential)
     assert isinstance(model[0], ConvTranspose3dReLUGroupNorm) and isinstance(model[1], nn.Identity)
-    assert "3.weight" in model.state_dict() and "0.conv_transpose.weight" in model.state_dict()
-    assert len(keys) == len(model.state_dict())
+    assert list(model.state_dict()) == keys == ["0.weight", "0.bias", "2.weight", "2.bias", "3.weight", "3.bias"]
+    assert "0.conv_transpose.weight" in dict(model.named_parameters()), "the module structure is the fused one"
     torch.testing.assert_close(model(x), expected)
 
 
@@ -207,3 +210,128 @@ def test_one_conv_feeding_two_chains_keeps_each_norm():
     result = cutlassfuse.fuse(model)
     assert len(result.replaced) == 2
     torch.testing.assert_close(result.model(x, y), expected, rtol=1e-5, atol=1e-5)
+
+
+class NestedSequential(nn.Module):
+    """A Sequential chain two levels down, between other layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Conv3d(4, 8, 1)
+        self.decoder = nn.ModuleDict({"up": up_block(8, 8, 2)})
+
+    def forward(self, x):
+        return self.decoder["up"](self.encoder(x))
+
+
+class ChainInCode(nn.Module):
+    """A chain written in forward() code, between other layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv3d(4, 8, 1)
+        self.up = nn.ConvTranspose3d(8, 8, 2, stride=2)
+        self.norm = nn.GroupNorm(2, 8)
+        self.head = nn.Conv3d(8, 2, 1)
+
+    def forward(self, x):
+        return self.head(self.norm(F.relu(self.up(self.stem(x)))))
+
+
+class ConvAlsoCalledAlone(ChainInCode):
+    """The chain's conv also called outside the chain: the traced model keeps it."""
+
+    def forward(self, x):
+        y = self.stem(x)
+        return self.head(self.norm(F.relu(self.up(y))) + self.up(y))
+
+
+class TwoChainsOneConv(UpNorm):
+    """One conv feeding two chains: two fused blocks hold its parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.other_norm = nn.GroupNorm(4, 4)
+
+    def forward(self, x):
+        return self.norm(F.relu(self.up(x))) + self.other_norm(F.relu(self.up(x * 2)))
+
+
+CHECKPOINT_MODELS = {
+    "nested_sequential": (NestedSequential, lambda: (torch.rand(2, 4, 3, 3, 3),)),
+    "chain_in_code": (ChainInCode, lambda: (torch.rand(2, 4, 3, 3, 3),)),
+    "conv_also_called_alone": (ConvAlsoCalledAlone, lambda: (torch.rand(2, 4, 3, 3, 3),)),
+    "two_chains_one_conv": (TwoChainsOneConv, lambda: (torch.rand(2, 4, 3, 3, 3),)),
+    "decoder": (UNetDecoder3d, decoder_inputs),
+}
+
+
+def _randomized(model: nn.Module, seed: int) -> nn.Module:
+    """`model` with every tensor drawn from `seed` (GroupNorm's too, which start at 1 and 0)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.5)
+    return model.eval()
+
+
+def _saved_and_loaded(state_dict: dict) -> dict:
+    """`state_dict` written to a checkpoint file's bytes and read back."""
+    buffer = io.BytesIO()
+    torch.save(state_dict, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+@pytest.mark.parametrize("name", CHECKPOINT_MODELS)
+def test_checkpoints_load_across_fuse_both_ways(name):
+    """A state_dict saved from the original model loads into the fused one, and one saved
+    from the fused model into the original, with strict=True: the same keys, the same
+    outputs."""
+    make, make_inputs = CHECKPOINT_MODELS[name]
+    torch.manual_seed(0)
+    inputs = make_inputs()
+    original = _randomized(make(), seed=0)
+    expected = original(*inputs)
+    fused = cutlassfuse.fuse(_randomized(make(), seed=1)).model
+    assert fused.load_state_dict(_saved_and_loaded(original.state_dict()), strict=True)
+    assert any(isinstance(m, ConvTranspose3dReLUGroupNorm) for m in fused.modules())
+    assert torch.equal(fused(*inputs), expected)
+
+    assert set(fused.state_dict()) == set(original.state_dict())
+    restored = _randomized(make(), seed=2)
+    restored.load_state_dict(_saved_and_loaded(fused.state_dict()), strict=True)
+    assert torch.equal(restored(*inputs), expected)
+
+    refused = cutlassfuse.fuse(_randomized(make(), seed=3)).model
+    refused.load_state_dict(fused.state_dict(), strict=True)
+    assert torch.equal(refused(*inputs), expected)
+
+
+def test_sequential_checkpoint_keys_keep_their_order_and_nest():
+    """Keys in the original model's order; a model holding the fused one saves and loads
+    them under its own prefix."""
+    original = _randomized(NestedSequential(), seed=0)
+    fused = cutlassfuse.fuse(_randomized(NestedSequential(), seed=1)).model
+    assert list(fused.state_dict()) == list(original.state_dict())
+    outer, outer_original = nn.ModuleDict({"net": fused}), nn.ModuleDict({"net": original})
+    assert list(outer.state_dict()) == list(outer_original.state_dict())
+    outer.load_state_dict(outer_original.state_dict(), strict=True)
+    x = torch.rand(2, 4, 3, 3, 3)
+    assert torch.equal(fused(x), original(x))
+
+
+def test_strict_loading_still_reports_missing_and_unexpected_keys():
+    original = NestedSequential()
+    fused = cutlassfuse.fuse(NestedSequential()).model
+    state = original.state_dict()
+    del state["decoder.up.2.weight"]  # the GroupNorm's gamma
+    state["decoder.up.1.weight"] = torch.ones(8)  # ReLU has none
+    with pytest.raises(RuntimeError, match="Missing key.*group_norm.weight(.|\n)*Unexpected key.*decoder.up.1.weight"):
+        fused.load_state_dict(state, strict=True)
+
+
+def test_checkpoint_keys_survive_a_deepcopy_of_the_fused_model():
+    fused = cutlassfuse.fuse(ChainInCode()).model
+    assert isinstance(fused, torch.fx.GraphModule)
+    assert set(copy.deepcopy(fused).state_dict()) == set(ChainInCode().state_dict())

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import cutlassfuse
+from cutlassfuse.testing import op_arguments
 
 
 def call(x=None, w=None, **kwargs):
@@ -34,15 +35,24 @@ def call(x=None, w=None, **kwargs):
     (dict(groups=3), ValueError, "divisible by groups"),
     (dict(padding=3), ValueError, "output would be empty"),
     (dict(eps=-1.0), ValueError, "eps"),
+])
+def test_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        call(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
     (dict(packed_weight=torch.randn(8, 8, 3, 3, 3)), ValueError, "packed_weight must be weight.permute"),
     (dict(packed_weight=torch.randn(8, 3, 3, 3, 8, dtype=torch.float64)), TypeError, "packed_weight must have"),
     (dict(packed_bias=torch.ones(8)), ValueError, "packed_bias given without a bias"),
     (dict(bias=torch.ones(8), stride=2, packed_bias=torch.ones(8)), ValueError, r"bias.repeat\(prod\(stride\)\), 64"),
     (dict(bias=torch.ones(8), packed_bias=torch.ones(8, dtype=torch.float64)), TypeError, "packed_bias must have"),
 ])
-def test_bad_arguments(kwargs, error, match):
+def test_bad_packed_operands(kwargs, error, match):
+    """The op's packed_weight and packed_bias, which the module passes."""
+    args = dict(input=torch.rand(1, 8, 3, 3, 3), weight=torch.randn(8, 8, 3, 3, 3), num_groups=2, **kwargs)
     with pytest.raises(error, match=match):
-        call(**kwargs)
+        torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm(*op_arguments(args))
 
 
 def test_zero_batch_gives_empty_output_like_pytorch():

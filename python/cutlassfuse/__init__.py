@@ -23,8 +23,6 @@ from .ops import (  # noqa: E402
     explain,
     float32_mode,
     get_float32_mode,
-    pack_bias,
-    pack_weight,
     set_float32_mode,
     set_float32_tensor_cores,
 )
@@ -40,8 +38,6 @@ __all__ = [
     "get_float32_mode",
     "fuse",
     "info",
-    "pack_bias",
-    "pack_weight",
     "set_float32_mode",
     "set_float32_tensor_cores",
     "__version__",

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from torch.nn.common_types import _size_3_t
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from .ops import pack_bias, pack_weight
+from .ops import _pack_bias, _pack_weight
 
 _OP = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm.default
 
@@ -114,21 +114,21 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
         block._packed = {}
         return block
 
-    def packed_weight(self) -> Tensor | None:
+    def _packed_weight(self) -> Tensor | None:
         """The weight in the tensor-core kernel's layout, re-packed only when the weight
         changed (in place, replaced, moved or cast) since the last call. None on the CPU
         and while compiling (there the permutation is part of the traced graph)."""
-        return self._packed_copy("weight", self.conv_transpose.weight, pack_weight)
+        return self._packed_copy("weight", self.conv_transpose.weight, _pack_weight)
 
-    def packed_bias(self) -> Tensor | None:
+    def _packed_bias(self) -> Tensor | None:
         """The bias repeated per block of stride_d * stride_h * stride_w output pixels
-        (``pack_bias``), re-packed only when the bias changed: the epilogue of a kernel ==
+        (``_pack_bias``), re-packed only when the bias changed: the epilogue of a kernel ==
         stride layer's GEMM reads it, the op decides which layers those are and ignores it
         for the others. None without a bias, on the CPU and while compiling."""
         conv = self.conv_transpose
         if conv.bias is None:
             return None
-        return self._packed_copy("bias", conv.bias, lambda bias: pack_bias(bias, conv.stride))
+        return self._packed_copy("bias", conv.bias, lambda bias: _pack_bias(bias, conv.stride))
 
     def clear_packed_cache(self) -> None:
         """Drops the packed weight and bias: needed only after writes to the parameters
@@ -150,6 +150,25 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
         self.clear_packed_cache()
         return super()._apply(fn, recurse)
 
+    def extra_repr(self) -> str:
+        """The options as nn.ConvTranspose3d and nn.GroupNorm print theirs, defaults left
+        out. The convolution's groups print as ``conv_groups``, the constructor's keyword
+        (its ``groups`` is GroupNorm's group count, printed as ``num_groups``)."""
+        conv, norm = self.conv_transpose, self.group_norm
+        options = [f"{conv.in_channels}, {conv.out_channels}", f"kernel_size={conv.kernel_size}",
+                   f"stride={conv.stride}"]
+        defaults = {"padding": (0, 0, 0), "output_padding": (0, 0, 0), "dilation": (1, 1, 1)}
+        options += [f"{name}={getattr(conv, name)}" for name, default in defaults.items()
+                    if getattr(conv, name) != default]
+        if conv.groups != 1:
+            options.append(f"conv_groups={conv.groups}")
+        if conv.bias is None:
+            options.append("bias=False")
+        options += [f"num_groups={norm.num_groups}", f"eps={norm.eps}", f"affine={norm.affine}"]
+        if self.recompute:
+            options.append("recompute=True")
+        return ", ".join(options)
+
     def forward(self, x: Tensor, output_size: list[int] | None = None) -> Tensor:
         """``output_size`` as in ``nn.ConvTranspose3d.forward``: picks the output padding
         that gives this (D, H, W) (U-Net decoders pass the skip connection's size)."""
@@ -169,4 +188,4 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
         # The op itself, not the functional wrapper: nn.ConvTranspose3d already holds its
         # options as 3-tuples, and small calls are bound by the host's time per call.
         return _OP(x, conv.weight, conv.bias, norm.weight, norm.bias, norm.num_groups, norm.eps, conv.stride,
-                   conv.padding, output_padding, conv.groups, conv.dilation, self.packed_weight(), self.packed_bias())
+                   conv.padding, output_padding, conv.groups, conv.dilation, self._packed_weight(), self._packed_bias())

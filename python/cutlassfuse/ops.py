@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import warnings
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -21,21 +22,33 @@ _INPUT_GRAD = "cutlassfuse::conv_transpose3d_input_grad"
 _WEIGHT_GRAD = "cutlassfuse::conv_transpose3d_weight_grad"
 
 
+_INT64_MAX = 2**63 - 1
+
+
+def _int64(value: int, name: str) -> int:
+    """`value`, which the schema's int arguments take only within int64's range."""
+    if not -_INT64_MAX - 1 <= value <= _INT64_MAX:
+        raise ValueError(f"cutlassfuse: {name} must lie within int64's range, got {value}")
+    return value
+
+
 def _triple(value: IntOrTriple, name: str) -> list[int]:
-    if isinstance(value, int):
-        return [value] * 3
-    values = list(value)
+    values = [value] * 3 if isinstance(value, int) else list(value)
     if len(values) != 3 or not all(isinstance(v, int) for v in values):
         raise ValueError(f"cutlassfuse: {name} must be an int or 3 ints (depth, height, width), got {value!r}")
-    return values
+    return [_int64(v, name) for v in values]
 
 
 def _op_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation,
-                  num_groups, norm_weight, norm_bias, eps, packed_weight, packed_bias=None) -> tuple:
-    return (input, weight, bias, norm_weight, norm_bias, int(num_groups), float(eps),
+                  num_groups, norm_weight, norm_bias, eps, packed_weight=None, packed_bias=None) -> tuple:
+    """The op's positional arguments. ``packed_weight``/``packed_bias`` are the schema's
+    last two: ``_pack_weight(weight)`` and ``_pack_bias(bias, stride)``, which the module
+    passes from its cache (the kernels then read them instead of the weight and the bias:
+    they must be those tensors' current values)."""
+    return (input, weight, bias, norm_weight, norm_bias, _int64(int(num_groups), "num_groups"), float(eps),
             _triple(stride, "stride"), _triple(padding, "padding"),
-            _triple(output_padding, "output_padding"), int(groups), _triple(dilation, "dilation"), packed_weight,
-            packed_bias)
+            _triple(output_padding, "output_padding"), _int64(int(groups), "groups"), _triple(dilation, "dilation"),
+            packed_weight, packed_bias)
 
 
 def conv_transpose3d_relu_group_norm(
@@ -52,8 +65,6 @@ def conv_transpose3d_relu_group_norm(
     norm_weight: Tensor | None = None,
     norm_bias: Tensor | None = None,
     eps: float = 1e-5,
-    packed_weight: Tensor | None = None,
-    packed_bias: Tensor | None = None,
 ) -> Tensor:
     """``F.group_norm(F.relu(F.conv_transpose3d(input, weight, bias, stride, padding,
     output_padding, groups, dilation)), num_groups, norm_weight, norm_bias, eps)`` in one op.
@@ -63,23 +74,19 @@ def conv_transpose3d_relu_group_norm(
     affine gamma/beta). Input (N, C_in, D, H, W), weight (C_in, C_out / groups, kD,
     kH, kW). The output has the input's dtype, and is channels_last_3d when the input
     or the weight is, contiguous otherwise (as PyTorch's composite).
-
-    ``packed_weight``, if given, must be ``pack_weight(weight)``, and ``packed_bias``
-    ``pack_bias(bias, stride)``: callers that reuse a layer's parameters (the module does)
-    pass them to skip re-permuting the weight and re-repeating the bias on every call.
     """
     return torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm(
         *_op_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation,
-                       num_groups, norm_weight, norm_bias, eps, packed_weight, packed_bias))
+                       num_groups, norm_weight, norm_bias, eps))
 
 
-def pack_weight(weight: Tensor) -> Tensor:
+def _pack_weight(weight: Tensor) -> Tensor:
     """The weight (C_in, C_out, kD, kH, kW) laid out as the tensor-core kernel reads it:
     (C_in, kD, kH, kW, C_out), contiguous."""
     return weight.detach().permute(0, 2, 3, 4, 1).contiguous()
 
 
-def pack_bias(bias: Tensor, stride: IntOrTriple) -> Tensor:
+def _pack_bias(bias: Tensor, stride: IntOrTriple) -> Tensor:
     """The bias repeated once per block of stride_d * stride_h * stride_w output pixels,
     as the epilogue of a kernel == stride layer's GEMM reads it (its columns are those
     blocks of C_out channels; other layers ignore it)."""
@@ -130,8 +137,13 @@ def float32_mode(mode: str) -> Iterator[None]:
 
 
 def set_float32_tensor_cores(enabled: bool) -> None:
-    """``set_float32_mode("bf16x3")`` when True, ``set_float32_mode("pytorch")`` when False."""
-    set_float32_mode("bf16x3" if enabled else "pytorch")
+    """Deprecated: ``set_float32_mode("bf16x3")`` when True, ``set_float32_mode("pytorch")``
+    when False, with a ``FutureWarning`` (PyTorch's category for deprecated user-facing
+    APIs, shown by default). Call ``set_float32_mode`` instead."""
+    mode = "bf16x3" if enabled else "pytorch"
+    warnings.warn(f"cutlassfuse.set_float32_tensor_cores({enabled}) is deprecated; use "
+                  f"cutlassfuse.set_float32_mode({mode!r}) instead", FutureWarning, stacklevel=2)
+    set_float32_mode(mode)
 
 
 def explain(*args, **kwargs) -> str:
@@ -216,6 +228,14 @@ def _conv_transpose3d_relu_group_norm_fake(input, weight, bias, norm_weight, nor
                        lambda: f"cutlassfuse: the output would be empty (spatial size {spatial})")
     out_channels = weight.shape[1] * groups
     torch._check_value(out_channels > 0, lambda: "cutlassfuse: weight gives zero output channels")
+    # PyTorch's bound on a tensor's storage, 2^63 - 1 bytes, with at least one sample (so
+    # that the output's strides fit too), as the C++ validation checks it.
+    output_bytes = torch.sym_max(input.shape[0], 1) * out_channels * math.prod(spatial) * input.element_size()
+    torch._check_value(output_bytes <= _INT64_MAX,
+                       lambda: f"cutlassfuse: the output size overflows: input {list(input.shape)}, weight "
+                               f"{list(weight.shape)}, stride {stride}, padding {padding}, output_padding "
+                               f"{output_padding} and dilation {dilation} give an output of more than 2^63 - 1 bytes "
+                               f"(PyTorch's limit on a tensor's storage)")
     torch._check_value(num_groups > 0 and out_channels % num_groups == 0,
                        lambda: f"cutlassfuse: num_groups ({num_groups}) must be positive and divide the output "
                                f"channels ({out_channels})")

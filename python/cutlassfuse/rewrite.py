@@ -38,23 +38,34 @@ def _describe(where: str, conv: nn.ConvTranspose3d, norm: nn.GroupNorm) -> str:
             f"stride={conv.stride}) + ReLU + GroupNorm({norm.num_groups}) -> ConvTranspose3dReLUGroupNorm")
 
 
-def _fuse_sequentials(module: nn.Module, prefix: str, replaced: list[str]) -> None:
+def _original_keys(fused: str, conv: tuple[str, nn.Module], norm: tuple[str, nn.Module]) -> dict[str, str]:
+    """The state_dict keys of the fused block at path `fused`, each with the key its
+    tensor had in the original model, where the conv and the norm sat at their paths."""
+    keys = {}
+    for child, (path, module) in (("conv_transpose", conv), ("group_norm", norm)):
+        for name in module.state_dict(keep_vars=True):
+            keys[f"{fused}.{child}.{name}"] = f"{path}.{name}"
+    return keys
+
+
+def _fuse_sequentials(module: nn.Module, prefix: str, replaced: list[str], keys: dict[str, str]) -> None:
     """In every nn.Sequential: the conv's slot takes the fused block, ReLU's and
-    GroupNorm's become nn.Identity, so the indices (and state_dict keys) of the layers
-    after them do not move."""
+    GroupNorm's become nn.Identity, so the indices of the layers after them do not move."""
     for name, child in module.named_children():
-        _fuse_sequentials(child, f"{prefix}{name}.", replaced)
+        _fuse_sequentials(child, f"{prefix}{name}.", replaced, keys)
     if not isinstance(module, nn.Sequential):
         return
-    keys = list(module._modules)
+    names = list(module._modules)
     i = 0
-    while i + 2 < len(keys):
-        conv, relu, norm = (module._modules[k] for k in keys[i:i + 3])
+    while i + 2 < len(names):
+        conv, relu, norm = (module._modules[k] for k in names[i:i + 3])
         if _fusable(conv, relu, norm):
-            module._modules[keys[i]] = ConvTranspose3dReLUGroupNorm.from_modules(conv, norm)
-            module._modules[keys[i + 1]] = nn.Identity().train(relu.training)
-            module._modules[keys[i + 2]] = nn.Identity().train(norm.training)
-            replaced.append(_describe(f"{prefix}{keys[i]}", conv, norm))
+            module._modules[names[i]] = ConvTranspose3dReLUGroupNorm.from_modules(conv, norm)
+            module._modules[names[i + 1]] = nn.Identity().train(relu.training)
+            module._modules[names[i + 2]] = nn.Identity().train(norm.training)
+            replaced.append(_describe(f"{prefix}{names[i]}", conv, norm))
+            keys.update(_original_keys(f"{prefix}{names[i]}", (f"{prefix}{names[i]}", conv),
+                                       (f"{prefix}{names[i + 2]}", norm)))
             i += 3
         else:
             i += 1
@@ -121,7 +132,7 @@ def _trace_in_either_mode(model: nn.Module) -> torch.fx.Graph:
     return graphs[0]
 
 
-def _fuse_graph(model: nn.Module, replaced: list[str]) -> nn.Module:
+def _fuse_graph(model: nn.Module, replaced: list[str], keys: dict[str, str]) -> nn.Module:
     """The same rewrite in a torch.fx trace of forward(), for chains written in code:
     conv module (called with its input and optionally output_size) -> ReLU (module,
     F.relu, torch.relu, .relu()) -> GroupNorm module, each intermediate used once."""
@@ -148,6 +159,7 @@ def _fuse_graph(model: nn.Module, replaced: list[str]) -> nn.Module:
         for dead in (norm, relu, node):
             graph_module.graph.erase_node(dead)
         replaced.append(_describe(node.target, conv_module, norm_module))
+        keys.update(_original_keys(name, (node.target, conv_module), (norm.target, norm_module)))
         fused_any = True
     if not fused_any:
         return model
@@ -155,6 +167,63 @@ def _fuse_graph(model: nn.Module, replaced: list[str]) -> nn.Module:
     graph_module.delete_all_unused_submodules()
     graph_module.recompile()
     return graph_module
+
+
+@dataclass
+class _SaveOriginalKeys:
+    """state_dict post-hook: the fused blocks' tensors under their original keys."""
+
+    original: dict[str, str]  # fused key -> original key, relative to the hooked module
+
+    def __call__(self, module: nn.Module, state_dict: dict, prefix: str, local_metadata: dict) -> None:
+        if not any(prefix + key in state_dict for key in self.original):
+            return
+        # Renamed in place, so that the keys keep their order (the original model's, for a
+        # Sequential). A key the model also holds under its original name (a conv it still
+        # calls elsewhere) is there once.
+        section = [(key, state_dict.pop(key)) for key in list(state_dict) if key.startswith(prefix)]
+        for key, value in section:
+            relative = key[len(prefix):]
+            state_dict.setdefault(prefix + self.original.get(relative, relative), value)
+
+
+@dataclass
+class _LoadOriginalKeys:
+    """load_state_dict pre-hook: a state_dict with the original keys loads into the fused
+    blocks (one with their own keys still loads as it is)."""
+
+    fused: dict[str, list[str]]  # original key -> fused keys (a conv feeding two chains has two)
+
+    def __call__(self, module: nn.Module, state_dict: dict, prefix: str, *_) -> None:
+        for original, fused_keys in self.fused.items():
+            if prefix + original in state_dict:
+                for fused in fused_keys:
+                    state_dict.setdefault(prefix + fused, state_dict[prefix + original])
+                if not _holds(module, original):
+                    del state_dict[prefix + original]
+
+
+def _holds(module: nn.Module, key: str) -> bool:
+    """Whether `module` still has a tensor at `key` itself (the original conv, where the
+    model calls it elsewhere too)."""
+    path, _, name = key.rpartition(".")
+    try:
+        owner = module.get_submodule(path)
+    except AttributeError:
+        return False
+    return isinstance(getattr(owner, name, None), torch.Tensor)
+
+
+def _keep_original_keys(model: nn.Module, keys: dict[str, str]) -> None:
+    """Hooks `model`'s state_dict() and load_state_dict() to the original keys (`keys`:
+    fused key -> original key)."""
+    if not keys:
+        return
+    fused: dict[str, list[str]] = {}
+    for fused_key, original in keys.items():
+        fused.setdefault(original, []).append(fused_key)
+    model.register_state_dict_post_hook(_SaveOriginalKeys(dict(keys)))
+    model.register_load_state_dict_pre_hook(_LoadOriginalKeys(fused))
 
 
 def fuse(model: nn.Module, *, trace: bool = True) -> FuseResult:
@@ -166,15 +235,32 @@ def fuse(model: nn.Module, *, trace: bool = True) -> FuseResult:
     cannot trace, or whose forward() branches on train/eval mode (a trace would freeze
     the branch taken), keep the Sequential rewrite, and the result says why. The fused
     blocks hold the original parameter objects.
+
+    Checkpoints move both ways: the fused model's ``state_dict()`` has the original
+    model's keys (each fused block's ``conv_transpose.*`` and ``group_norm.*`` tensors
+    under the keys of the ConvTranspose3d and the GroupNorm they came from), and its
+    ``load_state_dict()`` takes those keys, so a state_dict saved from either model loads
+    into the other with ``strict=True``. This holds for ``state_dict()`` and
+    ``load_state_dict()`` called on the returned model (or a model holding it) and on
+    `model`, which the Sequential rewrite changed in place; ``named_parameters()``,
+    ``named_modules()`` and a fused block's own ``state_dict()`` show the fused
+    structure (``conv_transpose``, ``group_norm``). The keys are kept by state_dict
+    hooks, which ``copy.deepcopy`` keeps; a torch.fx.GraphModule pickled whole
+    (``torch.save(model)``) comes back without them, with the fused keys.
     """
     replaced: list[str] = []
-    _fuse_sequentials(model, "", replaced)
+    sequential_keys: dict[str, str] = {}
+    _fuse_sequentials(model, "", replaced, sequential_keys)
+    _keep_original_keys(model, sequential_keys)
     result = FuseResult(model, replaced)
     if trace:
+        graph_keys = dict(sequential_keys)  # the Sequential chains keep their paths in the trace
         try:
-            result.model = _fuse_graph(model, replaced)
+            result.model = _fuse_graph(model, replaced, graph_keys)
         except Exception as error:  # torch.fx raises many types for untraceable code
             result.not_traced = f"{type(error).__name__}: {error}"
+        if result.model is not model:
+            _keep_original_keys(result.model, graph_keys)
     return result
 
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .info import info
-from .ops import _op_arguments, conv_transpose3d_relu_group_norm, transposed_conv_output_size
+from .ops import _op_arguments, _pack_bias, _pack_weight, conv_transpose3d_relu_group_norm, transposed_conv_output_size
 
 # Accepted error of the op against float64, per dtype: relative error is
 # ||out - ref|| / ||ref||. Half precision rounds the conv output and the result
@@ -132,13 +132,26 @@ def reference_by_definition(input: Tensor, weight: Tensor, bias: Tensor | None =
     return out
 
 
+_PACKED = ("packed_weight", "packed_bias")
+
+
 def op_arguments(inputs: dict) -> tuple:
     """The registered op's positional arguments (``torch.ops.cutlassfuse.
     conv_transpose3d_relu_group_norm``, ``torch.library.opcheck``) for keyword arguments
-    of the functional op, such as ``make_inputs`` gives."""
-    bound = inspect.signature(conv_transpose3d_relu_group_norm).bind(**inputs)
+    of the functional op, such as ``make_inputs`` gives, plus the op's own
+    ``packed_weight`` and ``packed_bias`` where `inputs` has them (``packed_operands``)."""
+    bound = inspect.signature(conv_transpose3d_relu_group_norm).bind(
+        **{name: value for name, value in inputs.items() if name not in _PACKED})
     bound.apply_defaults()
-    return _op_arguments(**bound.arguments)
+    return _op_arguments(**bound.arguments, **{name: inputs[name] for name in _PACKED if name in inputs})
+
+
+def packed_operands(inputs: dict) -> dict:
+    """The packed weight and bias a module passes the op for these arguments (the
+    kernels read them instead of the weight and the bias), as ``op_arguments`` takes them."""
+    bias = inputs.get("bias")
+    return dict(packed_weight=_pack_weight(inputs["weight"]),
+                packed_bias=None if bias is None else _pack_bias(bias, inputs.get("stride", 1)))
 
 
 def poison_cuda_allocator(nbytes: int) -> None:

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 import cutlassfuse
 from cutlassfuse.bench import DEFAULT_SHAPES
-from cutlassfuse.testing import (RELATIVE_TOLERANCE, errors, fused_path_expected, make_inputs, poison_cuda_allocator,
-                                 reference_float64)
+from cutlassfuse.testing import (RELATIVE_TOLERANCE, errors, fused_path_expected, make_inputs, op_arguments,
+                                 packed_operands, poison_cuda_allocator, reference_float64)
 
 # float32 is held to float64 and bitwise repeatable: PyTorch's strict, deterministic setting.
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("strict_float32")]
@@ -118,8 +118,8 @@ def test_module_repacks_weight_when_it_changes():
     torch.manual_seed(0)
     module = cutlassfuse.ConvTranspose3dReLUGroupNorm(16, 32, 3, 4, bias=True).cuda().half()
     x = torch.rand(2, 16, 6, 6, 6, device="cuda", dtype=torch.half)
-    first = module.packed_weight()
-    assert module.packed_weight() is first, "an unchanged weight must reuse its packed copy"
+    first = module._packed_weight()
+    assert module._packed_weight() is first, "an unchanged weight must reuse its packed copy"
 
     def check():
         conv, norm = module.conv_transpose, module.group_norm
@@ -130,7 +130,7 @@ def test_module_repacks_weight_when_it_changes():
     check()
     with torch.no_grad():
         module.conv_transpose.weight.mul_(-1.5)  # in place: same storage, new version
-    assert module.packed_weight() is not first
+    assert module._packed_weight() is not first
     check()
     module.conv_transpose.weight = torch.nn.Parameter(torch.randn_like(module.conv_transpose.weight) * 0.05)
     check()
@@ -158,8 +158,8 @@ def test_module_passes_the_repeated_bias_of_kernel_equal_stride_layers():
     torch.manual_seed(0)
     module = cutlassfuse.ConvTranspose3dReLUGroupNorm(32, 64, 2, 8, bias=True, stride=2).cuda().half()
     x = torch.rand(2, 32, 4, 6, 8, device="cuda", dtype=torch.half)
-    first = module.packed_bias()
-    assert first is not None and module.packed_bias() is first
+    first = module._packed_bias()
+    assert first is not None and module._packed_bias() is first
     assert torch.equal(first, module.conv_transpose.bias.detach().repeat(8))
 
     def functional():
@@ -170,8 +170,49 @@ def test_module_passes_the_repeated_bias_of_kernel_equal_stride_layers():
     with torch.no_grad():
         assert torch.equal(module(x), functional())
         module.conv_transpose.bias.add_(0.5)  # in place: same storage, new version
-        assert module.packed_bias() is not first
+        assert module._packed_bias() is not first
         assert torch.equal(module(x), functional())
+
+
+def _optimizer_step(module, **options):
+    for p in module.parameters():
+        p.grad = torch.randn_like(p)
+    torch.optim.Adam(module.parameters(), lr=0.1, **options).step()
+
+
+def _load_other_state_dict(module, **options):
+    torch.manual_seed(1)
+    other = cutlassfuse.ConvTranspose3dReLUGroupNorm(32, 64, 2, 8, bias=True, stride=2).cuda().half()
+    module.load_state_dict(other.state_dict(), **options)
+
+
+PARAMETER_UPDATES = {
+    "in_place": lambda m: (m.conv_transpose.weight.mul_(-1.5), m.conv_transpose.bias.add_(0.5)),
+    "nn_init": lambda m: (torch.nn.init.normal_(m.conv_transpose.weight, std=0.05),
+                          torch.nn.init.normal_(m.conv_transpose.bias)),
+    "adam_step": _optimizer_step,
+    "fused_adam_step": lambda m: _optimizer_step(m, fused=True),  # writes without bumping versions
+    "load_state_dict": _load_other_state_dict,
+    "load_state_dict_assign": lambda m: _load_other_state_dict(m, assign=True),
+}
+
+
+@pytest.mark.parametrize("update", PARAMETER_UPDATES)
+def test_module_follows_parameter_updates_between_calls(update):
+    """Each way PyTorch writes parameters, between two calls of a kernel == stride layer
+    (the fused kernels read both packed copies): the second call computes with the new
+    values, bitwise the functional op's result on them."""
+    torch.manual_seed(0)
+    module = cutlassfuse.ConvTranspose3dReLUGroupNorm(32, 64, 2, 8, bias=True, stride=2).cuda().half()
+    x = torch.rand(2, 32, 4, 6, 8, device="cuda", dtype=torch.half)
+    with torch.no_grad():
+        before = module(x)
+        PARAMETER_UPDATES[update](module)
+        conv, norm = module.conv_transpose, module.group_norm
+        expected = cutlassfuse.conv_transpose3d_relu_group_norm(x, conv.weight, conv.bias, 2, num_groups=8,
+                                                                norm_weight=norm.weight, norm_bias=norm.bias)
+        assert not torch.equal(before, expected), "the update must change the result for this test to mean much"
+        assert torch.equal(module(x), expected)
 
 
 @pytest.mark.parametrize("stride", [1, 2], ids=["unit_stride", "sub_pixel_phases"])
@@ -209,24 +250,25 @@ def test_misaligned_views_take_a_path_that_reads_them():
 @pytest.mark.parametrize("kernel,stride", [(3, 1), (3, 2), (2, 2)],
                          ids=["unit_stride", "sub_pixel_phases", "pixel_shuffle_gemm"])
 def test_fused_path_reads_the_packed_operands(kernel, stride):
-    """A layer passes pack_weight(weight) and pack_bias(bias, stride) to skip re-packing them
-    on every call: with them the result is bitwise the call's without them, and the fused
-    kernels read the packed copies in place of the weight (and, in kernel == stride
-    layers, the bias): copies packed from other tensors give those tensors' result, which
-    is why the module re-packs when its parameters change."""
+    """The module passes the op its packed weight and bias (packed_operands) to skip
+    re-packing them on every call: with them the result is bitwise the call's without
+    them, and the fused kernels read the packed copies in place of the weight (and, in
+    kernel == stride layers, the bias): copies packed from other tensors give those
+    tensors' result, which is why they are the module's private cache, re-packed when its
+    parameters change, and not arguments of the functional op."""
     inputs = make_inputs(batch=2, in_channels=32, out_channels=64, size=(4, 5, 6), kernel=kernel, stride=stride,
                          num_groups=8, dtype=torch.float16, device="cuda", seed=kernel * 10 + stride)
     assert cutlassfuse.explain(**inputs).startswith("fused_sm90")
     other = make_inputs(batch=2, in_channels=32, out_channels=64, size=(4, 5, 6), kernel=kernel, stride=stride,
                         num_groups=8, dtype=torch.float16, device="cuda", seed=kernel * 10 + stride + 1)
 
-    def packed(source: dict) -> dict:
-        return dict(packed_weight=cutlassfuse.pack_weight(source["weight"]),
-                    packed_bias=cutlassfuse.pack_bias(source["bias"], stride))
+    def with_packed(source: dict) -> torch.Tensor:
+        return torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm(
+            *op_arguments(dict(inputs, **packed_operands(source))))
 
     plain = cutlassfuse.conv_transpose3d_relu_group_norm(**inputs)
-    assert torch.equal(cutlassfuse.conv_transpose3d_relu_group_norm(**inputs, **packed(inputs)), plain)
+    assert torch.equal(with_packed(inputs), plain)
     bias_read = other["bias"] if kernel == stride else inputs["bias"]
     expected = cutlassfuse.conv_transpose3d_relu_group_norm(**dict(inputs, weight=other["weight"], bias=bias_read))
     assert not torch.equal(expected, plain)
-    assert torch.equal(cutlassfuse.conv_transpose3d_relu_group_norm(**inputs, **packed(other)), expected)
+    assert torch.equal(with_packed(other), expected)

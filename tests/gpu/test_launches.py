@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import cutlassfuse
-from cutlassfuse.testing import RELATIVE_TOLERANCE, errors, make_inputs, poison_cuda_allocator, reference_float64
+from cutlassfuse.testing import (RELATIVE_TOLERANCE, errors, make_inputs, op_arguments, packed_operands,
+                                 poison_cuda_allocator, reference_float64)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.requires_sm90]
 
@@ -23,8 +23,12 @@ def layer_call(seed, batch=2, size=(8, 16, 16), kernel=3, stride=1, channels_las
     inputs = make_inputs(batch=batch, in_channels=64, out_channels=128, size=size, kernel=kernel, stride=stride,
                          num_groups=num_groups, affine=False, channels_last=channels_last, dtype=torch.float16,
                          device="cuda", seed=seed)
-    return dict(inputs, packed_weight=cutlassfuse.pack_weight(inputs["weight"]),
-                packed_bias=cutlassfuse.pack_bias(inputs["bias"], stride))
+    return dict(inputs, **packed_operands(inputs))
+
+
+def run(args: dict) -> torch.Tensor:
+    """The layer's call, packed operands included (the op's own arguments, as the module passes them)."""
+    return torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm(*op_arguments(args))
 
 
 def device_operations(fn) -> list[str]:
@@ -52,7 +56,7 @@ LAYOUTS = [
 @pytest.mark.parametrize("layout,kernel,stride,conversion", LAYOUTS, ids=[c[0] for c in LAYOUTS])
 def test_two_launches(layout, kernel, stride, conversion):
     args = layer_call(0, kernel=kernel, stride=stride, channels_last=layout.startswith("channels_last"))
-    names = device_operations(lambda: cutlassfuse.conv_transpose3d_relu_group_norm(**args))
+    names = device_operations(lambda: run(args))
     assert_operations(names, [*conversion, "PingpongPhasesKernel", "group_norm_finish"])
 
 
@@ -60,7 +64,7 @@ def test_whole_gpu_calls_on_concurrent_streams():
     """Four streams each run calls whose grids take every SM: finishing kernels whose
     blocks wait for other blocks' finalize must not deadlock by holding part of it."""
     cases = [layer_call(seed, batch=8) for seed in range(4)]
-    expected = [cutlassfuse.conv_transpose3d_relu_group_norm(**c) for c in cases]
+    expected = [run(c) for c in cases]
     streams = [torch.cuda.Stream() for _ in cases]
     results = [[] for _ in cases]
     for stream in streams:
@@ -68,7 +72,7 @@ def test_whole_gpu_calls_on_concurrent_streams():
     for _ in range(5):
         for stream, case, out in zip(streams, cases, results, strict=True):
             with torch.cuda.stream(stream):
-                out.append(cutlassfuse.conv_transpose3d_relu_group_norm(**case))
+                out.append(run(case))
     torch.cuda.synchronize()
     for outs, reference in zip(results, expected, strict=True):
         assert all(torch.equal(out, reference) for out in outs)
@@ -80,8 +84,8 @@ def test_finishing_kernel_with_more_items_than_resident_blocks(layout):
     holds at once, so normalize blocks start while later samples are still finalizing."""
     args = layer_call(2, batch=64, size=(4, 8, 8), channels_last=layout == "channels_last", num_groups=128)
     poison_cuda_allocator(64 * 128 * 6 * 10 * 10 * 2)  # the fp16 output's bytes (6 x 10 x 10 pixels)
-    out = cutlassfuse.conv_transpose3d_relu_group_norm(**args)
+    out = run(args)
     reference = reference_float64(**{k: v for k, v in args.items() if not k.startswith("packed_")})
     err = errors(out, reference)
     assert err.relative <= RELATIVE_TOLERANCE[torch.float16] and err.max_abs <= 3e-2, err
-    assert torch.equal(out, cutlassfuse.conv_transpose3d_relu_group_norm(**args))
+    assert torch.equal(out, run(args))

@@ -1,9 +1,11 @@
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
-#include <utility>
+#include <limits>
 #include <string>
+#include <utility>
 
 #include "cutlassfuse/op.h"
 
@@ -44,6 +46,30 @@ void check_optional_vector(const std::optional<at::Tensor>& t, const char* name,
                    " must be a floating-point tensor, got ", t->scalar_type());
   TORCH_CHECK_TYPE(!same_dtype || t->scalar_type() == input.scalar_type(), "cutlassfuse: ", name,
                    " must have the input's dtype ", input.scalar_type(), ", got ", t->scalar_type());
+}
+
+// ConvTranspose3d's output extent (transposed_conv_output_extent) in 128 bits: exact for
+// any int64 sizes, where the int64 formula wraps ((input - 1) * stride past 2^63).
+__int128 exact_output_extent(int64_t input, int64_t kernel, int64_t stride, int64_t padding, int64_t output_padding,
+                             int64_t dilation) {
+  using Wide = __int128;
+  return (Wide(input) - 1) * stride - Wide(2) * padding + Wide(dilation) * (kernel - 1) + output_padding + 1;
+}
+
+// Whether an output of these (exact, positive) sizes fits PyTorch's bound on a tensor's
+// storage, 2^63 - 1 bytes (c10's storage size check): with at least one sample, so that
+// its strides fit too. Each factor is below 2^63 and so is the running product, so no
+// step overflows 128 bits.
+bool output_fits(int64_t batch, int64_t channels, const std::array<__int128, 3>& spatial, int64_t element_size) {
+  constexpr __int128 kMaxStorageBytes = std::numeric_limits<int64_t>::max();
+  __int128 bytes = element_size;
+  for (const __int128 extent :
+       {__int128(std::max<int64_t>(batch, 1)), __int128(channels), spatial[0], spatial[1], spatial[2]}) {
+    if (extent > kMaxStorageBytes) return false;
+    bytes *= extent;
+    if (bytes > kMaxStorageBytes) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -92,17 +118,26 @@ Problem validate_and_describe(const OpArgs& a) {
   TORCH_CHECK_VALUE(p.in_channels % a.groups == 0, "cutlassfuse: input channels (", p.in_channels,
                     ") must be divisible by groups (", a.groups, ")");
   p.out_channels = weight.size(1) * a.groups;
+  std::array<__int128, 3> output_size{};
   for (int i = 0; i < 3; ++i) {
     p.input_size[i] = input.size(2 + i);
     p.kernel_size[i] = weight.size(2 + i);
     TORCH_CHECK_VALUE(p.kernel_size[i] > 0, "cutlassfuse: kernel size must be positive, got weight shape ",
                       weight.sizes());
-    p.output_size[i] = transposed_conv_output_extent(p.input_size[i], p.kernel_size[i], p.stride[i], p.padding[i],
-                                                     p.output_padding[i], p.dilation[i]);
-    TORCH_CHECK_VALUE(p.output_size[i] > 0, "cutlassfuse: the output would be empty along spatial dimension ", i,
+    output_size[i] = exact_output_extent(p.input_size[i], p.kernel_size[i], p.stride[i], p.padding[i],
+                                         p.output_padding[i], p.dilation[i]);
+    TORCH_CHECK_VALUE(output_size[i] > 0, "cutlassfuse: the output would be empty along spatial dimension ", i,
                       " (input ", input.sizes(), ", kernel ", weight.sizes(), ", padding ", a.padding, ")");
   }
   TORCH_CHECK_VALUE(p.out_channels > 0, "cutlassfuse: weight gives zero output channels");
+  // Before anything is allocated: PyTorch's own check would name the sizes only after
+  // int64 arithmetic wrapped, or a backend would fail on them first.
+  TORCH_CHECK_VALUE(output_fits(p.batch, p.out_channels, output_size, input.element_size()),
+                    "cutlassfuse: the output size overflows: input ", input.sizes(), ", weight ", weight.sizes(),
+                    ", stride ", a.stride, ", padding ", a.padding, ", output_padding ", a.output_padding,
+                    " and dilation ", a.dilation,
+                    " give an output of more than 2^63 - 1 bytes (PyTorch's limit on a tensor's storage)");
+  for (int i = 0; i < 3; ++i) p.output_size[i] = static_cast<int64_t>(output_size[i]);
   TORCH_CHECK_VALUE(a.num_groups > 0 && p.out_channels % a.num_groups == 0, "cutlassfuse: num_groups (", a.num_groups,
                     ") must be positive and divide the output channels (", p.out_channels, ")");
   TORCH_CHECK_VALUE(std::isfinite(a.eps) && a.eps >= 0, "cutlassfuse: eps must be finite and non-negative, got ",
