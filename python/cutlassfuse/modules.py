@@ -139,6 +139,13 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
         # While torch.fx traces the module the parameter is a Proxy: the op permutes it then.
         if isinstance(tensor, torch.fx.Proxy) or not tensor.is_cuda or torch.compiler.is_compiling():
             return None
+        # Under autocast the op casts the weight and drops a packed copy of another dtype.
+        if torch.is_autocast_enabled("cuda") and tensor.dtype != torch.get_autocast_dtype("cuda"):
+            return None
+        # A parameter viewing part of a larger buffer (FSDP's gathered parameters) can be
+        # rewritten there without a version bump: packed on every call, never cached.
+        if tensor.storage_offset() != 0 or tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
+            return pack(tensor)
         copy = self._packed.get(name)
         if copy is None:
             copy = self._packed[name] = PackedCopy()

@@ -215,6 +215,25 @@ def test_module_follows_parameter_updates_between_calls(update):
         assert torch.equal(module(x), expected)
 
 
+def test_module_follows_parameters_refilled_in_a_shared_buffer():
+    """Parameters that view one flat buffer, as FSDP's gathered ones do, rewritten there
+    without a version bump between two calls: the second call computes with the new values."""
+    torch.manual_seed(0)
+    module = cutlassfuse.ConvTranspose3dReLUGroupNorm(32, 64, 2, 8, bias=True, stride=2).cuda().half()
+    conv, norm = module.conv_transpose, module.group_norm
+    flat = torch.cat([conv.weight.detach().flatten(), conv.bias.detach()])
+    conv.weight = torch.nn.Parameter(flat[:conv.weight.numel()].view_as(conv.weight))
+    conv.bias = torch.nn.Parameter(flat[conv.weight.numel():])
+    x = torch.rand(2, 32, 4, 6, 8, device="cuda", dtype=torch.half)
+    with torch.no_grad():
+        before = module(x)
+        flat.data.mul_(-1.5)  # through .data: no version bump
+        expected = cutlassfuse.conv_transpose3d_relu_group_norm(x, conv.weight, conv.bias, 2, num_groups=8,
+                                                                norm_weight=norm.weight, norm_bias=norm.bias)
+        assert not torch.equal(before, expected)
+        assert torch.equal(module(x), expected)
+
+
 @pytest.mark.parametrize("stride", [1, 2], ids=["unit_stride", "sub_pixel_phases"])
 @pytest.mark.parametrize("special", [float("nan"), float("inf")], ids=["nan", "inf"])
 def test_nan_and_inf_propagate_like_eager(stride, special):
