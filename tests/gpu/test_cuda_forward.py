@@ -177,7 +177,9 @@ def test_module_passes_the_repeated_bias_of_kernel_equal_stride_layers():
 def _optimizer_step(module, **options):
     for p in module.parameters():
         p.grad = torch.randn_like(p)
-    torch.optim.Adam(module.parameters(), lr=0.1, **options).step()
+    # eps within float16's range: Adam's default 1e-8 rounds to 0 there, and a second moment
+    # that underflows too would divide 0 by 0.
+    torch.optim.Adam(module.parameters(), lr=0.1, eps=1e-3, **options).step()
 
 
 def _load_other_state_dict(module, **options):
