@@ -13,7 +13,8 @@
 #        compare    (only when named) per-kernel times of this build against the source tree in
 #                   the tarball BASELINE (e.g. `git archive main -o base.tar`), every benchmark
 #                   shape, alternating rounds (benchmarks/compare_breakdowns.py)
-#        baselines  benchmarks/fused_vs_baselines.py (kb61, tile configurations)
+#        baselines  benchmarks/fused_vs_baselines.py (kb61, kb61_v0; the three tile
+#                   configurations of the ping-pong kernel)
 #        configs    benchmarks/variant_choice.py clusters (128x128 ping-pong tiles in
 #                   clusters of 1 and 2, alternating rounds; the cluster rule's data)
 #        taps       benchmarks/variant_choice.py border-taps (every tap vs the taps
@@ -132,7 +133,7 @@ if wanted compare; then
 fi
 
 if wanted baselines; then
-  step "benchmark: fused vs baselines, tile configurations"
+  step "benchmark: fused vs baselines, the three tile configurations"
   "$PYTHON" benchmarks/fused_vs_baselines.py --no-compile 2>&1 | tee "$LOGS/bench.log"
 fi
 

@@ -187,9 +187,8 @@ def test_pixel_shuffle_gemm_reads_ncdhw_input_as_it_is(size, reads_as_is: bool, 
         assert ("reading the NCDHW input as it is" in path) == expected, path
 
 
-# Every kernel configuration, whichever the heuristic picks: both kernel layers (the
-# ping-pong kernel's multi-phase launches, CUTLASS's one launch per phase), both tiles
-# and both cluster sizes, on the named edge cases.
+# Every kernel configuration, whichever the heuristic picks: both tiles and both cluster
+# sizes of the ping-pong kernel, on the named edge cases.
 @pytest.fixture(params=backends.dgrad_configs())
 def dgrad_config(request):
     with backends.flags(dgrad_config=request.param):

@@ -4,17 +4,14 @@
 namespace cutlassfuse::sm90 {
 
 TileExtent tile_extent(DgradConfig config) {
-  const bool narrow = config == DgradConfig::k128x64_cluster1x1 || config == DgradConfig::k128x64_pingpong;
-  return narrow ? TileExtent{128, 64} : TileExtent{128, 128};
+  return config == DgradConfig::k128x64_pingpong ? TileExtent{128, 64} : TileExtent{128, 128};
 }
 
 const char* config_name(DgradConfig config) {
   switch (config) {
-    case DgradConfig::k128x64_cluster1x1: return "128x64_cluster1x1";
-    case DgradConfig::k128x128_pingpong: return "128x128_pingpong";
     case DgradConfig::k128x64_pingpong: return "128x64_pingpong";
     case DgradConfig::k128x128_pingpong_cluster2x1: return "128x128_pingpong_cluster2x1";
-    default: return "128x128_cluster1x1";
+    default: return "128x128_pingpong";
   }
 }
 
@@ -23,10 +20,6 @@ std::optional<DgradConfig> config_from_name(std::string_view name) {
     if (name == config_name(config)) return config;
   }
   return std::nullopt;
-}
-
-bool is_pingpong(DgradConfig config) {
-  return config != DgradConfig::k128x128_cluster1x1 && config != DgradConfig::k128x64_cluster1x1;
 }
 
 int cluster_size(DgradConfig config) { return config == DgradConfig::k128x128_pingpong_cluster2x1 ? 2 : 1; }

@@ -1,7 +1,6 @@
-// The fused family's kernel layers with CUTLASS's stock epilogue (a plain store, no
+// The fused family's kernel layer with CUTLASS's stock epilogue (a plain store, no
 // bias, ReLU or statistics): the baseline for measuring what the fused epilogue costs.
-// 128x128 tiles, through CUTLASS's non-persistent kernel or the ping-pong kernel (clusters
-// of one or two CTAs).
+// 128x128 tiles on the ping-pong kernel, in clusters of one or two CTAs.
 #include "cutlassfuse/sm90/dgrad_launch.cuh"
 
 namespace cutlassfuse::sm90 {
@@ -15,16 +14,12 @@ struct DgradPlainKernel {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Config::TileShape, typename Config::ClusterShape,
       typename Config::template EpilogueTile<Element>, float, float, void, Layout, kAlignment, Element, Layout,
       kAlignment, cutlass::epilogue::TmaWarpSpecialized>::CollectiveOp;
-  static constexpr int kCarveout = Config::kPingpong ? pingpong_carveout_bytes<Epilogue>()
-                                                     : static_cast<int>(sizeof(typename Epilogue::SharedStorage));
   using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kDgrad, Element, Layout, kAlignment,
       Element, Layout, kAlignment, float, typename Config::TileShape, typename Config::ClusterShape,
-      cutlass::conv::collective::StageCountAutoCarveout<kCarveout>,
+      cutlass::conv::collective::StageCountAutoCarveout<pingpong_carveout_bytes<Epilogue>()>,
       cutlass::conv::collective::KernelScheduleAuto>::CollectiveOp;
-  using Kernel =
-      std::conditional_t<Config::kPingpong, PingpongPhasesKernel<DgradShape, Mainloop, Epilogue, kMaxPhasesPerLaunch>,
-                         cutlass::conv::kernel::ConvUniversal<DgradShape, Mainloop, Epilogue>>;
+  using Kernel = PingpongPhasesKernel<DgradShape, Mainloop, Epilogue, kMaxPhasesPerLaunch>;
 };
 
 template <class Element, class Config>
@@ -44,19 +39,17 @@ void run_plain(const Problem& problem, std::span<const PhaseLaunch> phases, cons
     args.push_back({shape, {ptr.input, ptr.filter}, {{}, nullptr, stride_d, ptr.output, stride_d}});
     if (std::string why = phase_rejection(*launch.phase, args.back()); !why.empty()) reject(why);
   }
-  launch_phases<typename Plain::Kernel, Config::kPingpong>(args, phases.front().operands.unit_counter, schedule,
-                                                           sm_count, stream);
+  using Kernel = typename Plain::Kernel;
+  launch_pingpong<Kernel>(pingpong_launch_params<Kernel>(args, phases.front().operands.unit_counter, schedule),
+                          sm_count, stream);
 }
 
 template <class Element>
 void run_plain_config(DgradConfig config, const Problem& problem, std::span<const PhaseLaunch> phases,
                       const ScheduleOptions& schedule, int sm_count, cudaStream_t stream) {
-  auto run = [&](auto config) { run_plain<Element, decltype(config)>(problem, phases, schedule, sm_count, stream); };
-  switch (plain_config(config)) {
-    case DgradConfig::k128x128_pingpong_cluster2x1: return run(TileConfig<128, 128, 2, Schedule::kPingpong>{});
-    case DgradConfig::k128x128_pingpong: return run(TileConfig<128, 128, 1, Schedule::kPingpong>{});
-    default: return run(TileConfig<128, 128, 1>{});
-  }
+  auto run = [&](auto tiles) { run_plain<Element, decltype(tiles)>(problem, phases, schedule, sm_count, stream); };
+  if (cluster_size(config) == 2) return run(TileConfig<128, 128, 2>{});
+  run(TileConfig<128, 128, 1>{});
 }
 
 }  // namespace

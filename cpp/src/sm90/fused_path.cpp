@@ -175,32 +175,29 @@ std::string FusedCall::launches_description() const {
 std::string FusedCall::schedule_description() const {
   const std::vector<PhaseProblem>& phases = l_.subpixel.phases;
   const size_t streams = std::min(static_cast<size_t>(l_.phase_streams), phases.size());
-  std::string text;
-  if (is_pingpong(l_.config)) {
-    std::vector<bool> skips;
-    for (const PhaseProblem& phase : phases) skips.push_back(phase_skips_border_taps(l_.conv, phase, l_.schedule));
-    // A launch draws its units (unit_schedule()) with clusters of one, where its units
-    // are uneven (some phase skips taps) and more than two per CTA (one per SM).
-    const int sm_count = at::cuda::getDeviceProperties(call_.args.input.device().index())->multiProcessorCount;
-    const TileExtent tile = tile_extent(l_.config);
-    const size_t per_launch = streams > 1 ? 1 : kMaxPhasesPerLaunch;
-    size_t drawing = 0, launches = 0;
-    for (size_t first = 0; first < phases.size(); first += per_launch, ++launches) {
-      const size_t last = std::min(phases.size(), first + per_launch);
-      int64_t units = 0;
-      bool uneven = false;
-      for (size_t i = first; i < last; ++i) {
-        units += ceil_div(l_.conv.batch * phases[i].output_spatial(), tile.m) * ceil_div(l_.conv.out_channels, tile.n);
-        uneven = uneven || skips[i];
-      }
-      drawing += l_.schedule.drawn_tile_schedule && cluster_size(l_.config) == 1 && uneven && units > 2 * sm_count;
+  std::vector<bool> skips;
+  for (const PhaseProblem& phase : phases) skips.push_back(phase_skips_border_taps(l_.conv, phase, l_.schedule));
+  // A launch draws its units (unit_schedule()) with clusters of one, where its units
+  // are uneven (some phase skips taps) and more than two per CTA (one per SM).
+  const int sm_count = at::cuda::getDeviceProperties(call_.args.input.device().index())->multiProcessorCount;
+  const TileExtent tile = tile_extent(l_.config);
+  const size_t per_launch = streams > 1 ? 1 : kMaxPhasesPerLaunch;
+  size_t drawing = 0, launches = 0;
+  for (size_t first = 0; first < phases.size(); first += per_launch, ++launches) {
+    const size_t last = std::min(phases.size(), first + per_launch);
+    int64_t units = 0;
+    bool uneven = false;
+    for (size_t i = first; i < last; ++i) {
+      units += ceil_div(l_.conv.batch * phases[i].output_spatial(), tile.m) * ceil_div(l_.conv.out_channels, tile.n);
+      uneven = uneven || skips[i];
     }
-    const auto skipping = std::count(skips.begin(), skips.end(), true);
-    text += "; border taps skipped in " + std::to_string(skipping) + " of " + std::to_string(phases.size()) +
-            " phases; " + (drawing > 0 ? "tiles drawn from a counter" : "tiles walked statically");
-    if (drawing > 0 && drawing < launches) {
-      text += " in " + std::to_string(drawing) + " of " + std::to_string(launches) + " launches";
-    }
+    drawing += l_.schedule.drawn_tile_schedule && cluster_size(l_.config) == 1 && uneven && units > 2 * sm_count;
+  }
+  const auto skipping = std::count(skips.begin(), skips.end(), true);
+  std::string text = "; border taps skipped in " + std::to_string(skipping) + " of " + std::to_string(phases.size()) +
+                     " phases; " + (drawing > 0 ? "tiles drawn from a counter" : "tiles walked statically");
+  if (drawing > 0 && drawing < launches) {
+    text += " in " + std::to_string(drawing) + " of " + std::to_string(launches) + " launches";
   }
   if (streams > 1) text += "; phases on " + std::to_string(streams) + " streams";
   return text;

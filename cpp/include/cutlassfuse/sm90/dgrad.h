@@ -107,9 +107,9 @@ struct PhaseLaunch {
   DgradOperands operands;
 };
 
-// Launches the phases on `stream`: one launch per phase for the non-persistent
-// configurations, up to 8 phases per launch for the ping-pong ones (scheduled as
-// `schedule` says). Throws std::runtime_error if CUTLASS refuses or a launch fails.
+// Launches the phases on `stream`: up to 8 phases per launch of the ping-pong kernel
+// (scheduled as `schedule` says). Throws std::runtime_error if CUTLASS refuses or a
+// launch fails.
 template <MathMode M>
 void dgrad_fused(DgradConfig config, const Problem& problem, std::span<const PhaseLaunch> phases,
                  const ScheduleOptions& schedule, int sm_count, cudaStream_t stream);
@@ -118,19 +118,10 @@ void dgrad_fused(DgradConfig config, const Problem& problem, std::span<const Pha
 
 namespace cutlassfuse::sm90 {
 
-// The 128x128 kernel of `config`'s layer and cluster (CUTLASS's non-persistent one, or
-// the ping-pong one for the ping-pong configurations) with CUTLASS's stock epilogue: a
-// plain store of the convolution, no bias, ReLU or statistics. The baseline the fused
-// epilogue is measured against (benchmarks), not a path of the op. Operands' bias and
-// partials are unused.
-inline DgradConfig plain_config(DgradConfig config) {
-  switch (config) {
-    case DgradConfig::k128x128_pingpong_cluster2x1: return config;
-    case DgradConfig::k128x128_pingpong:
-    case DgradConfig::k128x64_pingpong: return DgradConfig::k128x128_pingpong;
-    default: return DgradConfig::k128x128_cluster1x1;
-  }
-}
+// The ping-pong kernel with 128x128 tiles in `config`'s cluster and CUTLASS's stock
+// epilogue: a plain store of the convolution, no bias, ReLU or statistics. The baseline
+// the fused epilogue is measured against (benchmarks), not a path of the op. Operands'
+// bias and partials are unused.
 template <MathMode M>
 void dgrad_plain(DgradConfig config, const Problem& problem, std::span<const PhaseLaunch> phases,
                  const ScheduleOptions& schedule, int sm_count, cudaStream_t stream);

@@ -9,20 +9,12 @@
 
 namespace cutlassfuse::sm90 {
 
-// CTA tile (M pixels x N channels, K = 64), kernel layer and cluster: CUTLASS's
-// non-persistent conv kernel (one launch per phase, cluster 1x1), or the persistent
-// ping-pong kernel (dgrad_pingpong.cuh: up to 8 phases per launch, epilogues
-// overlapped with MMAs), with clusters of 1 or 2 CTAs along M (the pair's filter tile
-// loaded once, multicast to both).
-enum class DgradConfig {
-  k128x128_cluster1x1,
-  k128x64_cluster1x1,
-  k128x128_pingpong,
-  k128x64_pingpong,
-  k128x128_pingpong_cluster2x1
-};
-inline constexpr DgradConfig kDgradConfigs[] = {DgradConfig::k128x128_cluster1x1, DgradConfig::k128x64_cluster1x1,
-                                                DgradConfig::k128x128_pingpong, DgradConfig::k128x64_pingpong,
+// CTA tile (M pixels x N channels, K = 64) and cluster of the persistent ping-pong
+// kernel (dgrad_pingpong.cuh: up to 8 phases per launch, epilogues overlapped with
+// MMAs): clusters of 1 or 2 CTAs along M (the pair's filter tile loaded once, multicast
+// to both). Only those the heuristic chooses: each math mode's TU compiles every one.
+enum class DgradConfig { k128x128_pingpong, k128x64_pingpong, k128x128_pingpong_cluster2x1 };
+inline constexpr DgradConfig kDgradConfigs[] = {DgradConfig::k128x128_pingpong, DgradConfig::k128x64_pingpong,
                                                 DgradConfig::k128x128_pingpong_cluster2x1};
 
 // Phases one ping-pong launch takes (3-D stride 2 has 8); the kernel's parameters hold
@@ -36,7 +28,6 @@ struct TileExtent {
 TileExtent tile_extent(DgradConfig config);
 const char* config_name(DgradConfig config);
 std::optional<DgradConfig> config_from_name(std::string_view name);
-bool is_pingpong(DgradConfig config);
 int cluster_size(DgradConfig config);
 
 // The heuristic's configuration for `problem` (the GEMM the kernels run).

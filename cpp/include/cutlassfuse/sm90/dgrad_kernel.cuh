@@ -1,12 +1,12 @@
 // Type assembly of the sm90 fused dgrad family: epilogue visitor tree, collective
-// epilogue and mainloop from CUTLASS's builders, kernel and device adapter.
+// epilogue and mainloop from CUTLASS's builders, in the ping-pong kernel.
 #pragma once
 
 #include <cute/tensor.hpp>
+// Before the conv builder, whose sm100 collective names cutlass::KernelHardwareInfo
+// without including it.
+#include <cutlass/kernel_hardware_info.hpp>
 #include <cutlass/conv/collective/collective_builder.hpp>
-#include <cutlass/conv/convnd_problem_shape.hpp>
-#include <cutlass/conv/device/conv_universal_adapter.hpp>
-#include <cutlass/conv/kernel/conv_universal.hpp>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
 #include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
 #include <cutlass/epilogue/thread/activation.h>
@@ -19,28 +19,19 @@
 
 namespace cutlassfuse::sm90 {
 
-// Kernel layers: CUTLASS's own (non-persistent, one launch per phase) or this
-// project's persistent ping-pong kernel (dgrad_pingpong.cuh, several phases per launch).
-enum class Schedule { kNonPersistent, kPingpong };
-
-template <int TileM, int TileN, int ClusterM, Schedule KernelSchedule = Schedule::kNonPersistent>
+// The tile and cluster of a configuration (dgrad_config.h) on the ping-pong kernel
+// (dgrad_pingpong.cuh).
+template <int TileM, int TileN, int ClusterM>
 struct TileConfig {
   // The conv builders expect the K mode wrapped in its own tuple.
   using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Shape<cute::_64>>;
   using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::_1, cute::_1>;
-  static constexpr bool kPingpong = KernelSchedule == Schedule::kPingpong;
-  // Epilogue subtile. CUTLASS's kernel, whose epilogue shared memory is a union with
-  // the mainloop's: CUTLASS's choice (64x32) in 16 bits, 64x64 for a float32 activation
-  // (half the subtiles, each a barrier and a TMA store, on an epilogue no MMAs hide).
-  // The ping-pong kernel, whose epilogue shared memory is carved out of the mainloop's
-  // stages: 64x64 in 16 bits, half the subtiles per tile; 64x32 for a float32
-  // activation, whose store buffers at 64x64 (with the statistics' 68 KB staging tile)
-  // would leave the mainloop 3 stages of 32 KB, at 64x32 4.
+  // Epilogue subtile; its shared memory is carved out of the mainloop's stages. 64x64
+  // in 16 bits, half the subtiles per tile of CUTLASS's choice (64x32); 64x32 for a
+  // float32 activation, whose store buffers at 64x64 (with the statistics' 68 KB
+  // staging tile) would leave the mainloop 3 stages of 32 KB, at 64x32 4.
   template <class ElementOut>
-  using EpilogueTile =
-      std::conditional_t<kPingpong, cute::Shape<cute::_64, cute::Int<sizeof(ElementOut) == 4 ? 32 : 64>>,
-                         std::conditional_t<sizeof(ElementOut) == 4, cute::Shape<cute::_64, cute::_64>,
-                                            cutlass::epilogue::collective::EpilogueTileAuto>>;
+  using EpilogueTile = cute::Shape<cute::_64, cute::Int<sizeof(ElementOut) == 4 ? 32 : 64>>;
 };
 
 // kDescaled: the accumulators hold the products of operands scaled by powers of two
@@ -88,31 +79,20 @@ struct DgradFusedKernel {
   static constexpr int kAlignmentIn = 128 / cutlass::sizeof_bits<ElementIn>::value;  // 16-byte vectors
   static constexpr int kAlignmentOut = Trees::kAlignment;
 
-  template <class Callbacks>
-  using EpilogueWith = typename cutlass::epilogue::collective::CollectiveBuilder<
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       typename Config::template EpilogueTile<ElementOut>, Accumulator, Accumulator, void, Layout, kAlignmentOut,
-      ElementOut, Layout, kAlignmentOut, cutlass::epilogue::TmaWarpSpecialized, Callbacks>::CollectiveOp;
-  using Epilogue = EpilogueWith<typename Trees::Tree>;
+      ElementOut, Layout, kAlignmentOut, cutlass::epilogue::TmaWarpSpecialized, typename Trees::Tree>::CollectiveOp;
 
-  // CUTLASS's sm90 conv kernel is non-persistent: its mainloop and epilogue shared
-  // memory are a union, so the statistics' staging tile need not be carved out of the
-  // mainloop's stages; carve out what the epilogue needs without it. The ping-pong
-  // kernel runs epilogues while the mainloop loads: everything is carved out.
-  static constexpr int kCarveout =
-      Config::kPingpong ? pingpong_carveout_bytes<Epilogue>()
-                        : static_cast<int>(sizeof(typename EpilogueWith<typename Trees::BiasRelu>::SharedStorage));
-
+  // The ping-pong kernel runs epilogues while the mainloop loads: the epilogue's shared
+  // memory is carved out of the mainloop's stages.
   using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kDgrad, ElementIn, Layout,
       kAlignmentIn, ElementIn, Layout, kAlignmentIn, Accumulator, TileShape, ClusterShape,
-      cutlass::conv::collective::StageCountAutoCarveout<kCarveout>,
+      cutlass::conv::collective::StageCountAutoCarveout<pingpong_carveout_bytes<Epilogue>()>,
       cutlass::conv::collective::KernelScheduleAuto>::CollectiveOp;
 
-  using ProblemShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kDgrad, 3>;
-  using Kernel =
-      std::conditional_t<Config::kPingpong, PingpongPhasesKernel<DgradShape, Mainloop, Epilogue, kMaxPhasesPerLaunch>,
-                         cutlass::conv::kernel::ConvUniversal<ProblemShape, Mainloop, Epilogue>>;
+  using Kernel = PingpongPhasesKernel<DgradShape, Mainloop, Epilogue, kMaxPhasesPerLaunch>;
   static_assert(sizeof(typename Kernel::SharedStorage) <= 227 * 1024, "shared memory over the sm90 limit");
 };
 

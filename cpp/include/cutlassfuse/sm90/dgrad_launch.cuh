@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cutlass/cutlass.h>
-#include <cutlass/kernel_hardware_info.h>
 
 #include <algorithm>
 #include <array>
@@ -145,22 +144,6 @@ inline void throw_on_failure(bool failed, const char* what, const char* status) 
   }
 }
 
-// CUTLASS's kernel layer: one launch per phase.
-template <class Kernel, class Arguments>
-void run_non_persistent(const Arguments& phase, int sm_count, cudaStream_t stream) {
-  using Device = cutlass::conv::device::ConvUniversalAdapter<Kernel>;
-  cutlass::KernelHardwareInfo hw_info;
-  cudaGetDevice(&hw_info.device_id);
-  hw_info.sm_count = sm_count;
-  const typename Device::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm, phase.shape, phase.mainloop,
-                                        phase.epilogue, hw_info};
-  Device conv;
-  cutlass::Status status = conv.initialize(args, /*workspace=*/nullptr, stream);
-  throw_on_failure(status != cutlass::Status::kSuccess, "initialize", cutlass::cutlassGetStatusString(status));
-  status = conv.run(stream);
-  throw_on_failure(status != cutlass::Status::kSuccess, "launch", cutlass::cutlassGetStatusString(status));
-}
-
 // The ping-pong kernel's parameters of `phases`: up to kMaxPhasesPerLaunch per launch,
 // scheduled as `schedule` says. `counters`: one UnitCounter per phase (a launch takes
 // its first phase's), or nullptr for the static walk.
@@ -183,19 +166,6 @@ void launch_pingpong(const std::vector<typename Kernel::Params>& launches, int s
   for (const auto& params : launches) {
     const cudaError_t e = Kernel::launch(params, sm_count, stream);
     throw_on_failure(e != cudaSuccess, "ping-pong launch", cudaGetErrorString(e));
-  }
-}
-
-// The phases through either kernel layer: one launch per phase for CUTLASS's, up to
-// kMaxPhasesPerLaunch per launch for the ping-pong kernel (`counters` as
-// pingpong_launch_params takes them).
-template <class Kernel, bool kPingpong, class Arguments>
-void launch_phases(const std::vector<Arguments>& phases, UnitCounter* counters, const ScheduleOptions& schedule,
-                   int sm_count, cudaStream_t stream) {
-  if constexpr (kPingpong) {
-    launch_pingpong<Kernel>(pingpong_launch_params<Kernel>(phases, counters, schedule), sm_count, stream);
-  } else {
-    for (const Arguments& phase : phases) run_non_persistent<Kernel>(phase, sm_count, stream);
   }
 }
 
@@ -262,29 +232,21 @@ void run(const Problem& problem, std::span<const PhaseLaunch> phases, const Sche
     }
     return args;
   };
-  if constexpr (Fused::Config::kPingpong) {
-    thread_local LaunchParamsCache<typename Kernel::Params> cache;
-    const auto& launches = cache.get(problem, phases, schedule, [&] {
-      return pingpong_launch_params<Kernel>(arguments(), phases.front().operands.unit_counter, schedule);
-    });
-    launch_pingpong<Kernel>(launches, sm_count, stream);
-  } else {
-    launch_phases<Kernel, false>(arguments(), nullptr, schedule, sm_count, stream);
-  }
+  thread_local LaunchParamsCache<typename Kernel::Params> cache;
+  const auto& launches = cache.get(problem, phases, schedule, [&] {
+    return pingpong_launch_params<Kernel>(arguments(), phases.front().operands.unit_counter, schedule);
+  });
+  launch_pingpong<Kernel>(launches, sm_count, stream);
 }
 
 // One configuration enum value -> one kernel type.
 template <class ElementIn, class ElementOut, bool kDescaled, class F>
 decltype(auto) with_kernel(DgradConfig config, F&& f) {
   switch (config) {
-    case DgradConfig::k128x64_cluster1x1:
-      return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 64, 1>, kDescaled>{});
-    case DgradConfig::k128x128_pingpong:
-      return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 128, 1, Schedule::kPingpong>, kDescaled>{});
     case DgradConfig::k128x64_pingpong:
-      return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 64, 1, Schedule::kPingpong>, kDescaled>{});
+      return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 64, 1>, kDescaled>{});
     case DgradConfig::k128x128_pingpong_cluster2x1:
-      return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 128, 2, Schedule::kPingpong>, kDescaled>{});
+      return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 128, 2>, kDescaled>{});
     default: return f(DgradFusedKernel<ElementIn, ElementOut, TileConfig<128, 128, 1>, kDescaled>{});
   }
 }

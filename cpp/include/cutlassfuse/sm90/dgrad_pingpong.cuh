@@ -177,8 +177,7 @@ struct GemmExtents<DgradShape> {
   }
 };
 
-// One phase as the two collectives take it: the kernel layers (CUTLASS's and this
-// one) differ in how they schedule tiles, not in what a phase is.
+// One phase as the two collectives take it.
 template <class ProblemShape, class CollectiveMainloop, class CollectiveEpilogue>
 struct PhaseArguments {
   ProblemShape shape;
@@ -186,8 +185,8 @@ struct PhaseArguments {
   typename CollectiveEpilogue::Arguments epilogue;
 };
 
-// The collectives' own rules (TMA limits, alignment), which both kernel layers check,
-// and that the epilogue needs no workspace (neither layer allocates one).
+// The collectives' own rules (TMA limits, alignment), and that the epilogue needs no
+// workspace (the kernel allocates none).
 template <class ProblemShape, class CollectiveMainloop, class CollectiveEpilogue>
 bool collectives_can_implement(PhaseArguments<ProblemShape, CollectiveMainloop, CollectiveEpilogue> const& args) {
   const auto extents = GemmExtents<ProblemShape>::epilogue(args.shape);

@@ -17,11 +17,10 @@
 //
 // Why shared memory rather than registers: a thread's fragment mixes rows of several
 // samples and columns of several groups, both run-time quantities; the tile copy makes
-// the reduction layout-independent. In CUTLASS's non-persistent kernel the epilogue's
-// storage is a union with the mainloop's, so the 128 x 136 staging tile costs no
-// pipeline stages; the ping-pong kernel runs epilogues during loads and carves it out
-// (one stage of five for 128x128 tiles). Keeping the statistics in registers instead
-// measured slower (docs/performance.md, designs rejected).
+// the reduction layout-independent. The ping-pong kernel runs epilogues during loads,
+// so the 128 x 136 staging tile is carved out of the pipeline (one stage of five for
+// 128x128 tiles). Keeping the statistics in registers instead measured slower
+// (docs/performance.md, designs rejected).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -146,10 +145,10 @@ struct Sm90GroupNormStats {
     // Count, mean and M2 of the rectangle of the staged tile. One pass of sums shifted
     // by the rectangle's first value: with a shift inside the data, fp32 cancellation
     // stays bounded over a tile's at most 16K values, and the tile costs one read of
-    // shared memory. This runs on the critical path of a non-persistent kernel with
-    // one warp per scheduler, so latency is the cost: lanes take kUnroll independent
-    // 16-byte loads per step (when the rectangle's columns are aligned to them), feed
-    // separate accumulators, and the warp sums in a fixed butterfly at the end.
+    // shared memory. This runs on one consumer warpgroup, one warp per scheduler, so
+    // latency is the cost: lanes take kUnroll independent 16-byte loads per step (when
+    // the rectangle's columns are aligned to them), feed separate accumulators, and the
+    // warp sums in a fixed butterfly at the end.
     CUTLASS_DEVICE WelfordPartial warp_moments(Rectangle r, int lane) const {
       constexpr int kUnroll = 8;
       const float shift = static_cast<float>(smem[r.row_begin * kPitch + r.col_begin]);
