@@ -117,9 +117,12 @@ at::Tensor cutlass_conv_transpose3d_weight_grad(const at::Tensor& grad_output, c
 // forward_for_backward_cuda, with what the call keeps.
 std::string explain_cuda(const OpArgs& args);
 std::string explain_for_backward_cuda(const OpArgs& args);
+#if CUTLASSFUSE_WITH_BASELINE_KERNELS
 // ConvTranspose3d alone through the stock CUTLASS sm90 dgrad (plain store, NDHWC
-// output): the baseline of the fused epilogue, for benchmarks.
+// output): the baseline of the fused epilogue, for benchmarks (built with
+// CUTLASSFUSE_BASELINE_KERNELS=ON).
 at::Tensor cutlass_dgrad_plain(const OpArgs& args);
+#endif
 #endif
 
 }  // namespace cutlassfuse

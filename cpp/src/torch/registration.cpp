@@ -208,7 +208,7 @@ TORCH_LIBRARY(cutlassfuse, m) {
       "subpixel_plan(int[3] input_size, int[3] kernel_size, int[3] stride, int[3] padding, int[3] output_padding, "
       "int[3] dilation, int in_channels, int out_channels) -> int[]",
       &subpixel_plan);
-#if CUTLASSFUSE_WITH_CUDA
+#if CUTLASSFUSE_WITH_BASELINE_KERNELS
   // The deconvolution alone through the stock CUTLASS kernel (benchmark baseline); the
   // GroupNorm arguments are accepted and ignored.
   m.def((std::string("conv_transpose3d_cutlass") + kArguments + " -> Tensor").c_str());
@@ -242,7 +242,9 @@ TORCH_LIBRARY_IMPL(cutlassfuse, CUDA, m) {
   m.impl("conv_transpose3d_weight_grad", &gradient_kernel<&cutlass_conv_transpose3d_weight_grad>);
   m.impl("explain", &kernel<std::string, &explain_cuda>);
   m.impl("explain_for_backward", &kernel<std::string, &explain_for_backward_cuda>);
+#if CUTLASSFUSE_WITH_BASELINE_KERNELS
   m.impl("conv_transpose3d_cutlass", &kernel<at::Tensor, &cutlass_dgrad_plain>);
+#endif
 #else
   m.impl("conv_transpose3d_relu_group_norm", &kernel<at::Tensor, &forward_reference>);
   m.impl("conv_transpose3d_relu_group_norm_for_backward", &kernel<ForwardForBackward, &forward_for_backward_reference>);
