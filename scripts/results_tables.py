@@ -7,12 +7,14 @@ in them has one source.
 
 A table sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->`; NAME is a bench
 file's stem without `bench-` (`h100`: the 16-bit table of docs/bench/bench-h100.json,
-`float32-h100`: the float32 table of docs/bench/bench-float32-h100.json).
+`float32-h100`: the float32 table of docs/bench/bench-float32-h100.json), or `grad-mode-GPU`:
+the table of docs/bench/grad-mode-GPU.csv (`benchmarks/grad_mode.py --csv`).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import re
 import sys
@@ -93,7 +95,25 @@ def float32_table(path: Path) -> str:
     return _heading(environment, command) + "\n".join(lines) + "\n"
 
 
+def grad_mode_table(path: Path) -> str:
+    rows = list(csv.DictReader(path.open()))
+    lines = ["| shape | dtype / mode | path | eager, no_grad | eager, grad mode | cutlassfuse, no_grad "
+             "| cutlassfuse, grad mode | grad mode / no_grad | vs eager, grad mode |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(" | ".join([
+            f"| {r['shape']}", r["case"], r["path"], *(f"{float(r[k]):.3f}" for k in (
+                "eager_no_grad_ms", "eager_grad_ms", "cutlassfuse_no_grad_ms", "cutlassfuse_grad_ms")),
+            f"{float(r['grad_over_no_grad']):.2f}", f"{float(r['speedup_over_eager_grad']):.2f}x |"]))
+    within = sum(float(r["grad_over_no_grad"]) <= 1.10 for r in rows)
+    return (f"`python benchmarks/grad_mode.py --csv {path.name}` (median ms of alternating rounds; layers with "
+            f"conv bias, NCDHW input; \"fallback\" cases with the fused path turned off). Grad mode is within "
+            f"1.10x of no_grad on {within} of {len(rows)} rows.\n\n" + "\n".join(lines) + "\n")
+
+
 def render(name: str) -> str:
+    if name.startswith("grad-mode-"):
+        return grad_mode_table(ROOT / "docs" / "bench" / f"{name}.csv")
     path = ROOT / "docs" / "bench" / f"bench-{name}.json"
     return float32_table(path) if name.startswith("float32-") else sixteen_bit_table(path)
 
