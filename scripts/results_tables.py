@@ -91,7 +91,7 @@ def float32_table(path: Path) -> str:
             _ms(rows, "eager (grad mode)"), _ms(rows, "cutlassfuse (grad mode)"),
             f"{_error(rows, 'pytorch eager')} / {_error(rows, 'cutlassfuse tf32')} / "
             f"{_error(rows, 'cutlassfuse bf16x3')} |"]))
-    command = "python -m cutlassfuse bench --dtypes float32 --json bench-float32.json"
+    command = "python -m cutlassfuse bench --dtypes float32 --no-compile --repeats 30 --json bench-float32.json"
     return _heading(environment, command) + "\n".join(lines) + "\n"
 
 
