@@ -177,7 +177,7 @@ def _not_applicable(implementation: str, dtype: torch.dtype, device: torch.devic
         return "the fused path runs on sm_90 GPUs"
     if implementation == "CUTLASS conv alone":
         if not hasattr(torch.ops.cutlassfuse, "conv_transpose3d_cutlass"):
-            return "a build without the CUDA kernels"
+            return "a build without the baseline kernels (CUTLASSFUSE_BASELINE_KERNELS=ON builds them)"
         if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
             return "sm_90 GPUs only"
         if dtype not in (torch.float16, torch.bfloat16):
