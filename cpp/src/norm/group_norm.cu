@@ -303,7 +303,7 @@ void group_norm_finish(const StatisticsFinalize& finalize, int* groups_finalized
   const int64_t rows_per_block = rows_per_normalize_block(channels_last_output);
   const NormalizeJob job{activation,
                          output,
-                         shuffled ? activation_in_pixel_order : nullptr,
+                         activation_in_pixel_order,
                          shuffled ? ShuffleIndex(order) : ShuffleIndex(),
                          spatial,
                          groups_finalized,

@@ -48,14 +48,6 @@ void check_optional_vector(const std::optional<at::Tensor>& t, const char* name,
                    " must have the input's dtype ", input.scalar_type(), ", got ", t->scalar_type());
 }
 
-// ConvTranspose3d's output extent (transposed_conv_output_extent) in 128 bits: exact for
-// any int64 sizes, where the int64 formula wraps ((input - 1) * stride past 2^63).
-__int128 exact_output_extent(int64_t input, int64_t kernel, int64_t stride, int64_t padding, int64_t output_padding,
-                             int64_t dilation) {
-  using Wide = __int128;
-  return (Wide(input) - 1) * stride - Wide(2) * padding + Wide(dilation) * (kernel - 1) + output_padding + 1;
-}
-
 // Whether an output of these (exact, positive) sizes fits PyTorch's bound on a tensor's
 // storage, 2^63 - 1 bytes (c10's storage size check): with at least one sample, so that
 // its strides fit too. Each factor is below 2^63 and so is the running product, so no
@@ -124,8 +116,9 @@ Problem validate_and_describe(const OpArgs& a) {
     p.kernel_size[i] = weight.size(2 + i);
     TORCH_CHECK_VALUE(p.kernel_size[i] > 0, "cutlassfuse: kernel size must be positive, got weight shape ",
                       weight.sizes());
-    output_size[i] = exact_output_extent(p.input_size[i], p.kernel_size[i], p.stride[i], p.padding[i],
-                                         p.output_padding[i], p.dilation[i]);
+    // In 128 bits: exact for any int64 sizes, where int64 would wrap ((input - 1) * stride).
+    output_size[i] = transposed_conv_output_extent<__int128>(p.input_size[i], p.kernel_size[i], p.stride[i],
+                                                             p.padding[i], p.output_padding[i], p.dilation[i]);
     TORCH_CHECK_VALUE(output_size[i] > 0, "cutlassfuse: the output would be empty along spatial dimension ", i,
                       " (input ", input.sizes(), ", kernel ", weight.sizes(), ", padding ", a.padding, ")");
   }

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <type_traits>
 
 namespace cutlassfuse {
 
@@ -37,9 +38,13 @@ struct Problem {
   int64_t input_numel() const { return batch * in_channels * input_spatial(); }
 };
 
-// ConvTranspose3d's output extent along one dimension (PyTorch's formula).
-constexpr int64_t transposed_conv_output_extent(int64_t input, int64_t kernel, int64_t stride, int64_t padding,
-                                                int64_t output_padding, int64_t dilation) {
+// ConvTranspose3d's output extent along one dimension (PyTorch's formula), computed in
+// Int: int64_t, or a wider type where the sizes are not yet known to fit (validation).
+template <class Int = int64_t>
+constexpr Int transposed_conv_output_extent(std::type_identity_t<Int> input, std::type_identity_t<Int> kernel,
+                                            std::type_identity_t<Int> stride, std::type_identity_t<Int> padding,
+                                            std::type_identity_t<Int> output_padding,
+                                            std::type_identity_t<Int> dilation) {
   return (input - 1) * stride - 2 * padding + dilation * (kernel - 1) + output_padding + 1;
 }
 
