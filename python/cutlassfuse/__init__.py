@@ -16,6 +16,12 @@ load_extension()
 
 from ._build_info import VERSION as __version__  # noqa: E402
 from . import backends  # noqa: E402
+from .blocks import (  # noqa: E402
+    conv3d_norm_activation,
+    conv_transpose3d_norm_activation,
+    explain_block,
+    group_norm_activation,
+)
 from .info import info  # noqa: E402
 from .modules import ConvTranspose3dReLUGroupNorm  # noqa: E402
 from .ops import (  # noqa: E402
@@ -32,10 +38,14 @@ __all__ = [
     "ConvTranspose3dReLUGroupNorm",
     "FuseResult",
     "backends",
+    "conv3d_norm_activation",
+    "conv_transpose3d_norm_activation",
     "conv_transpose3d_relu_group_norm",
     "explain",
+    "explain_block",
     "float32_mode",
     "get_float32_mode",
+    "group_norm_activation",
     "fuse",
     "info",
     "set_float32_mode",

@@ -23,13 +23,18 @@ inline std::optional<ElementType> element_type(at::ScalarType t) {
 
 // gamma and beta are read by one kernel argument type: both absent, or sharing one of
 // the kernels' dtypes.
-inline std::optional<ElementType> affine_element_type(const OpArgs& a) {
-  const at::Tensor* any = present(a.norm_weight) ? &*a.norm_weight : present(a.norm_bias) ? &*a.norm_bias : nullptr;
+inline std::optional<ElementType> affine_element_type(const std::optional<at::Tensor>& gamma,
+                                                      const std::optional<at::Tensor>& beta) {
+  const at::Tensor* any = present(gamma) ? &*gamma : present(beta) ? &*beta : nullptr;
   if (any == nullptr) return ElementType::kFloat32;
-  for (const auto* t : {&a.norm_weight, &a.norm_bias}) {
+  for (const auto* t : {&gamma, &beta}) {
     if (present(*t) && (*t)->scalar_type() != any->scalar_type()) return std::nullopt;
   }
   return element_type(any->scalar_type());
+}
+
+inline std::optional<ElementType> affine_element_type(const OpArgs& a) {
+  return affine_element_type(a.norm_weight, a.norm_bias);
 }
 
 // The tensor's data, through a contiguous copy kept alive by `keep_alive` if needed.

@@ -25,34 +25,13 @@ namespace {
 
 // The convolution without its bias (the ReLU pass adds it).
 at::Tensor convolution(const OpArgs& a) {
-  if (a.input.scalar_type() == at::kFloat) {
-    return at::convolution(a.input, a.weight, std::nullopt, a.stride, a.padding, a.dilation, /*transposed=*/true,
-                           a.output_padding, a.groups);
-  }
-  return at::cudnn_convolution_transpose(a.input, a.weight, a.padding, a.output_padding, a.stride, a.dilation, a.groups,
-                                         at::globalContext().benchmarkCuDNN(), /*deterministic=*/true,
-                                         /*allow_tf32=*/false);
+  return convolution_without_bias(a.input, a.weight, {a.stride, a.padding, a.output_padding, a.dilation, a.groups},
+                                  /*transposed=*/true);
 }
 
 std::string unsupported_reason(const OpArgs& a, const Problem& p) {
-  const cudaDeviceProp* props = at::cuda::getDeviceProperties(a.input.device().index());
-  if (props->major < 8)
-    return "GPU is sm_" + std::to_string(props->major * 10 + props->minor) +
-           ", cutlassfuse's kernels need sm_80 or newer";
-  if (!at::detail::getCUDAHooks().compiledWithCuDNN() || !at::globalContext().userEnabledCuDNN())
-    return "cuDNN is unavailable or disabled";
-  if (!element_type(a.input.scalar_type())) return "dtype is not float16, bfloat16 or float32";
+  if (std::string why = cudnn_pipeline_unsupported_reason(a.input, p); !why.empty()) return why;
   if (!affine_element_type(a)) return "norm_weight/norm_bias are not both float32, float16 or bfloat16 of one dtype";
-  if (p.batch == 0) return "empty batch";
-  if (p.batch > 65535) return "batch larger than 65535 (grid y limit of the finalize kernel)";
-  // Legal when dilation > stride, but cuDNN rejects it (PyTorch's CUDA path avoids cuDNN there too).
-  for (int i = 0; i < 3; ++i)
-    if (p.output_padding[i] >= p.stride[i]) return "output_padding >= stride in some dimension (cuDNN rejects it)";
-  // PyTorch's cuDNN convolution splits the batch to keep each call under 2^31
-  // elements; one sample past that it cannot take.
-  constexpr int64_t kMax32 = (int64_t{1} << 31) - 1;
-  if (p.input_numel() / p.batch > kMax32 || p.output_numel() / p.batch > kMax32)
-    return "one sample has more than 2^31 elements (cuDNN's limit)";
   return {};
 }
 
@@ -134,6 +113,47 @@ ForwardOutputs FallbackCall::run() const {
 }
 
 }  // namespace
+
+at::Tensor convolution_without_bias(const at::Tensor& input, const at::Tensor& weight, const ConvTransposeGeometry& g,
+                                    bool transposed) {
+  if (input.scalar_type() == at::kFloat) {
+    return at::convolution(input, weight, std::nullopt, g.stride, g.padding, g.dilation, transposed, g.output_padding,
+                           g.groups);
+  }
+  const bool benchmark = at::globalContext().benchmarkCuDNN();
+  if (transposed) {
+    return at::cudnn_convolution_transpose(input, weight, g.padding, g.output_padding, g.stride, g.dilation, g.groups,
+                                           benchmark, /*deterministic=*/true, /*allow_tf32=*/false);
+  }
+  return at::cudnn_convolution(input, weight, g.padding, g.stride, g.dilation, g.groups, benchmark,
+                               /*deterministic=*/true, /*allow_tf32=*/false);
+}
+
+std::string generic_kernels_unsupported_reason(const at::Tensor& input, int64_t batch) {
+  const cudaDeviceProp* props = at::cuda::getDeviceProperties(input.device().index());
+  if (props->major < 8)
+    return "GPU is sm_" + std::to_string(props->major * 10 + props->minor) +
+           ", cutlassfuse's kernels need sm_80 or newer";
+  if (!element_type(input.scalar_type())) return "dtype is not float16, bfloat16 or float32";
+  if (batch == 0) return "empty batch";
+  if (batch > 65535) return "batch larger than 65535 (grid y limit of the finalize kernel)";
+  return {};
+}
+
+std::string cudnn_pipeline_unsupported_reason(const at::Tensor& input, const Problem& p) {
+  if (std::string why = generic_kernels_unsupported_reason(input, p.batch); !why.empty()) return why;
+  if (!at::detail::getCUDAHooks().compiledWithCuDNN() || !at::globalContext().userEnabledCuDNN())
+    return "cuDNN is unavailable or disabled";
+  // Legal when dilation > stride, but cuDNN rejects it (PyTorch's CUDA path avoids cuDNN there too).
+  for (int i = 0; i < 3; ++i)
+    if (p.output_padding[i] >= p.stride[i]) return "output_padding >= stride in some dimension (cuDNN rejects it)";
+  // PyTorch's cuDNN convolution splits the batch to keep each call under 2^31
+  // elements; one sample past that it cannot take.
+  constexpr int64_t kMax32 = (int64_t{1} << 31) - 1;
+  if (p.input_numel() / p.batch > kMax32 || p.output_numel() / p.batch > kMax32)
+    return "one sample has more than 2^31 elements (cuDNN's limit)";
+  return {};
+}
 
 Routing plan_fallback_call(const Call& call) {
   if (std::string why = unsupported_reason(call.args, call.problem); !why.empty()) return why;

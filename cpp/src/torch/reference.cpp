@@ -5,27 +5,16 @@
 #include <array>
 
 #include "cutlassfuse/op.h"
+#include "torch/aten_norm.h"
 
 namespace cutlassfuse {
 
 namespace {
 
-// ATen's CUDA GroupNorm reads gamma and beta as the input's type; the op takes them in
-// any floating type (float32 ones with a float16 input under autocast).
-std::optional<at::Tensor> as_type(const std::optional<at::Tensor>& t, at::ScalarType type) {
-  return t.has_value() && t->defined() ? std::optional<at::Tensor>(t->to(type)) : std::nullopt;
-}
-
 at::Tensor activation_of(const OpArgs& a) {
   at::Tensor y =
       at::conv_transpose3d(a.input, a.weight, a.bias, a.stride, a.padding, a.output_padding, a.groups, a.dilation);
   return y.relu_();
-}
-
-// (batch, channels, pixels per sample) of a 5-D activation.
-std::array<int64_t, 3> group_norm_extents(const at::Tensor& y) {
-  const int64_t n = y.size(0), c = y.size(1);
-  return {n, c, n * c > 0 ? y.numel() / (n * c) : 0};
 }
 
 }  // namespace
@@ -45,9 +34,7 @@ ForwardForBackward reference_forward_for_backward(const OpArgs& a) {
   const at::Tensor y = activation_of(a);
   const at::ScalarType type = y.scalar_type();
   const auto [n, c, pixels] = group_norm_extents(y);
-  // at::group_norm's layout rule: the CPU kernel reads either format, the CUDA one only
-  // the contiguous one.
-  const at::MemoryFormat format = y.is_cpu() ? y.suggest_memory_format() : at::MemoryFormat::Contiguous;
+  const at::MemoryFormat format = group_norm_input_format(y);
   const auto [out, mean, rstd] = at::native_group_norm(y.contiguous(format), as_type(a.norm_weight, type),
                                                        as_type(a.norm_bias, type), n, c, pixels, a.num_groups, a.eps);
   return {out.contiguous(output_memory_format(a.input, a.weight)), y.contiguous(at::MemoryFormat::ChannelsLast3d),

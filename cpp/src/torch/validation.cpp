@@ -8,9 +8,9 @@
 #include <utility>
 
 #include "cutlassfuse/op.h"
+#include "torch/checks.h"
 
 namespace cutlassfuse {
-namespace {
 
 Extent3 to_extent3(at::IntArrayRef values, const char* name) {
   TORCH_CHECK_VALUE(values.size() == 3, "cutlassfuse: ", name, " must have 3 values (depth, height, width), got ",
@@ -18,24 +18,28 @@ Extent3 to_extent3(at::IntArrayRef values, const char* name) {
   return {values[0], values[1], values[2]};
 }
 
+void check_same_device(const at::Tensor& input, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.device() == input.device(), "cutlassfuse: expected all tensors to be on the same device, but found ",
+              name, " on ", t.device(), " and input on ", input.device());
+}
+
+namespace {
+
 // PyTorch's rule and error kind for operands on different devices (RuntimeError): every
 // tensor argument on the input's device.
-void check_same_device(const OpArgs& a) {
+void check_op_devices(const OpArgs& a) {
   const std::pair<const char*, const std::optional<at::Tensor>*> optional[] = {{"bias", &a.bias},
                                                                                {"norm_weight", &a.norm_weight},
                                                                                {"norm_bias", &a.norm_bias},
                                                                                {"packed_weight", &a.packed_weight},
                                                                                {"packed_bias", &a.packed_bias}};
-  const auto check = [&](const char* name, const at::Tensor& t) {
-    TORCH_CHECK(t.device() == a.input.device(),
-                "cutlassfuse: expected all tensors to be on the same device, but found ", name, " on ", t.device(),
-                " and input on ", a.input.device());
-  };
-  check("weight", a.weight);
+  check_same_device(a.input, "weight", a.weight);
   for (const auto& [name, t] : optional) {
-    if (t->has_value() && (*t)->defined()) check(name, **t);
+    if (t->has_value() && (*t)->defined()) check_same_device(a.input, name, **t);
   }
 }
+
+}  // namespace
 
 void check_optional_vector(const std::optional<at::Tensor>& t, const char* name, int64_t size, const at::Tensor& input,
                            bool same_dtype) {
@@ -64,8 +68,6 @@ bool output_fits(int64_t batch, int64_t channels, const std::array<__int128, 3>&
   return true;
 }
 
-}  // namespace
-
 Problem validate_and_describe(const OpArgs& a) {
   const at::Tensor& input = a.input;
   const at::Tensor& weight = a.weight;
@@ -77,7 +79,7 @@ Problem validate_and_describe(const OpArgs& a) {
                    input.scalar_type());
   TORCH_CHECK_TYPE(weight.scalar_type() == input.scalar_type(), "cutlassfuse: weight dtype ", weight.scalar_type(),
                    " differs from input dtype ", input.scalar_type());
-  check_same_device(a);
+  check_op_devices(a);
 
   Problem p;
   p.stride = to_extent3(a.stride, "stride");

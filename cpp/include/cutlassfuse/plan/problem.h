@@ -2,6 +2,9 @@
 //
 //     out = GroupNorm(ReLU(ConvTranspose3d(input)))
 //
+// and, for the block family (block.h), a convolution of either kind with its norm: then
+// input_size, kernel_size and output_size are the convolution's, and in/out_channels
+// its input's and output's channels.
 // Plain C++ (no torch, no CUDA) so host dispatch code and kernel translation units
 // share one description.
 #pragma once
@@ -46,6 +49,16 @@ constexpr Int transposed_conv_output_extent(std::type_identity_t<Int> input, std
                                             std::type_identity_t<Int> output_padding,
                                             std::type_identity_t<Int> dilation) {
   return (input - 1) * stride - 2 * padding + dilation * (kernel - 1) + output_padding + 1;
+}
+
+// Conv3d's output extent along one dimension (PyTorch's formula), in Int as above; zero
+// or less when the dilated kernel does not fit the padded input.
+template <class Int = int64_t>
+constexpr Int conv_output_extent(std::type_identity_t<Int> input, std::type_identity_t<Int> kernel,
+                                 std::type_identity_t<Int> stride, std::type_identity_t<Int> padding,
+                                 std::type_identity_t<Int> dilation) {
+  const Int span = input + 2 * padding - dilation * (kernel - 1) - 1;
+  return span < 0 ? 0 : span / stride + 1;
 }
 
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

@@ -1,0 +1,114 @@
+// The block family's torch-facing operators (schemas in src/torch/block_registration.cpp):
+//
+//   conv3d_norm_activation: a convolution (nn.Conv3d, or nn.ConvTranspose3d when
+//     `transposed`), then GroupNorm (InstanceNorm3d: one channel per group), with an
+//     activation (plan/activation.h) before the norm or after it;
+//   group_norm_activation: GroupNorm, then an activation, with no convolution in front
+//     (a norm that reads a residual sum or a network's input).
+//
+// Each has a reference (ATen's own kernels, on any device: the CPU kernel and the CUDA
+// calls no kernel path takes), a CUDA implementation, and a form that keeps what its
+// backward reads (block_autograd.cpp): the convolution's output without its bias, in the
+// convolution's layout, and the norm's mean and rstd; the standalone norm keeps mean and
+// rstd (its input is saved as it is).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+
+#include "cutlassfuse/plan/activation.h"
+#include "cutlassfuse/plan/problem.h"
+
+namespace cutlassfuse {
+
+// An activation as the schemas pass it: its name, constant and learned slopes.
+struct ActivationArgs {
+  std::string_view name;
+  double parameter;
+  const std::optional<at::Tensor>& weight;  // PReLU's slopes
+};
+
+struct ConvNormActivationArgs {
+  const at::Tensor& input;
+  const at::Tensor& weight;
+  const std::optional<at::Tensor>& bias;
+  at::IntArrayRef stride;
+  at::IntArrayRef padding;
+  at::IntArrayRef output_padding;
+  int64_t groups;
+  at::IntArrayRef dilation;
+  bool transposed;
+  int64_t num_groups;
+  const std::optional<at::Tensor>& norm_weight;
+  const std::optional<at::Tensor>& norm_bias;
+  double eps;
+  ActivationArgs activation;
+  bool activation_before_norm;
+};
+
+struct NormActivationArgs {
+  const at::Tensor& input;
+  int64_t num_groups;
+  const std::optional<at::Tensor>& norm_weight;
+  const std::optional<at::Tensor>& norm_bias;
+  double eps;
+  ActivationArgs activation;
+};
+
+// A validated block: the convolution's sizes (Problem, whose output_size is the
+// convolution's output for either kind), the norm's groups and eps (in Problem), and
+// the activation.
+struct BlockProblem {
+  Problem conv;
+  bool transposed = false;
+  ActivationKind activation = ActivationKind::kIdentity;
+  ActivationPosition position = ActivationPosition::kAfterNorm;
+};
+
+// Check every argument (ValueError/TypeError naming it) before anything runs.
+BlockProblem validate_block(const ConvNormActivationArgs& args);
+// The standalone norm's sizes: batch, channels, spatial in Problem's output fields.
+BlockProblem validate_norm_activation(const NormActivationArgs& args);
+
+// The output's memory format: PyTorch's convolution rule (output_memory_format), or the
+// standalone norm's input's.
+at::MemoryFormat block_output_memory_format(const ConvNormActivationArgs& args);
+
+// (output, convolution output without bias in the convolution's layout, mean, rstd
+// [batch, num_groups] in statistics_type()).
+using BlockForBackward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+// (output, mean, rstd).
+using NormForBackward = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+at::Tensor reference_block_forward(const ConvNormActivationArgs& args);
+BlockForBackward reference_block_forward_for_backward(const ConvNormActivationArgs& args);
+at::Tensor reference_norm_activation_forward(const NormActivationArgs& args);
+NormForBackward reference_norm_activation_forward_for_backward(const NormActivationArgs& args);
+
+// The activation through ATen's differentiable ops; and its input's gradient (and
+// PReLU's slopes' gradient, else undefined) from the output's, as PyTorch's backward
+// kernels compute them.
+at::Tensor apply_activation(const at::Tensor& x, ActivationKind kind, double parameter,
+                            const std::optional<at::Tensor>& weight);
+std::tuple<at::Tensor, at::Tensor> activation_backward(const at::Tensor& grad, const at::Tensor& x,
+                                                       ActivationKind kind, double parameter,
+                                                       const std::optional<at::Tensor>& weight);
+
+inline constexpr const char* kBlockReferenceDescription = "reference: ATen convolution + norm + activation";
+inline constexpr const char* kNormReferenceDescription = "reference: ATen group_norm + activation";
+
+#if CUTLASSFUSE_WITH_CUDA
+at::Tensor block_forward_cuda(const ConvNormActivationArgs& args);
+BlockForBackward block_forward_for_backward_cuda(const ConvNormActivationArgs& args);
+std::string explain_block_cuda(const ConvNormActivationArgs& args);
+at::Tensor norm_activation_forward_cuda(const NormActivationArgs& args);
+NormForBackward norm_activation_forward_for_backward_cuda(const NormActivationArgs& args);
+std::string explain_norm_activation_cuda(const NormActivationArgs& args);
+#endif
+
+}  // namespace cutlassfuse

@@ -1,0 +1,187 @@
+// The block family on CUDA (block.h): the convolution through cuDNN without its bias
+// (float32 as PyTorch runs it), then this project's statistics, finalize and normalize
+// kernels (group_norm_generic.h), which add the bias and apply the activation on the
+// fly: statistics of act(y + bias) (activation before the norm) or of y + bias (after
+// it), and out = act(x * scale + shift) for an activation after the norm. The
+// standalone norm runs the same kernels on its input.
+//
+// The normalize runs in place on the convolution's output when nothing is kept for a
+// backward. A call that keeps what its backward reads writes the output beside the
+// convolution's output, which it keeps as it is (no copy), and the finalize writes mean
+// and rstd. Calls the kernels do not take run the reference (ATen's kernels).
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "cutlassfuse/block.h"
+#include "cutlassfuse/common/nvtx.h"
+#include "cutlassfuse/norm/group_norm_generic.h"
+#include "dispatch/op_arguments.h"
+#include "fallback/fallback_path.h"
+
+namespace cutlassfuse {
+namespace {
+
+// The tensors the kernels read besides the activation's input, kept alive for a call.
+struct KernelOperands {
+  std::optional<at::Tensor> bias, gamma, beta, slopes;
+};
+
+std::string activation_unsupported_reason(const ActivationArgs& a) {
+  if (a.weight.has_value() && a.weight->defined() && !element_type(a.weight->scalar_type()))
+    return "activation_weight is not float32, float16 or bfloat16";
+  return {};
+}
+
+std::string norm_unsupported_reason(const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta,
+                                    const ActivationArgs& activation) {
+  if (!affine_element_type(gamma, beta))
+    return "norm_weight/norm_bias are not both float32, float16 or bfloat16 of one dtype";
+  return activation_unsupported_reason(activation);
+}
+
+std::string block_unsupported_reason(const ConvNormActivationArgs& a, const BlockProblem& b) {
+  if (std::string why = cudnn_pipeline_unsupported_reason(a.input, b.conv); !why.empty()) return why;
+  return norm_unsupported_reason(a.norm_weight, a.norm_bias, a.activation);
+}
+
+std::string standalone_unsupported_reason(const NormActivationArgs& a, const BlockProblem& b) {
+  if (std::string why = generic_kernels_unsupported_reason(a.input, b.conv.batch); !why.empty()) return why;
+  return norm_unsupported_reason(a.norm_weight, a.norm_bias, a.activation);
+}
+
+ActivationParams activation_params(ActivationKind kind, const ActivationArgs& a, KernelOperands& keep) {
+  ActivationParams params;
+  params.kind = kind;
+  params.parameter = static_cast<float>(a.parameter);
+  if (kind == ActivationKind::kPReLU) {
+    params.slopes = data_or_null(a.weight, keep.slopes);
+    params.slopes_element = *element_type(a.weight->scalar_type());
+    params.slope_count = a.weight->numel();
+  }
+  return params;
+}
+
+struct NormResult {
+  at::Tensor out, mean, rstd;
+};
+
+// Statistics, finalize and normalize of `y` (packed NCDHW or NDHWC): into `out` when
+// given, else in place; mean and rstd when `keep`.
+NormResult normalize(const at::Tensor& y, const std::optional<at::Tensor>& out, const PreNorm& pre,
+                     const ActivationParams& after, const Problem& p, const std::optional<at::Tensor>& gamma,
+                     const std::optional<at::Tensor>& beta, bool keep, KernelOperands& operands) {
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const ElementType element = *element_type(y.scalar_type());
+  const ActivationLayout layout =
+      y.is_contiguous() ? ActivationLayout::kChannelsFirst : ActivationLayout::kChannelsLast;
+  const GroupNormShape shape{p.batch, p.out_channels, p.output_spatial(), p.num_groups};
+  StatisticsSources sources;
+  sources.regions[0] = {generic_stats_tiles(shape), shape.spatial, 0};
+  sources.region_count = 1;
+  const auto options = y.options();
+  static_assert(sizeof(WelfordPartial) == 3 * sizeof(float));
+  const at::Tensor partials = at::empty({sources.regions[0].tiles.slots(shape), 3}, options.dtype(at::kFloat));
+  auto* partials_ptr = reinterpret_cast<WelfordPartial*>(partials.data_ptr<float>());
+  const at::Tensor scale_shift = at::empty({group_norm_scale_shift_bytes(shape)}, options.dtype(at::kByte));
+  const GroupNormAffine affine{data_or_null(gamma, operands.gamma), data_or_null(beta, operands.beta),
+                               *affine_element_type(gamma, beta)};
+  StatisticsFinalize finalize = statistics_finalize(partials_ptr, sources, element, shape, affine,
+                                                    static_cast<float>(p.eps), scale_shift.data_ptr());
+  NormResult result;
+  result.out = out.has_value() ? *out : y;
+  if (keep) {
+    result.mean = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
+    result.rstd = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
+    finalize.mean = result.mean.data_ptr<float>();
+    finalize.rstd = result.rstd.data_ptr<float>();
+  }
+  const NvtxRange range("cutlassfuse.norm_activation");
+  norm_activation_stats(element, y.data_ptr(), layout, pre, shape, partials_ptr, stream);
+  group_norm_finalize(finalize, stream);
+  const NormalizeOutputs outputs{out.has_value() ? out->data_ptr() : nullptr, nullptr};
+  norm_activation_normalize(element, const_cast<void*>(y.const_data_ptr()), layout, pre, scale_shift.data_ptr(), after,
+                            shape, outputs, stream);
+  return result;
+}
+
+BlockForBackward run_block(const ConvNormActivationArgs& a, const BlockProblem& b, bool keep) {
+  const NvtxRange op_range("cutlassfuse.conv3d_norm_activation");
+  const c10::cuda::CUDAGuard device_guard(a.input.device());
+  at::Tensor y;
+  {
+    const NvtxRange range("cutlassfuse.cudnn_convolution");
+    y = convolution_without_bias(a.input, a.weight, {a.stride, a.padding, a.output_padding, a.dilation, a.groups},
+                                 a.transposed)
+            .contiguous(block_output_memory_format(a));
+  }
+  KernelOperands operands;
+  const ActivationParams act = activation_params(b.activation, a.activation, operands);
+  const bool before = b.position == ActivationPosition::kBeforeNorm;
+  const PreNorm pre{data_or_null(a.bias, operands.bias), before ? act : ActivationParams{}};
+  const std::optional<at::Tensor> out = keep ? std::optional<at::Tensor>(at::empty_like(y)) : std::nullopt;
+  NormResult r = normalize(y, out, pre, before ? ActivationParams{} : act, b.conv, a.norm_weight, a.norm_bias, keep,
+                           operands);
+  return {std::move(r.out), keep ? y : at::Tensor(), std::move(r.mean), std::move(r.rstd)};
+}
+
+NormForBackward run_standalone(const NormActivationArgs& a, const BlockProblem& b, bool keep) {
+  const NvtxRange op_range("cutlassfuse.group_norm_activation");
+  const c10::cuda::CUDAGuard device_guard(a.input.device());
+  const at::Tensor x = a.input.contiguous(a.input.suggest_memory_format());
+  KernelOperands operands;
+  const ActivationParams act = activation_params(b.activation, a.activation, operands);
+  NormResult r = normalize(x, at::empty_like(x), PreNorm{}, act, b.conv, a.norm_weight, a.norm_bias, keep, operands);
+  return {std::move(r.out), std::move(r.mean), std::move(r.rstd)};
+}
+
+constexpr const char* kBlockKernels =
+    "cuDNN convolution without bias (float32: PyTorch's, under its switches; float16/bfloat16: deterministic) + "
+    "cutlassfuse bias/activation/GroupNorm statistics, finalize and normalize kernels";
+constexpr const char* kNormKernels = "cutlassfuse activation/GroupNorm statistics, finalize and normalize kernels";
+
+}  // namespace
+
+at::Tensor block_forward_cuda(const ConvNormActivationArgs& a) {
+  const BlockProblem b = validate_block(a);
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+  if (!block_unsupported_reason(a, b).empty()) return reference_block_forward(a);
+  return std::get<0>(run_block(a, b, /*keep=*/false));
+}
+
+BlockForBackward block_forward_for_backward_cuda(const ConvNormActivationArgs& a) {
+  const BlockProblem b = validate_block(a);
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+  if (!block_unsupported_reason(a, b).empty()) return reference_block_forward_for_backward(a);
+  return run_block(a, b, /*keep=*/true);
+}
+
+std::string explain_block_cuda(const ConvNormActivationArgs& a) {
+  const BlockProblem b = validate_block(a);
+  const std::string why = block_unsupported_reason(a, b);
+  return why.empty() ? std::string("fallback: ") + kBlockKernels
+                     : std::string(kBlockReferenceDescription) + ", because " + why;
+}
+
+at::Tensor norm_activation_forward_cuda(const NormActivationArgs& a) {
+  const BlockProblem b = validate_norm_activation(a);
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+  if (!standalone_unsupported_reason(a, b).empty()) return reference_norm_activation_forward(a);
+  return std::get<0>(run_standalone(a, b, /*keep=*/false));
+}
+
+NormForBackward norm_activation_forward_for_backward_cuda(const NormActivationArgs& a) {
+  const BlockProblem b = validate_norm_activation(a);
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+  if (!standalone_unsupported_reason(a, b).empty()) return reference_norm_activation_forward_for_backward(a);
+  return run_standalone(a, b, /*keep=*/true);
+}
+
+std::string explain_norm_activation_cuda(const NormActivationArgs& a) {
+  const BlockProblem b = validate_norm_activation(a);
+  const std::string why = standalone_unsupported_reason(a, b);
+  return why.empty() ? std::string("norm: ") + kNormKernels
+                     : std::string(kNormReferenceDescription) + ", because " + why;
+}
+
+}  // namespace cutlassfuse

@@ -1,0 +1,190 @@
+"""The block family's ops on the CPU (the reference path): values against torch.nn's
+modules in float64, gradients (gradcheck, double backward), fake kernels (opcheck, meta
+tensors) and argument validation."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import cutlassfuse
+from cutlassfuse.blocks import ACTIVATIONS, activation_of_module
+
+ACTIVATION_MODULES = {
+    "identity": lambda c: nn.Identity(),
+    "relu": lambda c: nn.ReLU(),
+    "leaky_relu": lambda c: nn.LeakyReLU(0.1),
+    "prelu": lambda c: nn.PReLU(c, init=0.2),
+    "silu": lambda c: nn.SiLU(),
+    "gelu": lambda c: nn.GELU(),
+    "gelu_tanh": lambda c: nn.GELU(approximate="tanh"),
+    "elu": lambda c: nn.ELU(0.7),
+}
+
+
+def test_every_activation_has_a_module():
+    assert set(ACTIVATION_MODULES) == set(ACTIVATIONS)
+
+
+def make_block(transposed: bool, activation: str, *, num_groups: int, bias: bool, affine: bool, stride: int,
+               dtype=torch.float64):
+    torch.manual_seed(0)
+    conv_type = nn.ConvTranspose3d if transposed else nn.Conv3d
+    extra = {"output_padding": stride - 1} if transposed else {}
+    conv = conv_type(4, 6, 3, stride=stride, padding=1, bias=bias, dtype=dtype, **extra)
+    norm = nn.GroupNorm(num_groups, 6, affine=affine, dtype=dtype)
+    if affine:
+        with torch.no_grad():
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.5, 0.5)
+    act = ACTIVATION_MODULES[activation](6).to(dtype)
+    return conv, norm, act
+
+
+def block_call(x, conv, norm, act, before: bool):
+    name, parameter, weight = activation_of_module(act)
+    function = (cutlassfuse.conv_transpose3d_norm_activation if isinstance(conv, nn.ConvTranspose3d)
+                else cutlassfuse.conv3d_norm_activation)
+    extra = {"output_padding": conv.output_padding} if isinstance(conv, nn.ConvTranspose3d) else {}
+    return function(x, conv.weight, conv.bias, stride=conv.stride, padding=conv.padding, dilation=conv.dilation,
+                    groups=conv.groups, num_groups=norm.num_groups, norm_weight=norm.weight, norm_bias=norm.bias,
+                    eps=norm.eps, activation=name, activation_parameter=parameter, activation_weight=weight,
+                    activation_before_norm=before, **extra)
+
+
+def eager(x, conv, norm, act, before: bool):
+    return norm(act(conv(x))) if before else act(norm(conv(x)))
+
+
+CASES = list(itertools.product([False, True], ACTIVATIONS, [False, True]))
+
+
+@pytest.mark.parametrize(("transposed", "activation", "before"), CASES)
+def test_block_matches_modules(transposed, activation, before):
+    for num_groups, bias, affine, stride in [(2, True, True, 1), (6, False, False, 2)]:
+        conv, norm, act = make_block(transposed, activation, num_groups=num_groups, bias=bias, affine=affine,
+                                     stride=stride)
+        x = torch.randn(2, 4, 5, 4, 6, dtype=torch.float64)
+        torch.testing.assert_close(block_call(x, conv, norm, act, before), eager(x, conv, norm, act, before))
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_standalone_norm_matches_modules(activation):
+    norm = nn.GroupNorm(3, 6, dtype=torch.float64)
+    act = ACTIVATION_MODULES[activation](6).to(torch.float64)
+    x = torch.randn(2, 6, 3, 4, 5, dtype=torch.float64)
+    name, parameter, weight = activation_of_module(act)
+    out = cutlassfuse.group_norm_activation(x, 3, norm.weight, norm.bias, norm.eps, activation=name,
+                                           activation_parameter=parameter, activation_weight=weight)
+    torch.testing.assert_close(out, act(norm(x)))
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last_3d])
+def test_output_memory_format_follows_the_input(memory_format):
+    conv, norm, act = make_block(False, "relu", num_groups=2, bias=True, affine=True, stride=1)
+    x = torch.randn(2, 4, 5, 4, 6, dtype=torch.float64).contiguous(memory_format=memory_format)
+    assert block_call(x, conv, norm, act, False).is_contiguous(memory_format=memory_format)
+    out = cutlassfuse.group_norm_activation(x, 2)
+    assert out.is_contiguous(memory_format=memory_format)
+
+
+@pytest.mark.parametrize(("transposed", "activation", "before"),
+                         [(False, "prelu", False), (True, "silu", True), (False, "elu", True),
+                          (True, "leaky_relu", False), (False, "gelu_tanh", False)])
+def test_block_gradcheck(transposed, activation, before):
+    conv, norm, act = make_block(transposed, activation, num_groups=2, bias=True, affine=True, stride=2)
+    x = torch.randn(1, 4, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    params = [p for m in (conv, norm, act) for p in m.parameters()]
+
+    def f(x, *unused):
+        return block_call(x, conv, norm, act, before)
+
+    torch.autograd.gradcheck(f, (x, *params))
+
+
+def test_block_double_backward():
+    conv, norm, act = make_block(False, "silu", num_groups=2, bias=True, affine=True, stride=1)
+    x = torch.randn(1, 4, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradgradcheck(lambda x: block_call(x, conv, norm, act, False), (x,))
+
+
+@pytest.mark.parametrize("activation", ["prelu", "gelu", "relu"])
+def test_standalone_norm_gradcheck(activation):
+    act = ACTIVATION_MODULES[activation](4).to(torch.float64)
+    name, parameter, weight = activation_of_module(act)
+    gamma = torch.rand(4, dtype=torch.float64, requires_grad=True)
+    beta = torch.rand(4, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(2, 4, 3, 2, 3, dtype=torch.float64, requires_grad=True)
+
+    def f(x, gamma, beta, *unused):
+        return cutlassfuse.group_norm_activation(x, 2, gamma, beta, activation=name, activation_parameter=parameter,
+                                                 activation_weight=weight)
+
+    torch.autograd.gradcheck(f, (x, gamma, beta, *act.parameters()))
+    torch.autograd.gradgradcheck(lambda x: f(x, gamma, beta), (x,))
+
+
+def test_opcheck():
+    conv, norm, act = make_block(True, "prelu", num_groups=2, bias=True, affine=True, stride=2)
+    x = torch.randn(1, 4, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    args = (x, conv.weight, conv.bias, [2, 2, 2], [1, 1, 1], [1, 1, 1], 1, [1, 1, 1], True, 2, norm.weight,
+            norm.bias, 1e-5, "prelu", 0.0, act.weight, False)
+    torch.library.opcheck(torch.ops.cutlassfuse.conv3d_norm_activation.default, args)
+    torch.library.opcheck(torch.ops.cutlassfuse.group_norm_activation.default,
+                          (torch.randn(2, 6, 3, 3, 3, requires_grad=True), 3, None, None, 1e-5, "silu", 0.0, None))
+
+
+def test_meta_tensors():
+    x = torch.empty(2, 4, 8, 8, 8, device="meta").contiguous(memory_format=torch.channels_last_3d)
+    w = torch.empty(6, 4, 3, 3, 3, device="meta")
+    out = cutlassfuse.conv3d_norm_activation(x, w, stride=2, padding=1, num_groups=6, activation="silu")
+    assert out.shape == (2, 6, 4, 4, 4) and out.device.type == "meta"
+    assert out.is_contiguous(memory_format=torch.channels_last_3d)
+    assert "meta" in cutlassfuse.explain_block(cutlassfuse.conv3d_norm_activation, x, w, num_groups=6)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"activation": "relu6"}, ValueError, "unknown activation"),
+    ({"activation": "prelu"}, ValueError, "needs activation_weight"),
+    ({"activation_weight": torch.ones(1)}, ValueError, "takes none"),
+    ({"activation": "prelu", "activation_weight": torch.ones(5)}, ValueError, "activation_weight must have shape"),
+    ({"num_groups": 4}, ValueError, "num_groups"),
+    ({"activation_parameter": float("nan")}, ValueError, "activation_parameter must be finite"),
+    ({"norm_weight": torch.ones(5)}, ValueError, "norm_weight must have shape"),
+])
+def test_invalid_arguments_raise_before_running(kwargs, error, message):
+    x = torch.randn(1, 4, 5, 5, 5)
+    w = torch.randn(6, 4, 3, 3, 3)
+    arguments = {"num_groups": 2, **kwargs}
+    for device in ("cpu", "meta"):
+        with pytest.raises(error, match=message):
+            cutlassfuse.conv3d_norm_activation(x.to(device), w.to(device), **{
+                k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in arguments.items()})
+
+
+def test_conv3d_rejects_output_padding_and_mismatched_channels():
+    x = torch.randn(1, 4, 5, 5, 5)
+    with pytest.raises(ValueError, match="output_padding is a transposed convolution's"):
+        torch.ops.cutlassfuse.conv3d_norm_activation(x, torch.randn(6, 4, 3, 3, 3), None, [1] * 3, [0] * 3, [1] * 3,
+                                                     1, [1] * 3, False, 2, None, None, 1e-5, "relu", 0.0, None, False)
+    with pytest.raises(ValueError, match=r"weight.shape\[1\] \* groups"):
+        cutlassfuse.conv3d_norm_activation(x, torch.randn(6, 3, 3, 3, 3), num_groups=2)
+    with pytest.raises(ValueError, match="output would be empty"):
+        cutlassfuse.conv3d_norm_activation(x, torch.randn(6, 4, 7, 3, 3), num_groups=2)
+
+
+def test_activation_of_module_rejects_others():
+    with pytest.raises(ValueError, match="not one the fused blocks compute"):
+        activation_of_module(nn.ReLU6())
+
+
+def test_functional_defaults_are_torch_nn_defaults():
+    x = torch.randn(1, 4, 5, 5, 5, dtype=torch.float64)
+    w = torch.randn(6, 4, 3, 3, 3, dtype=torch.float64)
+    for name, module in [("leaky_relu", nn.LeakyReLU()), ("elu", nn.ELU())]:
+        expected = module(F.group_norm(F.conv3d(x, w), 2))
+        torch.testing.assert_close(cutlassfuse.conv3d_norm_activation(x, w, num_groups=2, activation=name), expected)
