@@ -30,6 +30,8 @@
 #                   CUTLASS against cuDNN per layer: the conv_gradients rule's data)
 #        gradmode   benchmarks/grad_mode.py (eager and cutlassfuse in grad mode against no_grad,
 #                   every benchmark shape, dtype, float32 mode and the fallback; CSV)
+#        blocks     benchmarks/blocks.py --train (the block family's modules on real networks'
+#                   blocks against eager, torch.compile and cuDNN's conv + one copy; CSV)
 #        kernelbench benchmarks/kernelbench_harness.py (level2/61 judged by KernelBench's own
 #                   evaluation method: correctness trials, grad-mode timing; fp32, fp16, bf16)
 #        examples   examples/*.py
@@ -42,7 +44,7 @@
 #      e.g. STEPS="tests breakdown" bash scripts/device_iteration.sh
 #   4. a short summary last.
 # Results go to $OUT (default /tmp/cutlassfuse-device): the bench CLI's CSV, JSON and
-# PNG, grad_mode.py's CSV, the GPU tests' JUnit XML, and one archive of every log
+# PNG, grad_mode.py's and blocks.py's CSV, the GPU tests' JUnit XML, and one archive of every log
 # (logs.tar.gz).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -205,6 +207,11 @@ if wanted gradmode; then
   "$PYTHON" benchmarks/grad_mode.py --csv "$OUT/grad-mode.csv" 2>&1 | tee "$LOGS/gradmode.log"
 fi
 
+if wanted blocks; then
+  step "the block family on real networks' blocks"
+  "$PYTHON" benchmarks/blocks.py --train --csv "$OUT/blocks.csv" 2>&1 | tee "$LOGS/blocks.log"
+fi
+
 if wanted kernelbench; then
   step "KernelBench's evaluation of level2/61"
   "$PYTHON" benchmarks/kernelbench_harness.py 2>&1 | tee "$LOGS/kernelbench.log"
@@ -272,5 +279,6 @@ show bench-cli.log grep -E "^\[|cutlassfuse  |cutlassfuse fallback|grad mode" "$
 show training.log cat "$LOGS/training.log"
 show gradients.log cat "$LOGS/gradients.log"
 show gradmode.log cat "$LOGS/gradmode.log"
+show blocks.log cat "$LOGS/blocks.log"
 show kernelbench.log cat "$LOGS/kernelbench.log"
 true

@@ -34,7 +34,16 @@ from .ops import (  # noqa: E402
 )
 from .rewrite import FuseResult, fuse  # noqa: E402
 
+from .block_modules import (  # noqa: E402
+    Conv3dNormActivation,
+    ConvTranspose3dNormActivation,
+    GroupNormActivation,
+)
+
 __all__ = [
+    "Conv3dNormActivation",
+    "ConvTranspose3dNormActivation",
+    "GroupNormActivation",
     "ConvTranspose3dReLUGroupNorm",
     "FuseResult",
     "backends",

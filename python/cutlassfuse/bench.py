@@ -120,9 +120,15 @@ class Timing:
 
 def rotating_inputs(shape: BenchShape, dtype: torch.dtype, device: torch.device,
                     memory_format: torch.memory_format = torch.contiguous_format) -> list[torch.Tensor]:
-    """torch.rand inputs of the layer, as many copies (up to 16) as it takes on a GPU for
+    """The layer's inputs, as `rotating_tensors`."""
+    return rotating_tensors((shape.batch, shape.in_channels, *shape.size), dtype, device, memory_format)
+
+
+def rotating_tensors(size: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                     memory_format: torch.memory_format = torch.contiguous_format) -> list[torch.Tensor]:
+    """torch.rand tensors of `size`, as many copies (up to 16) as it takes on a GPU for
     their total to exceed twice a 60 MB L2; one on the CPU."""
-    one = torch.rand(shape.batch, shape.in_channels, *shape.size, device=device, dtype=dtype)
+    one = torch.rand(*size, device=device, dtype=dtype)
     copies = max(1, min(16, int(2 * 60e6 // (one.numel() * one.element_size())) + 1)) if device.type == "cuda" else 1
     return [torch.rand_like(one).contiguous(memory_format=memory_format) for _ in range(copies)]
 
