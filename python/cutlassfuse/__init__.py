@@ -16,6 +16,11 @@ load_extension()
 
 from ._build_info import VERSION as __version__  # noqa: E402
 from . import backends  # noqa: E402
+from .block_modules import (  # noqa: E402
+    Conv3dNormActivation,
+    ConvTranspose3dNormActivation,
+    GroupNormActivation,
+)
 from .blocks import (  # noqa: E402
     conv3d_norm_activation,
     conv_transpose3d_norm_activation,
@@ -34,16 +39,9 @@ from .ops import (  # noqa: E402
 )
 from .rewrite import FuseResult, fuse  # noqa: E402
 
-from .block_modules import (  # noqa: E402
-    Conv3dNormActivation,
-    ConvTranspose3dNormActivation,
-    GroupNormActivation,
-)
-
 __all__ = [
     "Conv3dNormActivation",
     "ConvTranspose3dNormActivation",
-    "GroupNormActivation",
     "ConvTranspose3dReLUGroupNorm",
     "FuseResult",
     "backends",
@@ -54,6 +52,7 @@ __all__ = [
     "explain_block",
     "float32_mode",
     "get_float32_mode",
+    "GroupNormActivation",
     "group_norm_activation",
     "fuse",
     "info",

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.common_types import _size_3_t
 
-from .blocks import activation_of_module
+from .blocks import ACTIVATIONS, activation_of_module
 
 _CONV_OP = torch.ops.cutlassfuse.conv3d_norm_activation.default
 _NORM_OP = torch.ops.cutlassfuse.group_norm_activation.default
@@ -29,7 +29,6 @@ _ACTIVATIONS_WITH_PARAMETER = {
     "leaky_relu": lambda parameter: nn.LeakyReLU(0.01 if parameter is None else parameter),
     "elu": lambda parameter: nn.ELU(1.0 if parameter is None else parameter),
 }
-ACTIVATIONS = (*_ACTIVATIONS_WITHOUT_PARAMETER, *_ACTIVATIONS_WITH_PARAMETER, "prelu")
 
 
 def _activation_module(activation: str, parameter: float | None, prelu_parameters: int, channels: int,
