@@ -95,9 +95,8 @@ NormForBackward reference_norm_activation_forward_for_backward(const NormActivat
 // kernels compute them.
 at::Tensor apply_activation(const at::Tensor& x, ActivationKind kind, double parameter,
                             const std::optional<at::Tensor>& weight);
-std::tuple<at::Tensor, at::Tensor> activation_backward(const at::Tensor& grad, const at::Tensor& x,
-                                                       ActivationKind kind, double parameter,
-                                                       const std::optional<at::Tensor>& weight);
+std::tuple<at::Tensor, at::Tensor> activation_backward(const at::Tensor& grad, const at::Tensor& x, ActivationKind kind,
+                                                       double parameter, const std::optional<at::Tensor>& weight);
 
 inline constexpr const char* kBlockReferenceDescription = "reference: ATen convolution + norm + activation";
 inline constexpr const char* kNormReferenceDescription = "reference: ATen group_norm + activation";

@@ -120,8 +120,8 @@ BlockForBackward run_block(const ConvNormActivationArgs& a, const BlockProblem& 
   const bool before = b.position == ActivationPosition::kBeforeNorm;
   const PreNorm pre{data_or_null(a.bias, operands.bias), before ? act : ActivationParams{}};
   const std::optional<at::Tensor> out = keep ? std::optional<at::Tensor>(at::empty_like(y)) : std::nullopt;
-  NormResult r = normalize(y, out, pre, before ? ActivationParams{} : act, b.conv, a.norm_weight, a.norm_bias, keep,
-                           operands);
+  NormResult r =
+      normalize(y, out, pre, before ? ActivationParams{} : act, b.conv, a.norm_weight, a.norm_bias, keep, operands);
   return {std::move(r.out), keep ? y : at::Tensor(), std::move(r.mean), std::move(r.rstd)};
 }
 

@@ -79,18 +79,19 @@ NormGradients norm_activation_backward(const at::Tensor& grad, const at::Tensor&
   NormGradients g;
   at::Tensor dn = grad;
   if (!before_norm) {
-    std::tie(dn, g.slopes) = activation_backward(grad, normalized(x, mean, rstd, gamma, beta), act.kind,
-                                                 act.parameter, or_none(act.weight));
+    std::tie(dn, g.slopes) =
+        activation_backward(grad, normalized(x, mean, rstd, gamma, beta), act.kind, act.parameter, or_none(act.weight));
   }
   const c10::SymInt n = x.sym_size(0), c = x.sym_size(1), pixels = x.sym_size(2) * x.sym_size(3) * x.sym_size(4);
   const at::Tensor gamma_or_ones = gamma.defined() ? gamma.to(type) : at::ones_symint({c}, x.options());
-  auto [dx, dgamma, dbeta] = at::native_group_norm_backward_symint(
-      dn.contiguous(), x.contiguous(), mean.to(type), rstd.to(type), gamma_or_ones, n, c, pixels, num_groups,
-      {true, need_affine[0], need_affine[1]});
+  auto [dx, dgamma, dbeta] = at::native_group_norm_backward_symint(dn.contiguous(), x.contiguous(), mean.to(type),
+                                                                   rstd.to(type), gamma_or_ones, n, c, pixels,
+                                                                   num_groups, {true, need_affine[0], need_affine[1]});
   if (need_affine[0]) g.gamma = dgamma.to(gamma.scalar_type());
   if (need_affine[1]) g.beta = dbeta.to(beta.scalar_type());
   g.input = dx;
-  if (before_norm) std::tie(g.input, g.slopes) = activation_backward(dx, z, act.kind, act.parameter, or_none(act.weight));
+  if (before_norm)
+    std::tie(g.input, g.slopes) = activation_backward(dx, z, act.kind, act.parameter, or_none(act.weight));
   return g;
 }
 
@@ -152,18 +153,16 @@ class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> 
     const variable_list saved = ctx->get_saved_variables();
     const std::vector<bool> need = needed(ctx, saved, kBlockTensors);
     const variable_list inputs(saved.begin(), saved.begin() + kBlockTensors);
-    const variable_list grads = at::GradMode::is_enabled() ? differentiable_gradients(recompute(ctx, inputs), inputs,
-                                                                                      need, grad_outputs[0])
-                                                           : gradients(ctx, saved, need, grad_outputs[0]);
+    const variable_list grads = at::GradMode::is_enabled()
+                                    ? differentiable_gradients(recompute(ctx, inputs), inputs, need, grad_outputs[0])
+                                    : gradients(ctx, saved, need, grad_outputs[0]);
     variable_list schema_grads(kBlockSchemaArguments);
     for (int i = 0; i < kBlockTensors; ++i) schema_grads[kBlockSchemaPosition[i]] = grads[i];
     return schema_grads;
   }
 
  private:
-  static std::vector<int64_t> ints(AutogradContext* ctx, const char* key) {
-    return ctx->saved_data[key].toIntVector();
-  }
+  static std::vector<int64_t> ints(AutogradContext* ctx, const char* key) { return ctx->saved_data[key].toIntVector(); }
 
   static variable_list gradients(AutogradContext* ctx, const variable_list& saved, const std::vector<bool>& need,
                                  const at::Tensor& grad) {
@@ -172,10 +171,10 @@ class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> 
     const at::Tensor z = bias.defined() ? y + per_channel(bias, y) : y;
     const SavedActivation act{SavedActivation::kind_of(ctx), ctx->saved_data["activation_parameter"].toDouble(),
                               saved[kSlopes]};
-    NormGradients g = norm_activation_backward(
-        grad, z, saved[kBlockTensors + 1], saved[kBlockTensors + 2], saved[kNormWeight], saved[kNormBias],
-        ctx->saved_data["num_groups"].toInt(), act, ctx->saved_data["before_norm"].toBool(),
-        {need[kNormWeight], need[kNormBias]});
+    NormGradients g =
+        norm_activation_backward(grad, z, saved[kBlockTensors + 1], saved[kBlockTensors + 2], saved[kNormWeight],
+                                 saved[kNormBias], ctx->saved_data["num_groups"].toInt(), act,
+                                 ctx->saved_data["before_norm"].toBool(), {need[kNormWeight], need[kNormBias]});
     variable_list grads(kBlockTensors);
     if (need[kBias]) grads[kBias] = g.input.sum({0, 2, 3, 4}, false, at::kFloat).to(bias.scalar_type());
     if (need[kInput] || need[kWeight]) {
@@ -238,16 +237,15 @@ class GroupNormActivation : public torch::autograd::Function<GroupNormActivation
     if (at::GradMode::is_enabled()) {
       const at::Tensor& x = inputs[kNormInput];
       const at::ScalarType type = x.scalar_type();
-      const at::Tensor out = apply_activation(
-          at::group_norm(x, num_groups, as_type(or_none(inputs[kGamma]), type), as_type(or_none(inputs[kBeta]), type),
-                         ctx->saved_data["eps"].toDouble()),
-          kind, parameter, or_none(inputs[kNormSlopes]));
+      const at::Tensor out =
+          apply_activation(at::group_norm(x, num_groups, as_type(or_none(inputs[kGamma]), type),
+                                          as_type(or_none(inputs[kBeta]), type), ctx->saved_data["eps"].toDouble()),
+                           kind, parameter, or_none(inputs[kNormSlopes]));
       grads = differentiable_gradients(out, inputs, need, grad_outputs[0]);
     } else {
-      NormGradients g = norm_activation_backward(grad_outputs[0], saved[kNormInput], saved[kNormTensors],
-                                                 saved[kNormTensors + 1], saved[kGamma], saved[kBeta], num_groups,
-                                                 {kind, parameter, saved[kNormSlopes]}, /*before_norm=*/false,
-                                                 {need[kGamma], need[kBeta]});
+      NormGradients g = norm_activation_backward(
+          grad_outputs[0], saved[kNormInput], saved[kNormTensors], saved[kNormTensors + 1], saved[kGamma], saved[kBeta],
+          num_groups, {kind, parameter, saved[kNormSlopes]}, /*before_norm=*/false, {need[kGamma], need[kBeta]});
       if (need[kNormInput]) grads[kNormInput] = g.input;
       grads[kGamma] = g.gamma;
       grads[kBeta] = g.beta;

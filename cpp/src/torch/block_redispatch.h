@@ -12,25 +12,25 @@
 
 namespace cutlassfuse {
 
-#define CUTLASSFUSE_BLOCK_PARAMETERS                                                                                  \
-  const at::Tensor &input, const at::Tensor &weight, const OptionalTensor &bias, at::IntArrayRef stride,            \
-      at::IntArrayRef padding, at::IntArrayRef output_padding, int64_t groups, at::IntArrayRef dilation,            \
-      bool transposed, int64_t num_groups, const OptionalTensor &norm_weight, const OptionalTensor &norm_bias,      \
+#define CUTLASSFUSE_BLOCK_PARAMETERS                                                                                 \
+  const at::Tensor &input, const at::Tensor &weight, const OptionalTensor &bias, at::IntArrayRef stride,             \
+      at::IntArrayRef padding, at::IntArrayRef output_padding, int64_t groups, at::IntArrayRef dilation,             \
+      bool transposed, int64_t num_groups, const OptionalTensor &norm_weight, const OptionalTensor &norm_bias,       \
       double eps, c10::string_view activation, double activation_parameter, const OptionalTensor &activation_weight, \
       bool activation_before_norm
 #define CUTLASSFUSE_BLOCK_ARGUMENTS                                                                            \
   input, weight, bias, stride, padding, output_padding, groups, dilation, transposed, num_groups, norm_weight, \
       norm_bias, eps, activation, activation_parameter, activation_weight, activation_before_norm
 
-#define CUTLASSFUSE_NORM_PARAMETERS                                                                             \
+#define CUTLASSFUSE_NORM_PARAMETERS                                                                                \
   const at::Tensor &input, int64_t num_groups, const OptionalTensor &norm_weight, const OptionalTensor &norm_bias, \
       double eps, c10::string_view activation, double activation_parameter, const OptionalTensor &activation_weight
 #define CUTLASSFUSE_NORM_ARGUMENTS \
   input, num_groups, norm_weight, norm_bias, eps, activation, activation_parameter, activation_weight
 
 using BlockSignature = at::Tensor(CUTLASSFUSE_BLOCK_PARAMETERS);
-using BlockForBackwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-    CUTLASSFUSE_BLOCK_PARAMETERS);
+using BlockForBackwardSignature =
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(CUTLASSFUSE_BLOCK_PARAMETERS);
 using NormSignature = at::Tensor(CUTLASSFUSE_NORM_PARAMETERS);
 using NormForBackwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(CUTLASSFUSE_NORM_PARAMETERS);
 

@@ -27,9 +27,9 @@ NormForBackward group_norm_then(const at::Tensor& x, int64_t num_groups, const s
                                 at::MemoryFormat format) {
   const at::ScalarType type = x.scalar_type();
   const auto [n, c, pixels] = group_norm_extents(x);
-  const auto [normalized, mean, rstd] = at::native_group_norm(x.contiguous(group_norm_input_format(x)),
-                                                              as_type(gamma, type), as_type(beta, type), n, c, pixels,
-                                                              num_groups, eps);
+  const auto [normalized, mean, rstd] =
+      at::native_group_norm(x.contiguous(group_norm_input_format(x)), as_type(gamma, type), as_type(beta, type), n, c,
+                            pixels, num_groups, eps);
   const at::Tensor out = apply_activation(normalized, kind_of(after), after.parameter, after.weight);
   return {out.contiguous(format), mean.to(statistics_type(type)).view({n, num_groups}),
           rstd.to(statistics_type(type)).view({n, num_groups})};
@@ -39,10 +39,11 @@ BlockForBackward block_forward(const ConvNormActivationArgs& a) {
   const at::Tensor y = convolution_without_bias(a);
   at::Tensor x = a.bias.has_value() && a.bias->defined() ? y + per_channel(*a.bias, y) : y;
   const ActivationArgs identity{"identity", 0., std::nullopt};
-  if (a.activation_before_norm) x = apply_activation(x, kind_of(a.activation), a.activation.parameter, a.activation.weight);
-  const auto [out, mean, rstd] = group_norm_then(x, a.num_groups, a.norm_weight, a.norm_bias, a.eps,
-                                                 a.activation_before_norm ? identity : a.activation,
-                                                 block_output_memory_format(a));
+  if (a.activation_before_norm)
+    x = apply_activation(x, kind_of(a.activation), a.activation.parameter, a.activation.weight);
+  const auto [out, mean, rstd] =
+      group_norm_then(x, a.num_groups, a.norm_weight, a.norm_bias, a.eps,
+                      a.activation_before_norm ? identity : a.activation, block_output_memory_format(a));
   return {out, y, mean, rstd};
 }
 
@@ -63,9 +64,8 @@ at::Tensor apply_activation(const at::Tensor& x, ActivationKind kind, double par
   return x;
 }
 
-std::tuple<at::Tensor, at::Tensor> activation_backward(const at::Tensor& grad, const at::Tensor& x,
-                                                       ActivationKind kind, double parameter,
-                                                       const std::optional<at::Tensor>& weight) {
+std::tuple<at::Tensor, at::Tensor> activation_backward(const at::Tensor& grad, const at::Tensor& x, ActivationKind kind,
+                                                       double parameter, const std::optional<at::Tensor>& weight) {
   switch (kind) {
     case ActivationKind::kIdentity: return {grad, at::Tensor()};
     case ActivationKind::kReLU: return {at::threshold_backward(grad, x, 0), at::Tensor()};
@@ -76,15 +76,13 @@ std::tuple<at::Tensor, at::Tensor> activation_backward(const at::Tensor& grad, c
       const at::Tensor positive = x > 0;
       const at::Tensor dx = at::where(positive, grad, grad * slopes);
       const at::Tensor contributions = at::where(positive, at::zeros({}, grad.options()), x * grad);
-      const at::Tensor dslopes = shared ? contributions.sum().view({1})
-                                                      : contributions.sum({0, 2, 3, 4});
+      const at::Tensor dslopes = shared ? contributions.sum().view({1}) : contributions.sum({0, 2, 3, 4});
       return {dx, dslopes.to(weight->scalar_type())};
     }
     case ActivationKind::kSiLU: return {at::silu_backward(grad, x), at::Tensor()};
     case ActivationKind::kGELU: return {at::gelu_backward(grad, x, "none"), at::Tensor()};
     case ActivationKind::kGELUTanh: return {at::gelu_backward(grad, x, "tanh"), at::Tensor()};
-    case ActivationKind::kELU:
-      return {at::elu_backward(grad, parameter, 1, 1, /*is_result=*/false, x), at::Tensor()};
+    case ActivationKind::kELU: return {at::elu_backward(grad, parameter, 1, 1, /*is_result=*/false, x), at::Tensor()};
   }
   return {grad, at::Tensor()};
 }

@@ -26,8 +26,20 @@ std::string schema(const char* name, const char* arguments, const char* result) 
 // Unpacks a schema's arguments for `Impl`: one signature per op for every kernel.
 template <class Result, Result (*Impl)(const ConvNormActivationArgs&)>
 Result block_kernel(CUTLASSFUSE_BLOCK_PARAMETERS) {
-  return Impl({input, weight, bias, stride, padding, output_padding, groups, dilation, transposed, num_groups,
-               norm_weight, norm_bias, eps, {activation, activation_parameter, activation_weight},
+  return Impl({input,
+               weight,
+               bias,
+               stride,
+               padding,
+               output_padding,
+               groups,
+               dilation,
+               transposed,
+               num_groups,
+               norm_weight,
+               norm_bias,
+               eps,
+               {activation, activation_parameter, activation_weight},
                activation_before_norm});
 }
 
@@ -80,8 +92,9 @@ at::Tensor block_autocast(CUTLASSFUSE_BLOCK_PARAMETERS) {
 // The references as a backend's kernels: the CPU's, and CUDA's in a build without CUDA
 // kernels.
 void impl_references(torch::Library& m) {
-  m.impl("conv3d_norm_activation",
-         &block_kernel<at::Tensor, &checked_reference<BlockArgs, at::Tensor, &reference_block_forward, &validate_block>>);
+  m.impl(
+      "conv3d_norm_activation",
+      &block_kernel<at::Tensor, &checked_reference<BlockArgs, at::Tensor, &reference_block_forward, &validate_block>>);
   m.impl("conv3d_norm_activation_for_backward",
          &block_kernel<BlockForBackward, &checked_reference<BlockArgs, BlockForBackward,
                                                             &reference_block_forward_for_backward, &validate_block>>);

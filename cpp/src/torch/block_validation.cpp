@@ -24,8 +24,7 @@ ActivationKind validate_activation(const ActivationArgs& a, const at::Tensor& in
   TORCH_CHECK_VALUE(std::isfinite(a.parameter), "cutlassfuse: activation_parameter must be finite, got ", a.parameter);
   const bool has_weight = a.weight.has_value() && a.weight->defined();
   if (*kind != ActivationKind::kPReLU) {
-    TORCH_CHECK_VALUE(!has_weight, "cutlassfuse: activation_weight is PReLU's; activation '", a.name,
-                      "' takes none");
+    TORCH_CHECK_VALUE(!has_weight, "cutlassfuse: activation_weight is PReLU's; activation '", a.name, "' takes none");
     return *kind;
   }
   TORCH_CHECK_VALUE(has_weight, "cutlassfuse: activation 'prelu' needs activation_weight (nn.PReLU's weight)");
@@ -50,8 +49,8 @@ void validate_norm(int64_t num_groups, int64_t channels, double eps, const std::
 }
 
 void check_input(const at::Tensor& input, const char* shape) {
-  TORCH_CHECK_VALUE(input.dim() == 5, "cutlassfuse: input must be 5-D ", shape, ", got ", input.dim(),
-                    "-D with shape ", input.sizes());
+  TORCH_CHECK_VALUE(input.dim() == 5, "cutlassfuse: input must be 5-D ", shape, ", got ", input.dim(), "-D with shape ",
+                    input.sizes());
   TORCH_CHECK_TYPE(at::isFloatingType(input.scalar_type()), "cutlassfuse: input must be a floating-point tensor, got ",
                    input.scalar_type());
 }
@@ -113,11 +112,11 @@ Problem validate_convolution(const ConvNormActivationArgs& a) {
     p.kernel_size[i] = weight.size(2 + i);
     TORCH_CHECK_VALUE(p.kernel_size[i] > 0, "cutlassfuse: kernel size must be positive, got weight shape ",
                       weight.sizes());
-    output_size[i] = a.transposed ? transposed_conv_output_extent<__int128>(p.input_size[i], p.kernel_size[i],
-                                                                            p.stride[i], p.padding[i],
-                                                                            p.output_padding[i], p.dilation[i])
-                                  : conv_output_extent<__int128>(p.input_size[i], p.kernel_size[i], p.stride[i],
-                                                                 p.padding[i], p.dilation[i]);
+    output_size[i] =
+        a.transposed
+            ? transposed_conv_output_extent<__int128>(p.input_size[i], p.kernel_size[i], p.stride[i], p.padding[i],
+                                                      p.output_padding[i], p.dilation[i])
+            : conv_output_extent<__int128>(p.input_size[i], p.kernel_size[i], p.stride[i], p.padding[i], p.dilation[i]);
     TORCH_CHECK_VALUE(output_size[i] > 0, "cutlassfuse: the output would be empty along spatial dimension ", i,
                       " (input ", input.sizes(), ", kernel ", weight.sizes(), ", padding ", a.padding, ", dilation ",
                       a.dilation, ")");

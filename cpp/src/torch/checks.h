@@ -20,8 +20,8 @@ Extent3 to_extent3(at::IntArrayRef values, const char* name);
 void check_same_device(const at::Tensor& input, const char* name, const at::Tensor& t);
 
 // When present: 1-D of `size` floating values, of the input's dtype if `same_dtype`.
-void check_optional_vector(const std::optional<at::Tensor>& t, const char* name, int64_t size,
-                           const at::Tensor& input, bool same_dtype);
+void check_optional_vector(const std::optional<at::Tensor>& t, const char* name, int64_t size, const at::Tensor& input,
+                           bool same_dtype);
 
 // Whether an output of these (exact, positive) sizes fits PyTorch's bound on a tensor's
 // storage, 2^63 - 1 bytes, with at least one sample.
