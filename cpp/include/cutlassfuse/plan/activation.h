@@ -89,8 +89,7 @@ CUTLASSFUSE_HOST_DEVICE float activation_derivative(ActivationKind kind, float x
       const float s = 1.f / (1.f + expf(-x));
       return s * (1.f + x * (1.f - s));
     }
-    case ActivationKind::kGELU:
-      return 0.5f * (1.f + erff(x * kSqrt1_2)) + x * kInvSqrt2Pi * expf(-0.5f * x * x);
+    case ActivationKind::kGELU: return 0.5f * (1.f + erff(x * kSqrt1_2)) + x * kInvSqrt2Pi * expf(-0.5f * x * x);
     case ActivationKind::kGELUTanh: {
       const float inner = kSqrt2OverPi * (x + 0.044715f * x * x * x);
       const float t = tanhf(inner);
