@@ -32,7 +32,7 @@ KERNEL_KEYS = ("PingpongPhasesKernel", "ConvUniversal", "ncdhw_to_ndhwc", "split
                "scale_tf32", "scale_filter", "fill_unreached",
                "group_norm_finalize", "group_norm_finish_bulk", "group_norm_finish_kernel<__half, true",
                "group_norm_finish_kernel<__half, false",
-               "relu_group_norm_stats", "normalize_channels")
+               "norm_activation_stats", "normalize_channels")
 
 
 def kernel_times_us(fn) -> tuple[dict[str, float], float]:

@@ -27,7 +27,7 @@ METRICS = {
     "Achieved Occupancy": "occupancy %",
 }
 KERNEL_KEYS = ("PingpongPhasesKernel", "ConvUniversal", "group_norm_finish", "group_norm_finalize", "ncdhw_to_ndhwc",
-               "fill_unreached", "split_float32", "relu_group_norm_stats", "normalize_channels")
+               "fill_unreached", "split_float32", "norm_activation_stats", "normalize_channels")
 # Tensor-pipe utilization has per-architecture names (wgmma on Hopper, mma.sync
 # before), and a metric ncu knows can still read n/a on a given GPU (the gmma-cycles
 # one did on the H200's ncu). One unknown metric fails the whole ncu run, so the

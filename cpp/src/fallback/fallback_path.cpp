@@ -1,9 +1,10 @@
 // The CUDA fallback for calls the fused sm90 path does not take (other GPUs, float32,
 // channel counts TMA cannot align, conv groups, ...): cuDNN's transposed convolution
-// without bias, then this project's ReLU + GroupNorm statistics, finalize and
-// normalize kernels (group_norm_generic.h). The normalize runs in place; a call that
-// keeps what its backward reads writes the output beside the activation in the same
-// pass, and the finalize writes mean and rstd.
+// without bias, then this project's GroupNorm statistics, finalize and normalize
+// kernels (group_norm_generic.h), adding the bias and applying ReLU before the norm on
+// the fly. The normalize runs in place; a call that keeps what its backward reads
+// writes the output beside the activation in the same pass, and the finalize writes
+// mean and rstd.
 //
 // float32 runs the convolution as PyTorch does (float32 mode "pytorch", settings.h):
 // ATen's convolution, the call nn.ConvTranspose3d makes (its bias added after), reads
@@ -106,9 +107,11 @@ ForwardOutputs FallbackCall::run() const {
   }
 
   const NvtxRange range("cutlassfuse.relu_group_norm");
-  relu_group_norm_stats(element, y.data_ptr(), layout, bias_ptr, shape, partials_ptr, stream);
+  const PreNorm pre{bias_ptr, {ActivationKind::kReLU}};
+  norm_activation_stats(element, y.data_ptr(), layout, pre, shape, partials_ptr, stream);
   group_norm_finalize(finalize, stream);
-  relu_group_norm_normalize(element, y.data_ptr(), layout, bias_ptr, scale_shift.data_ptr(), shape, outputs, stream);
+  norm_activation_normalize(element, y.data_ptr(), layout, pre, scale_shift.data_ptr(), ActivationParams{}, shape,
+                            outputs, stream);
   return result;
 }
 

@@ -1,5 +1,6 @@
-// ReLU + GroupNorm statistics and normalize over a convolution output of any layout
-// and channel count. See cutlassfuse/norm/group_norm_generic.h.
+// GroupNorm statistics and normalize with an activation before and after the norm,
+// over a convolution output of any layout and channel count. See
+// cutlassfuse/norm/group_norm_generic.h.
 #include <algorithm>
 
 #include "cutlassfuse/common/device_utils.cuh"
@@ -13,20 +14,50 @@ constexpr int kWarps = kThreads / 32;
 // A statistics tile: kTileM output pixels (rows n * spatial + pixel) x kTileN channels.
 constexpr int kTileM = 256;
 constexpr int kTileN = 64;
-// Elements a normalize block handles.
-constexpr int kChunk = kThreads * 8;
+// Elements a lane of the statistics reads at once (loads issued together, one branch
+// on the activation's kind).
+constexpr int kStatsBatch = 4;
+// Elements a normalize block handles: kPerThread a thread, kThreads apart, read at once.
+constexpr int kPerThread = 8;
+constexpr int kChunk = kThreads * kPerThread;
 
+// PreNorm as the kernels take it.
 template <class T>
-struct Activation {
+struct PreTerms {
+  const T* bias;  // null: none
+  ActivationParams activation;
+
+  __device__ float bias_at(int channel) const { return bias == nullptr ? 0.f : to_float(bias[channel]); }
+};
+
+// v[i] = pre(v[i]) = activation(v[i] + bias), v[i] of channel(i).
+template <class T, int N, class Channel>
+__device__ __forceinline__ void apply_pre(const PreTerms<T>& pre, float (&v)[N], const Channel& channel) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] += pre.bias_at(channel(i));
+  activate_each(pre.activation, v, channel);
+}
+
+// v[i] = after(v[i] * scale + shift), v[i] of channel(i) with scale_shift(i).
+template <int N, class ScaleShift, class Channel>
+__device__ __forceinline__ void apply_norm_after(const ActivationParams& after, float (&v)[N],
+                                                 const ScaleShift& scale_shift, const Channel& channel) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const float2 ss = scale_shift(i);
+    v[i] = fmaf(v[i], ss.x, ss.y);
+  }
+  activate_each(after, v, channel);
+}
+
+// What the statistics read: pre(y) over y.
+template <class T>
+struct NormInput {
   const T* y;
-  const T* bias;
+  PreTerms<T> pre;
   int64_t spatial;
   int channels;
   bool channels_last;
-
-  __device__ float relu_at(int64_t index, int channel) const {
-    return relu(to_float(y[index]) + (bias == nullptr ? 0.f : to_float(bias[channel])));
-  }
 };
 
 // The rectangle of one (sample segment, group segment) of a tile: rows of one sample.
@@ -38,32 +69,45 @@ struct Rectangle {
   int cols;
 };
 
-// Count, mean and M2 of ReLU(y + bias) over the rectangle: one pass of sums shifted by
+// Count, mean and M2 of pre(y) over the rectangle: one pass of sums shifted by
 // its first value (bounded cancellation over at most kTileM * kTileN values), the
-// lanes walking the rectangle along the layout's contiguous dimension.
+// lanes walking the rectangle along the layout's contiguous dimension: `major` lines
+// of `minor` contiguous elements (pixels x channels channels-last, channels x pixels
+// NCDHW), kStatsBatch elements 32 apart at a time.
 template <class T>
-__device__ WelfordPartial warp_moments(const Activation<T>& a, const Rectangle& r, int lane) {
-  const int64_t pixel_begin = r.row_begin - r.sample * a.spatial;
-  auto index_of = [&](int i, int& channel) {
-    if (a.channels_last) {
-      channel = r.col_begin + i % r.cols;
-      return (r.row_begin + i / r.cols) * a.channels + channel;
-    }
-    channel = r.col_begin + i / r.rows;
-    return (r.sample * a.channels + channel) * a.spatial + pixel_begin + i % r.rows;
-  };
-  int channel;
-  const int64_t first = index_of(0, channel);
-  const float shift = a.relu_at(first, channel);
+__device__ WelfordPartial warp_moments(const NormInput<T>& a, const Rectangle& r, int lane) {
+  const int minor_extent = a.channels_last ? r.cols : r.rows;
+  const int64_t major_stride = a.channels_last ? a.channels : a.spatial;
+  const int64_t origin = a.channels_last
+                             ? r.row_begin * a.channels + r.col_begin
+                             : (r.sample * a.channels + r.col_begin) * a.spatial + r.row_begin - r.sample * a.spatial;
+  const FastDivisor by_minor(static_cast<uint32_t>(minor_extent));
+  float shift[1] = {to_float(a.y[origin])};
+  apply_pre(a.pre, shift, [&](int) { return r.col_begin; });
   float sum = 0.f;
   float squares = 0.f;
   const int area = r.rows * r.cols;
-#pragma unroll 4
-  for (int i = lane; i < area; i += 32) {
-    const int64_t index = index_of(i, channel);
-    const float x = a.relu_at(index, channel) - shift;
-    sum += x;
-    squares = fmaf(x, x, squares);
+  for (int i = lane; i < area; i += 32 * kStatsBatch) {
+    float v[kStatsBatch];
+    int channel[kStatsBatch];
+#pragma unroll
+    for (int j = 0; j < kStatsBatch; ++j) {
+      // Past the rectangle: its last element again, left out of the sums.
+      const auto element = static_cast<uint32_t>(min(i + 32 * j, area - 1));
+      const uint32_t major = by_minor.quotient(element);
+      const uint32_t minor = by_minor.remainder(element, major);
+      channel[j] = r.col_begin + static_cast<int>(a.channels_last ? minor : major);
+      v[j] = to_float(a.y[origin + major * major_stride + minor]);
+    }
+    apply_pre(a.pre, v, [&](int j) { return channel[j]; });
+#pragma unroll
+    for (int j = 0; j < kStatsBatch; ++j) {
+      if (i + 32 * j < area) {
+        const float x = v[j] - shift[0];
+        sum += x;
+        squares = fmaf(x, x, squares);
+      }
+    }
   }
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) {
@@ -72,14 +116,14 @@ __device__ WelfordPartial warp_moments(const Activation<T>& a, const Rectangle& 
   }
   const auto count = static_cast<float>(area);
   const float shifted_mean = sum / count;
-  return {count, shift + shifted_mean, fmaxf(squares - sum * shifted_mean, 0.f)};
+  return {count, shift[0] + shifted_mean, fmaxf(squares - sum * shifted_mean, 0.f)};
 }
 
 // Block (tile row, tile column): a warp per (sample segment, group segment) of the
 // tile, each written to its fixed slot (the layout the fused epilogue writes too).
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-relu_group_norm_stats_kernel(Activation<T> a, int64_t total_rows, int channels_per_group, TilePartials tiles,
+norm_activation_stats_kernel(NormInput<T> a, int64_t total_rows, int channels_per_group, TilePartials tiles,
                              WelfordPartial* __restrict__ partials) {
   const int64_t tile_m = blockIdx.x;
   const int tile_n = static_cast<int>(blockIdx.y);
@@ -110,63 +154,93 @@ relu_group_norm_stats_kernel(Activation<T> a, int64_t total_rows, int channels_p
   }
 }
 
-// NCDHW, in place: block (plane n * channels + c, chunk of the plane), contiguous
-// accesses, one scale/shift per block.
+// NCDHW: block (plane n * channels + c, chunk of the plane), contiguous accesses, one
+// set of channel constants per block. out may be y (in place): each element is read
+// and written by one thread.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-normalize_channels_first_kernel(T* y, const T* bias, const float2* __restrict__ scale_shift, int64_t spatial,
-                                int channels, int64_t chunks_per_plane) {
+normalize_channels_first_kernel(const T* y, PreTerms<T> pre, const float2* __restrict__ scale_shift,
+                                ActivationParams after, int64_t spatial, int channels, int64_t chunks_per_plane,
+                                T* out) {
   const int64_t plane = blockIdx.x / chunks_per_plane;
-  const int64_t begin = (blockIdx.x % chunks_per_plane) * kChunk;
+  const int64_t begin = (blockIdx.x % chunks_per_plane) * kChunk + threadIdx.x;
   const int c = static_cast<int>(plane % channels);
   const float2 ss = scale_shift[plane];
-  const float b = bias == nullptr ? 0.f : to_float(bias[c]);
-  T* row = y + plane * spatial;
-  for (int64_t i = begin + threadIdx.x; i < std::min(spatial, begin + kChunk); i += kThreads) {
-    row[i] = from_float<T>(fmaf(relu(to_float(row[i]) + b), ss.x, ss.y));
+  const T* row = y + plane * spatial;
+  float v[kPerThread];
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int64_t i = begin + j * kThreads;
+    v[j] = i < spatial ? to_float(row[i]) : 0.f;
+  }
+  const auto channel = [&](int) { return c; };
+  apply_pre(pre, v, channel);
+  apply_norm_after(after, v, [&](int) { return ss; }, channel);
+  T* out_row = out + plane * spatial;
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int64_t i = begin + j * kThreads;
+    if (i < spatial) out_row[i] = from_float<T>(v[j]);
   }
 }
 
-// NCDHW, keeping the activation: block (tile of kTransposeTile pixels x kTransposeTile
-// channels, sample). The output is written along the pixels as y is read; the
-// activation goes through a padded shared-memory transpose and is written NDHWC along
-// the channels. Accesses are 8-element vectors (16 bytes of 16-bit data) where the rows
+// NCDHW, keeping pre(y): block (tile of kTransposeTile pixels x kTransposeTile
+// channels, sample). The output is written along the pixels as y is read; pre(y)
+// goes through a padded shared-memory transpose and is written NDHWC along the
+// channels. Accesses are 8-element vectors (16 bytes of 16-bit data) where the rows
 // hold whole aligned ones (kVectorPixels: pixels per sample a multiple of 8;
-// kVectorChannels: channels a multiple of 8), else one element per lane.
+// kVectorChannels: channels a multiple of 8), else one element per lane. Either way a
+// thread takes kVector values at once: one vector of a row, or one pixel of kVector
+// rows.
 constexpr int kTransposeTile = 64;
 
 template <class T, bool kVectorPixels>
-__device__ void normalize_tile_keeping(const T* __restrict__ y, const T* bias, const float2* __restrict__ scale_shift,
+__device__ void normalize_tile_keeping(const T* __restrict__ y, const PreTerms<T>& pre,
+                                       const float2* __restrict__ scale_shift, const ActivationParams& after,
                                        int64_t spatial, int channels, T* __restrict__ out,
                                        float (*tile)[kTransposeTile + 1], int64_t n, int64_t pixel_begin,
                                        int channel_begin) {
   constexpr int kLanesPerChannel = kVectorPixels ? kTransposeTile / kVector : kTransposeTile;
-  constexpr int kWidth = kVectorPixels ? kVector : 1;
+  constexpr int kWidth = kVectorPixels ? kVector : 1;  // pixels of a row
+  constexpr int kRows = kVector / kWidth;              // rows at once
+  constexpr int kRowStep = kThreads / kLanesPerChannel;
   const int first = static_cast<int>(threadIdx.x % kLanesPerChannel) * kWidth;
   const int64_t pixel = pixel_begin + first;
   if (pixel >= spatial) return;  // with vectors, spatial is a whole number of them
-  for (int i = static_cast<int>(threadIdx.x / kLanesPerChannel); i < kTransposeTile; i += kThreads / kLanesPerChannel) {
-    const int c = channel_begin + i;
-    if (c >= channels) return;
-    const int64_t index = (n * channels + c) * spatial + pixel;
-    const float b = bias == nullptr ? 0.f : to_float(bias[c]);
-    const float2 ss = scale_shift[n * channels + c];
+  for (int i = static_cast<int>(threadIdx.x / kLanesPerChannel); i < kTransposeTile; i += kRowStep * kRows) {
+    if (channel_begin + i >= channels) return;
     float v[kVector];
-    if constexpr (kVectorPixels) {
-      load_vector(y + index, v);
-    } else {
-      v[0] = to_float(y[index]);
-    }
+    int channel[kRows];
+    float2 ss[kRows];
 #pragma unroll
-    for (int k = 0; k < kWidth; ++k) {
-      v[k] = relu(v[k] + b);
-      tile[i][first + k] = v[k];
-      v[k] = fmaf(v[k], ss.x, ss.y);
+    for (int r = 0; r < kRows; ++r) {
+      channel[r] = min(channel_begin + i + r * kRowStep, channels - 1);  // past the channels: read, not written
+      ss[r] = scale_shift[n * channels + channel[r]];
+      const int64_t index = (n * channels + channel[r]) * spatial + pixel;
+      if constexpr (kVectorPixels) {
+        load_vector(y + index, v);
+      } else {
+        v[r] = to_float(y[index]);
+      }
     }
-    if constexpr (kVectorPixels) {
-      store_vector(out + index, v);
-    } else {
-      out[index] = from_float<T>(v[0]);
+    const auto channel_of = [&](int k) { return channel[k / kWidth]; };
+    apply_pre(pre, v, channel_of);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (channel_begin + i + r * kRowStep >= channels) break;
+#pragma unroll
+      for (int k = 0; k < kWidth; ++k) tile[i + r * kRowStep][first + k] = v[r * kWidth + k];
+    }
+    apply_norm_after(after, v, [&](int k) { return ss[k / kWidth]; }, channel_of);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (channel_begin + i + r * kRowStep >= channels) break;
+      T* dst = out + (n * channels + channel[r]) * spatial + pixel;
+      if constexpr (kVectorPixels) {
+        store_vector(dst, v);
+      } else {
+        *dst = from_float<T>(v[r]);
+      }
     }
   }
 }
@@ -197,27 +271,28 @@ __device__ void store_tile_channels_last(const float (*tile)[kTransposeTile + 1]
 
 template <class T, bool kVectorPixels, bool kVectorChannels>
 __global__ void __launch_bounds__(kThreads)
-normalize_keeping_channels_first_kernel(const T* __restrict__ y, const T* bias, const float2* __restrict__ scale_shift,
-                                        int64_t spatial, int channels, T* __restrict__ out,
-                                        T* __restrict__ activation) {
+normalize_keeping_channels_first_kernel(const T* __restrict__ y, PreTerms<T> pre,
+                                        const float2* __restrict__ scale_shift, ActivationParams after, int64_t spatial,
+                                        int channels, T* __restrict__ out, T* __restrict__ activation) {
   __shared__ float tile[kTransposeTile][kTransposeTile + 1];  // [channel][pixel]
   const int64_t n = blockIdx.y;
   const int64_t pixel_begin = int64_t{blockIdx.x} * kTransposeTile;
   const int channel_begin = static_cast<int>(blockIdx.z) * kTransposeTile;
-  normalize_tile_keeping<T, kVectorPixels>(y, bias, scale_shift, spatial, channels, out, tile, n, pixel_begin,
+  normalize_tile_keeping<T, kVectorPixels>(y, pre, scale_shift, after, spatial, channels, out, tile, n, pixel_begin,
                                            channel_begin);
   __syncthreads();
   store_tile_channels_last<T, kVectorChannels>(tile, spatial, channels, activation, n, pixel_begin, channel_begin);
 }
 
 template <class T>
-void launch_normalize_keeping_channels_first(const T* y, const T* bias, const float2* scale_shift,
-                                             const GroupNormShape& shape, T* out, T* activation, cudaStream_t stream) {
+void launch_normalize_keeping_channels_first(const T* y, const PreTerms<T>& pre, const float2* scale_shift,
+                                             const ActivationParams& after, const GroupNormShape& shape, T* out,
+                                             T* activation, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(ceil_div(shape.spatial, kTransposeTile)), static_cast<unsigned>(shape.batch),
                   static_cast<unsigned>(ceil_div(shape.channels, kTransposeTile)));
   const int channels = static_cast<int>(shape.channels);
   const auto launch = [&](auto kernel) {
-    kernel<<<grid, kThreads, 0, stream>>>(y, bias, scale_shift, shape.spatial, channels, out, activation);
+    kernel<<<grid, kThreads, 0, stream>>>(y, pre, scale_shift, after, shape.spatial, channels, out, activation);
   };
   const bool vector_pixels = shape.spatial % kVector == 0;
   const bool vector_channels = shape.channels % kVector == 0;
@@ -231,47 +306,73 @@ void launch_normalize_keeping_channels_first(const T* y, const T* bias, const fl
 }
 
 // NDHWC: block (sample, chunk of the sample's pixels x channels). out may be y (in
-// place); activation, when kept, may be y too: each element is read and written by one
-// thread.
+// place); activation (pre(y)), when kept, may be y too: each element is read and
+// written by one thread.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-normalize_channels_last_kernel(const T* y, const T* bias, const float2* __restrict__ scale_shift, int64_t spatial,
-                               int channels, int64_t chunks_per_sample, T* out, T* activation) {
+normalize_channels_last_kernel(const T* y, PreTerms<T> pre, const float2* __restrict__ scale_shift,
+                               ActivationParams after, int64_t spatial, int channels, int64_t chunks_per_sample, T* out,
+                               T* activation) {
   const int64_t n = blockIdx.x / chunks_per_sample;
   const int64_t begin = (blockIdx.x % chunks_per_sample) * kChunk;
   const int64_t count = spatial * channels;
   const int first_channel = static_cast<int>(begin % channels);
-  const int64_t sample = n * count;
+  const T* sample_y = y + n * count + begin;
   const float2* sample_ss = scale_shift + n * channels;
-  for (int k = threadIdx.x; k < kChunk && begin + k < count; k += kThreads) {
-    const int c = (first_channel + k) % channels;
-    const float2 ss = sample_ss[c];
-    const float b = bias == nullptr ? 0.f : to_float(bias[c]);
-    const int64_t index = sample + begin + k;
-    const float a = relu(to_float(y[index]) + b);
-    if (activation != nullptr) activation[index] = from_float<T>(a);
-    out[index] = from_float<T>(fmaf(a, ss.x, ss.y));
+  float v[kPerThread];
+  int channel[kPerThread];
+  channel[0] = (first_channel + static_cast<int>(threadIdx.x)) % channels;
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    if (j > 0) {  // kThreads elements further, without dividing
+      channel[j] = channel[j - 1] + kThreads % channels;
+      if (channel[j] >= channels) channel[j] -= channels;
+    }
+    const int k = threadIdx.x + j * kThreads;
+    v[j] = begin + k < count ? to_float(sample_y[k]) : 0.f;
+  }
+  const auto channel_of = [&](int j) { return channel[j]; };
+  apply_pre(pre, v, channel_of);
+  const int64_t offset = n * count + begin;
+  if (activation != nullptr) {
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int k = threadIdx.x + j * kThreads;
+      if (begin + k < count) activation[offset + k] = from_float<T>(v[j]);
+    }
+  }
+  apply_norm_after(after, v, [&](int j) { return sample_ss[channel[j]]; }, channel_of);
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int k = threadIdx.x + j * kThreads;
+    if (begin + k < count) out[offset + k] = from_float<T>(v[j]);
   }
 }
 
 template <class T>
-void launch_stats(const void* y, ActivationLayout layout, const void* bias, const GroupNormShape& shape,
-                  WelfordPartial* partials, cudaStream_t stream) {
-  const Activation<T> a{static_cast<const T*>(y), static_cast<const T*>(bias), shape.spatial,
-                        static_cast<int>(shape.channels), layout == ActivationLayout::kChannelsLast};
-  const TilePartials tiles = generic_stats_tiles(shape);
-  const int64_t total_rows = shape.batch * shape.spatial;
-  const dim3 grid(static_cast<unsigned>(ceil_div(total_rows, kTileM)), static_cast<unsigned>(tiles.tiles_n));
-  relu_group_norm_stats_kernel<T><<<grid, kThreads, 0, stream>>>(
-      a, total_rows, static_cast<int>(shape.channels / shape.num_groups), tiles, partials);
-  check_launch("relu_group_norm_stats_kernel");
+PreTerms<T> pre_terms(const PreNorm& pre) {
+  return {static_cast<const T*>(pre.bias), pre.activation};
 }
 
 template <class T>
-void launch_normalize(void* y, ActivationLayout layout, const void* bias, const void* scale_shift,
-                      const GroupNormShape& shape, const NormalizeOutputs& outputs, cudaStream_t stream) {
+void launch_stats(const void* y, ActivationLayout layout, const PreNorm& pre, const GroupNormShape& shape,
+                  WelfordPartial* partials, cudaStream_t stream) {
+  const NormInput<T> a{static_cast<const T*>(y), pre_terms<T>(pre), shape.spatial, static_cast<int>(shape.channels),
+                       layout == ActivationLayout::kChannelsLast};
+  const TilePartials tiles = generic_stats_tiles(shape);
+  const int64_t total_rows = shape.batch * shape.spatial;
+  const dim3 grid(static_cast<unsigned>(ceil_div(total_rows, kTileM)), static_cast<unsigned>(tiles.tiles_n));
+  norm_activation_stats_kernel<T><<<grid, kThreads, 0, stream>>>(
+      a, total_rows, static_cast<int>(shape.channels / shape.num_groups), tiles, partials);
+  check_launch("norm_activation_stats_kernel");
+}
+
+template <class T>
+void launch_normalize(void* y, ActivationLayout layout, const PreNorm& pre_norm, const void* scale_shift,
+                      const ActivationParams& after, const GroupNormShape& shape, const NormalizeOutputs& outputs,
+                      cudaStream_t stream) {
   auto* data = static_cast<T*>(y);
-  const auto* b = static_cast<const T*>(bias);
+  const PreTerms<T> pre = pre_terms<T>(pre_norm);
   const auto* ss = static_cast<const float2*>(scale_shift);
   auto* out = static_cast<T*>(outputs.out == nullptr ? y : outputs.out);
   auto* activation = static_cast<T*>(outputs.activation);
@@ -280,15 +381,16 @@ void launch_normalize(void* y, ActivationLayout layout, const void* bias, const 
     const int64_t chunks = ceil_div(shape.spatial * shape.channels, kChunk);
     const auto blocks = static_cast<unsigned>(shape.batch * chunks);
     normalize_channels_last_kernel<T>
-        <<<blocks, kThreads, 0, stream>>>(data, b, ss, shape.spatial, channels, chunks, out, activation);
+        <<<blocks, kThreads, 0, stream>>>(data, pre, ss, after, shape.spatial, channels, chunks, out, activation);
   } else if (activation == nullptr) {
     const int64_t chunks = ceil_div(shape.spatial, kChunk);
     const auto blocks = static_cast<unsigned>(shape.batch * shape.channels * chunks);
-    normalize_channels_first_kernel<T><<<blocks, kThreads, 0, stream>>>(data, b, ss, shape.spatial, channels, chunks);
+    normalize_channels_first_kernel<T>
+        <<<blocks, kThreads, 0, stream>>>(data, pre, ss, after, shape.spatial, channels, chunks, out);
   } else {
-    launch_normalize_keeping_channels_first<T>(data, b, ss, shape, out, activation, stream);
+    launch_normalize_keeping_channels_first<T>(data, pre, ss, after, shape, out, activation, stream);
   }
-  check_launch("relu_group_norm_normalize_kernel");
+  check_launch("norm_activation_normalize_kernel");
 }
 
 // Calls f with the C++ element type of `element`.
@@ -305,16 +407,16 @@ void with_type(ElementType element, F&& f) {
 
 TilePartials generic_stats_tiles(const GroupNormShape& shape) { return TilePartials::for_tiles(shape, kTileM, kTileN); }
 
-void relu_group_norm_stats(ElementType element, const void* y, ActivationLayout layout, const void* bias,
+void norm_activation_stats(ElementType element, const void* y, ActivationLayout layout, const PreNorm& pre,
                            const GroupNormShape& shape, WelfordPartial* partials, cudaStream_t stream) {
-  with_type(element, [&](auto t) { launch_stats<decltype(t)>(y, layout, bias, shape, partials, stream); });
+  with_type(element, [&](auto t) { launch_stats<decltype(t)>(y, layout, pre, shape, partials, stream); });
 }
 
-void relu_group_norm_normalize(ElementType element, void* y, ActivationLayout layout, const void* bias,
-                               const void* scale_shift, const GroupNormShape& shape, const NormalizeOutputs& outputs,
-                               cudaStream_t stream) {
+void norm_activation_normalize(ElementType element, void* y, ActivationLayout layout, const PreNorm& pre,
+                               const void* scale_shift, const ActivationParams& after, const GroupNormShape& shape,
+                               const NormalizeOutputs& outputs, cudaStream_t stream) {
   with_type(element,
-            [&](auto t) { launch_normalize<decltype(t)>(y, layout, bias, scale_shift, shape, outputs, stream); });
+            [&](auto t) { launch_normalize<decltype(t)>(y, layout, pre, scale_shift, after, shape, outputs, stream); });
 }
 
 }  // namespace cutlassfuse

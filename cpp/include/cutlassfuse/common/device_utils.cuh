@@ -1,14 +1,19 @@
 // Small device helpers shared by cutlassfuse's own (non-CUTLASS) kernels: element
-// conversions, 16-byte vector access to 16-bit elements, and launch checking.
+// conversions, 16-byte vector access to 16-bit elements, an activation's constant per
+// channel, and launch checking.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <iterator>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 
+#include "cutlassfuse/plan/activation.h"
 #include "cutlassfuse/plan/problem.h"  // ceil_div
 
 namespace cutlassfuse {
@@ -34,13 +39,57 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
-// Division by a divisor fixed at launch, for dividends below 2^31, as a multiply-high
+// p[i] of a tensor of element type `type`, as float.
+__device__ __forceinline__ float load_as_float(const void* p, ElementType type, int64_t i) {
+  switch (type) {
+    case ElementType::kFloat16: return __half2float(static_cast<const __half*>(p)[i]);
+    case ElementType::kBFloat16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+// The constant activate(K, ...) takes for a channel: PReLU's slope of that channel,
+// read from its weight (one slope for every channel, or one per channel), the
+// activation's parameter otherwise.
+template <ActivationKind K>
+__device__ __forceinline__ float activation_parameter(const ActivationParams& a, int64_t channel) {
+  if constexpr (K == ActivationKind::kPReLU) {
+    return load_as_float(a.slopes, a.slopes_element, a.slope_count == 1 ? 0 : channel);
+  } else {
+    return a.parameter;
+  }
+}
+
+template <int N, class Channel, int... K>
+__device__ __forceinline__ void activate_each(const ActivationParams& a, float (&v)[N], const Channel& channel,
+                                              std::integer_sequence<int, K...>) {
+  const auto apply = [&](auto known) {
+    constexpr ActivationKind kKind = decltype(known)::value;
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = activate(kKind, v[i], activation_parameter<kKind>(a, channel(i)));
+  };
+  (void)((a.kind == static_cast<ActivationKind>(K) &&
+          (apply(std::integral_constant<ActivationKind, static_cast<ActivationKind>(K)>{}), true)) ||
+         ...);
+}
+
+// v[i] = activate(a.kind, v[i], parameter of channel(i)) for the N values, branching on
+// the kind once for all of them: each kind's loop is compiled with the kind known, so
+// a batch costs the activation itself (ReLU: one instruction a value) and one
+// dispatch, and only PReLU reads its slopes.
+template <int N, class Channel>
+__device__ __forceinline__ void activate_each(const ActivationParams& a, float (&v)[N], const Channel& channel) {
+  activate_each(a, v, channel, std::make_integer_sequence<int, std::size(kActivationNames)>{});
+}
+
+// Division by a divisor fixed for many dividends (at launch, or for a warp's share of
+// a kernel's work), for dividends below 2^31, as a multiply-high
 // (Granlund and Montgomery): per-vector index arithmetic otherwise costs a software
 // integer division (tens of instructions, hundreds in 64 bits) per 16 bytes moved.
 class FastDivisor {
  public:
   FastDivisor() = default;
-  explicit FastDivisor(uint32_t divisor) : divisor_(divisor) {
+  __host__ __device__ explicit FastDivisor(uint32_t divisor) : divisor_(divisor) {
     while ((uint64_t{1} << shift_) < divisor) ++shift_;
     multiplier_ = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift_) - divisor)) / divisor + 1);
   }

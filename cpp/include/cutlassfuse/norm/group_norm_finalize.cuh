@@ -10,12 +10,7 @@
 namespace cutlassfuse {
 
 __device__ __forceinline__ float load_affine(const void* p, ElementType type, int64_t i, float absent) {
-  if (p == nullptr) return absent;
-  switch (type) {
-    case ElementType::kFloat16: return __half2float(static_cast<const __half*>(p)[i]);
-    case ElementType::kBFloat16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
+  return p == nullptr ? absent : load_as_float(p, type, i);
 }
 
 // --- Welford / Chan -------------------------------------------------------------------

@@ -1,21 +1,26 @@
-// The fallback path's ReLU + GroupNorm, after a convolution computed elsewhere
-// (cuDNN): y holds the deconvolution without bias; these kernels add the bias and
-// apply ReLU on the fly, for any channel count, NCDHW or channels-last, float16,
-// bfloat16 or float32, with 64-bit indexing.
-//   relu_group_norm_stats:     one read of y; partials of ReLU(y + bias) in the
-//                              TilePartials layout of generic_stats_tiles(shape), one
-//                              region for group_norm_finalize (group_norm.h);
-//   relu_group_norm_normalize: ReLU(y + bias) * scale + shift, in place; or, for a
-//                              call that keeps what its backward reads, into a
-//                              separate output (y's layout) beside the activation
-//                              ReLU(y + bias), NDHWC, in the same pass.
-// Against eager (bias in the conv, then ReLU and GroupNorm as separate passes) this
-// saves one full read and write of the activation.
+// GroupNorm with an activation before and after it, over a tensor y computed
+// elsewhere (a convolution's output without its bias, from cuDNN, or a norm's input).
+// The kernels add the bias and apply the activations on the fly, for any channel
+// count, NCDHW or channels-last, float16, bfloat16 or float32, with 64-bit indexing:
+//   pre(y) = activate(pre.activation, y + bias)     the value the norm reads
+//   out    = activate(after, pre(y) * scale + shift) (scale, shift: group_norm_finalize's)
+// with kIdentity where there is no activation.
+//   norm_activation_stats:     one read of y; partials of pre(y) in the TilePartials
+//                              layout of generic_stats_tiles(shape), one region for
+//                              group_norm_finalize (group_norm.h);
+//   norm_activation_normalize: out in place, or into a separate output in y's layout,
+//                              optionally with pre(y) written NDHWC beside it in the
+//                              same pass (what the backward of ReLU + GroupNorm reads).
+// The activations' kinds are runtime values: one kernel per element type and layout
+// serves them all, each thread branching on a kind once per batch of values. Against
+// eager (the bias in the convolution, the activation and GroupNorm as separate passes)
+// this saves the bias and activation passes.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include "cutlassfuse/norm/group_norm.h"
+#include "cutlassfuse/plan/activation.h"
 
 namespace cutlassfuse {
 
@@ -23,19 +28,27 @@ enum class ActivationLayout { kChannelsFirst, kChannelsLast };  // NCDHW / NDHWC
 
 TilePartials generic_stats_tiles(const GroupNormShape& shape);
 
-void relu_group_norm_stats(ElementType element, const void* y, ActivationLayout layout, const void* bias,
+// The value the norm reads: y + bias, then the activation before the norm (kIdentity: none).
+struct PreNorm {
+  const void* bias = nullptr;  // y's element type, one per channel; null: none
+  ActivationParams activation;
+};
+
+void norm_activation_stats(ElementType element, const void* y, ActivationLayout layout, const PreNorm& pre,
                            const GroupNormShape& shape, WelfordPartial* partials, cudaStream_t stream);
 
-// Where relu_group_norm_normalize writes. Both null: y in place. Keeping: `out` in y's
-// layout and `activation` NDHWC, which may be y itself when y is NDHWC (each element
-// is read and written by one thread).
+// Where norm_activation_normalize writes. Both null: y in place. `out` alone: the
+// output in y's layout, y left as it is. Keeping what the backward of ReLU + GroupNorm
+// reads: `out` in y's layout and `activation` (pre(y)) NDHWC, which may be y itself
+// when y is NDHWC (each element is read and written by one thread).
 struct NormalizeOutputs {
   void* out = nullptr;
   void* activation = nullptr;
 };
 
-void relu_group_norm_normalize(ElementType element, void* y, ActivationLayout layout, const void* bias,
-                               const void* scale_shift, const GroupNormShape& shape, const NormalizeOutputs& outputs,
-                               cudaStream_t stream);
+// out = after(pre(y) * scale + shift), scale_shift: float2 per (sample, channel).
+void norm_activation_normalize(ElementType element, void* y, ActivationLayout layout, const PreNorm& pre,
+                               const void* scale_shift, const ActivationParams& after, const GroupNormShape& shape,
+                               const NormalizeOutputs& outputs, cudaStream_t stream);
 
 }  // namespace cutlassfuse
