@@ -55,88 +55,12 @@ void check_input(const at::Tensor& input, const char* shape) {
                    input.scalar_type());
 }
 
-// The convolution's geometry and channels: PyTorch's rules for nn.Conv3d (weight
-// [C_out, C_in / groups, kD, kH, kW], no output_padding) or nn.ConvTranspose3d (weight
-// [C_in, C_out / groups, kD, kH, kW]).
-Problem validate_convolution(const ConvNormActivationArgs& a) {
-  const at::Tensor& input = a.input;
-  const at::Tensor& weight = a.weight;
-  check_input(input, "(N, C_in, D, H, W)");
-  TORCH_CHECK_VALUE(weight.dim() == 5, "cutlassfuse: weight must be 5-D, got ", weight.dim(), "-D with shape ",
-                    weight.sizes());
-  TORCH_CHECK_TYPE(weight.scalar_type() == input.scalar_type(), "cutlassfuse: weight dtype ", weight.scalar_type(),
-                   " differs from input dtype ", input.scalar_type());
-  check_same_device(input, "weight", weight);
-  Problem p;
-  p.stride = to_extent3(a.stride, "stride");
-  p.padding = to_extent3(a.padding, "padding");
-  p.output_padding = to_extent3(a.output_padding, "output_padding");
-  p.dilation = to_extent3(a.dilation, "dilation");
-  p.conv_groups = a.groups;
-  TORCH_CHECK_VALUE(a.groups > 0, "cutlassfuse: groups must be positive, got ", a.groups);
-  for (int i = 0; i < 3; ++i) {
-    TORCH_CHECK_VALUE(p.stride[i] > 0, "cutlassfuse: stride must be positive, got ", a.stride);
-    TORCH_CHECK_VALUE(p.dilation[i] > 0, "cutlassfuse: dilation must be positive, got ", a.dilation);
-    TORCH_CHECK_VALUE(p.padding[i] >= 0, "cutlassfuse: padding must be non-negative, got ", a.padding);
-    if (a.transposed) {
-      TORCH_CHECK_VALUE(
-          p.output_padding[i] >= 0 && (p.output_padding[i] < p.stride[i] || p.output_padding[i] < p.dilation[i]),
-          "cutlassfuse: output_padding must be smaller than either stride or dilation, got output_padding=",
-          a.output_padding, ", stride=", a.stride, ", dilation=", a.dilation);
-    } else {
-      TORCH_CHECK_VALUE(p.output_padding[i] == 0, "cutlassfuse: output_padding is a transposed convolution's, got ",
-                        a.output_padding, " for Conv3d");
-    }
-  }
-  p.batch = input.size(0);
-  p.in_channels = input.size(1);
-  TORCH_CHECK_VALUE(p.in_channels > 0 && input.size(2) > 0 && input.size(3) > 0 && input.size(4) > 0,
-                    "cutlassfuse: only the batch of the input may be empty, got shape ", input.sizes());
-  TORCH_CHECK_VALUE(p.in_channels % a.groups == 0, "cutlassfuse: input channels (", p.in_channels,
-                    ") must be divisible by groups (", a.groups, ")");
-  if (a.transposed) {
-    TORCH_CHECK_VALUE(weight.size(0) == p.in_channels, "cutlassfuse: weight.shape[0] (", weight.size(0),
-                      ") must equal the input's channels (", p.in_channels, ")");
-    p.out_channels = weight.size(1) * a.groups;
-  } else {
-    TORCH_CHECK_VALUE(weight.size(1) * a.groups == p.in_channels, "cutlassfuse: weight.shape[1] * groups (",
-                      weight.size(1), " * ", a.groups, ") must equal the input's channels (", p.in_channels, ")");
-    p.out_channels = weight.size(0);
-    TORCH_CHECK_VALUE(p.out_channels % a.groups == 0, "cutlassfuse: output channels (", p.out_channels,
-                      ") must be divisible by groups (", a.groups, ")");
-  }
-  TORCH_CHECK_VALUE(p.out_channels > 0, "cutlassfuse: weight gives zero output channels");
-  std::array<__int128, 3> output_size{};
-  for (int i = 0; i < 3; ++i) {
-    p.input_size[i] = input.size(2 + i);
-    p.kernel_size[i] = weight.size(2 + i);
-    TORCH_CHECK_VALUE(p.kernel_size[i] > 0, "cutlassfuse: kernel size must be positive, got weight shape ",
-                      weight.sizes());
-    output_size[i] =
-        a.transposed
-            ? transposed_conv_output_extent<__int128>(p.input_size[i], p.kernel_size[i], p.stride[i], p.padding[i],
-                                                      p.output_padding[i], p.dilation[i])
-            : conv_output_extent<__int128>(p.input_size[i], p.kernel_size[i], p.stride[i], p.padding[i], p.dilation[i]);
-    TORCH_CHECK_VALUE(output_size[i] > 0, "cutlassfuse: the output would be empty along spatial dimension ", i,
-                      " (input ", input.sizes(), ", kernel ", weight.sizes(), ", padding ", a.padding, ", dilation ",
-                      a.dilation, ")");
-  }
-  TORCH_CHECK_VALUE(output_fits(p.batch, p.out_channels, output_size, input.element_size()),
-                    "cutlassfuse: the output size overflows: input ", input.sizes(), ", weight ", weight.sizes(),
-                    ", stride ", a.stride, ", padding ", a.padding, ", output_padding ", a.output_padding,
-                    " and dilation ", a.dilation,
-                    " give an output of more than 2^63 - 1 bytes (PyTorch's limit on a tensor's storage)");
-  for (int i = 0; i < 3; ++i) p.output_size[i] = static_cast<int64_t>(output_size[i]);
-  if (a.bias.has_value() && a.bias->defined()) check_same_device(input, "bias", *a.bias);
-  check_optional_vector(a.bias, "bias", p.out_channels, input, /*same_dtype=*/true);
-  return p;
-}
-
 }  // namespace
 
 BlockProblem validate_block(const ConvNormActivationArgs& a) {
   BlockProblem block;
-  block.conv = validate_convolution(a);
+  block.conv = validate_convolution({a.input, a.weight, a.bias, a.stride, a.padding, a.output_padding, a.groups,
+                                     a.dilation, a.transposed});
   block.transposed = a.transposed;
   validate_norm(a.num_groups, block.conv.out_channels, a.eps, a.norm_weight, a.norm_bias, a.input);
   block.conv.num_groups = a.num_groups;

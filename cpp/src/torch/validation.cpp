@@ -68,63 +68,78 @@ bool output_fits(int64_t batch, int64_t channels, const std::array<__int128, 3>&
   return true;
 }
 
-Problem validate_and_describe(const OpArgs& a) {
+// The convolution's geometry and channels: PyTorch's rules for nn.Conv3d (weight
+// [C_out, C_in / groups, kD, kH, kW], no output_padding) or nn.ConvTranspose3d (weight
+// [C_in, C_out / groups, kD, kH, kW]).
+Problem validate_convolution(const ConvolutionArgs& a) {
   const at::Tensor& input = a.input;
   const at::Tensor& weight = a.weight;
   TORCH_CHECK_VALUE(input.dim() == 5, "cutlassfuse: input must be 5-D (N, C_in, D, H, W), got ", input.dim(),
                     "-D with shape ", input.sizes());
-  TORCH_CHECK_VALUE(weight.dim() == 5, "cutlassfuse: weight must be 5-D (C_in, C_out / groups, kD, kH, kW), got ",
-                    weight.dim(), "-D with shape ", weight.sizes());
+  TORCH_CHECK_VALUE(weight.dim() == 5, "cutlassfuse: weight must be 5-D ",
+                    a.transposed ? "(C_in, C_out / groups, kD, kH, kW)" : "(C_out, C_in / groups, kD, kH, kW)",
+                    ", got ", weight.dim(), "-D with shape ", weight.sizes());
   TORCH_CHECK_TYPE(at::isFloatingType(input.scalar_type()), "cutlassfuse: input must be a floating-point tensor, got ",
                    input.scalar_type());
   TORCH_CHECK_TYPE(weight.scalar_type() == input.scalar_type(), "cutlassfuse: weight dtype ", weight.scalar_type(),
                    " differs from input dtype ", input.scalar_type());
-  check_op_devices(a);
-
+  check_same_device(input, "weight", weight);
+  if (a.bias.has_value() && a.bias->defined()) check_same_device(input, "bias", *a.bias);
   Problem p;
   p.stride = to_extent3(a.stride, "stride");
   p.padding = to_extent3(a.padding, "padding");
   p.output_padding = to_extent3(a.output_padding, "output_padding");
   p.dilation = to_extent3(a.dilation, "dilation");
   p.conv_groups = a.groups;
-  p.num_groups = a.num_groups;
-  p.eps = a.eps;
   TORCH_CHECK_VALUE(a.groups > 0, "cutlassfuse: groups must be positive, got ", a.groups);
   for (int i = 0; i < 3; ++i) {
     TORCH_CHECK_VALUE(p.stride[i] > 0, "cutlassfuse: stride must be positive, got ", a.stride);
     TORCH_CHECK_VALUE(p.dilation[i] > 0, "cutlassfuse: dilation must be positive, got ", a.dilation);
     TORCH_CHECK_VALUE(p.padding[i] >= 0, "cutlassfuse: padding must be non-negative, got ", a.padding);
-    TORCH_CHECK_VALUE(
-        p.output_padding[i] >= 0 && (p.output_padding[i] < p.stride[i] || p.output_padding[i] < p.dilation[i]),
-        "cutlassfuse: output_padding must be smaller than either stride or dilation, got "
-        "output_padding=",
-        a.output_padding, ", stride=", a.stride, ", dilation=", a.dilation);
+    if (a.transposed) {
+      TORCH_CHECK_VALUE(
+          p.output_padding[i] >= 0 && (p.output_padding[i] < p.stride[i] || p.output_padding[i] < p.dilation[i]),
+          "cutlassfuse: output_padding must be smaller than either stride or dilation, got output_padding=",
+          a.output_padding, ", stride=", a.stride, ", dilation=", a.dilation);
+    } else {
+      TORCH_CHECK_VALUE(p.output_padding[i] == 0, "cutlassfuse: output_padding is a transposed convolution's, got ",
+                        a.output_padding, " for Conv3d");
+    }
   }
-
   p.batch = input.size(0);
   p.in_channels = input.size(1);
-  TORCH_CHECK_VALUE(weight.size(0) == p.in_channels, "cutlassfuse: weight.shape[0] (", weight.size(0),
-                    ") must equal the input's channels (", p.in_channels, ")");
-  // As ATen's transposed convolution: only the batch may be empty (zero input channels
-  // would also reach the kernels as a GEMM with K = 0).
+  // As ATen's convolutions: only the batch may be empty (zero input channels would also
+  // reach the kernels as a GEMM with K = 0).
   TORCH_CHECK_VALUE(p.in_channels > 0 && input.size(2) > 0 && input.size(3) > 0 && input.size(4) > 0,
                     "cutlassfuse: only the batch of the input may be empty, got shape ", input.sizes());
   TORCH_CHECK_VALUE(p.in_channels % a.groups == 0, "cutlassfuse: input channels (", p.in_channels,
                     ") must be divisible by groups (", a.groups, ")");
-  p.out_channels = weight.size(1) * a.groups;
+  if (a.transposed) {
+    TORCH_CHECK_VALUE(weight.size(0) == p.in_channels, "cutlassfuse: weight.shape[0] (", weight.size(0),
+                      ") must equal the input's channels (", p.in_channels, ")");
+    p.out_channels = weight.size(1) * a.groups;
+  } else {
+    TORCH_CHECK_VALUE(weight.size(1) * a.groups == p.in_channels, "cutlassfuse: weight.shape[1] * groups (",
+                      weight.size(1), " * ", a.groups, ") must equal the input's channels (", p.in_channels, ")");
+    p.out_channels = weight.size(0);
+    TORCH_CHECK_VALUE(p.out_channels % a.groups == 0, "cutlassfuse: output channels (", p.out_channels,
+                      ") must be divisible by groups (", a.groups, ")");
+  }
+  TORCH_CHECK_VALUE(p.out_channels > 0, "cutlassfuse: weight gives zero output channels");
   std::array<__int128, 3> output_size{};
   for (int i = 0; i < 3; ++i) {
     p.input_size[i] = input.size(2 + i);
     p.kernel_size[i] = weight.size(2 + i);
     TORCH_CHECK_VALUE(p.kernel_size[i] > 0, "cutlassfuse: kernel size must be positive, got weight shape ",
                       weight.sizes());
-    // In 128 bits: exact for any int64 sizes, where int64 would wrap ((input - 1) * stride).
-    output_size[i] = transposed_conv_output_extent<__int128>(p.input_size[i], p.kernel_size[i], p.stride[i],
-                                                             p.padding[i], p.output_padding[i], p.dilation[i]);
+    output_size[i] =
+        a.transposed
+            ? transposed_conv_output_extent<__int128>(p.input_size[i], p.kernel_size[i], p.stride[i], p.padding[i],
+                                                      p.output_padding[i], p.dilation[i])
+            : conv_output_extent<__int128>(p.input_size[i], p.kernel_size[i], p.stride[i], p.padding[i], p.dilation[i]);
     TORCH_CHECK_VALUE(output_size[i] > 0, "cutlassfuse: the output would be empty along spatial dimension ", i,
                       " (input ", input.sizes(), ", kernel ", weight.sizes(), ", padding ", a.padding, ")");
   }
-  TORCH_CHECK_VALUE(p.out_channels > 0, "cutlassfuse: weight gives zero output channels");
   // Before anything is allocated: PyTorch's own check would name the sizes only after
   // int64 arithmetic wrapped, or a backend would fail on them first.
   TORCH_CHECK_VALUE(output_fits(p.batch, p.out_channels, output_size, input.element_size()),
@@ -133,12 +148,22 @@ Problem validate_and_describe(const OpArgs& a) {
                     " and dilation ", a.dilation,
                     " give an output of more than 2^63 - 1 bytes (PyTorch's limit on a tensor's storage)");
   for (int i = 0; i < 3; ++i) p.output_size[i] = static_cast<int64_t>(output_size[i]);
+  check_optional_vector(a.bias, "bias", p.out_channels, input, /*same_dtype=*/true);
+  return p;
+}
+
+Problem validate_and_describe(const OpArgs& a) {
+  const at::Tensor& input = a.input;
+  const at::Tensor& weight = a.weight;
+  Problem p = validate_convolution({a.input, a.weight, a.bias, a.stride, a.padding, a.output_padding, a.groups,
+                                    a.dilation, /*transposed=*/true});
+  check_op_devices(a);
+  p.num_groups = a.num_groups;
+  p.eps = a.eps;
   TORCH_CHECK_VALUE(a.num_groups > 0 && p.out_channels % a.num_groups == 0, "cutlassfuse: num_groups (", a.num_groups,
                     ") must be positive and divide the output channels (", p.out_channels, ")");
   TORCH_CHECK_VALUE(std::isfinite(a.eps) && a.eps >= 0, "cutlassfuse: eps must be finite and non-negative, got ",
                     a.eps);
-
-  check_optional_vector(a.bias, "bias", p.out_channels, input, /*same_dtype=*/true);
   check_optional_vector(a.norm_weight, "norm_weight", p.out_channels, input, /*same_dtype=*/false);
   check_optional_vector(a.norm_bias, "norm_bias", p.out_channels, input, /*same_dtype=*/false);
   if (a.packed_weight.has_value() && a.packed_weight->defined()) {
