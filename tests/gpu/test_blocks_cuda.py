@@ -173,3 +173,105 @@ def test_gradients_against_float64(transposed, activation, before, variant, dtyp
         scale = e.abs().max().item() + 1e-12
         ours_error, theirs_error = errors(o, e).max_abs / scale, errors(t, e).max_abs / scale
         assert ours_error <= max(1.25 * theirs_error, 10 * FLOOR[dtype]), (ours_error, theirs_error)
+
+
+# Channel counts beside the powers of two: 12 (no 16-byte vectors of channels), 40 (five
+# vectors a pixel), 72 (two channel tiles of the NCDHW-output transpose, the second one
+# vector wide), 100 (two tiles, no vectors); pixels per sample a multiple of 8 and not.
+CHANNEL_CASES = [(12, 4, (6, 5, 7)), (40, 8, (4, 4, 8)), (72, 8, (5, 3, 7)), (100, 10, (4, 6, 8))]
+
+
+def channels_block(channels: int, num_groups: int, activation: str, seed: int):
+    torch.manual_seed(seed)
+    conv = nn.Conv3d(8, channels, 3, padding=1)
+    norm = nn.GroupNorm(num_groups, channels)
+    act = ACTIVATION_MODULES[activation](channels)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.5, 0.5)
+        if activation == "prelu":
+            act.weight.uniform_(0.05, 0.5)  # a slope of its own per channel
+    return [m.cuda().double() for m in (conv, norm, act)]
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["ncdhw", "channels_last"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize(("channels", "num_groups", "size"), CHANNEL_CASES, ids=lambda v: str(v))
+@pytest.mark.parametrize(("activation", "before"), [("prelu", False), ("silu", True)])
+def test_channel_counts_against_float64(activation, before, channels, num_groups, size, dtype, channels_last):
+    """float16/bfloat16 calls with NCDHW input and nothing kept run the convolution on
+    channels-last operands and write the output NCDHW from the normalize's transpose;
+    channels-last calls normalize in place, a vector of channels per thread where the
+    channels allow."""
+    seed = zlib.crc32(f"channels/{channels}/{activation}".encode())
+    modules64 = channels_block(channels, num_groups, activation, seed)
+    modules = cast(modules64, dtype)
+    memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
+    x = torch.randn(2, 8, *size, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
+    x = x.to(dtype).contiguous(memory_format=memory_format)
+    name, _, weight = activation_of_module(modules[2])
+    path = cutlassfuse.explain_block(cutlassfuse.conv3d_norm_activation, x, modules[0].weight, padding=1,
+                                     num_groups=num_groups, activation=name, activation_weight=weight)
+    assert path.startswith("fallback:"), path
+    assert ("channels-last operands" in path) == (dtype != torch.float32 and not channels_last), path
+    with torch.no_grad():
+        expected = eager(x.double(), *modules64, before)
+        poison_cuda_allocator(16 * expected.numel() * x.element_size())
+        out = block(x, *modules, before)
+        reference = eager(x, *modules, before)
+    torch.cuda.synchronize()
+    assert out.dtype == dtype and out.shape == expected.shape
+    assert out.is_contiguous(memory_format=memory_format)
+    ours, theirs = errors(out, expected), errors(reference, expected)
+    assert ours.max_abs <= max(1.5 * theirs.max_abs, FLOOR[dtype]), f"cutlassfuse {ours}, eager {theirs}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("channels", [12, 16, 72])
+def test_ncdhw_output_equals_channels_last_output(channels, dtype):
+    """An NCDHW input's call convolves the same channels-last operands as the channels-last
+    input's (cuDNN's deterministic algorithms), so the normalize that transposes to NCDHW
+    must give the very values the in-place channels-last normalize gives."""
+    modules = cast(channels_block(channels, 4, "prelu", 11), dtype)
+    x = torch.randn(2, 8, 6, 4, 8, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        ncdhw = block(x, *modules, False)
+        channels_last = block(x.contiguous(memory_format=torch.channels_last_3d), *modules, False)
+    assert ncdhw.is_contiguous() and channels_last.is_contiguous(memory_format=torch.channels_last_3d)
+    assert torch.equal(ncdhw, channels_last)
+
+
+def misaligned_copy(x: torch.Tensor) -> torch.Tensor:
+    """x's values, channels-last, at an address one element past a 16-byte boundary."""
+    storage = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)
+    strides = x.contiguous(memory_format=torch.channels_last_3d).stride()
+    copy = storage[1:].as_strided(x.shape, strides)
+    copy.copy_(x)
+    return copy
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("activation", ["prelu", "gelu", "elu"])
+def test_channels_last_vectors_equal_general_path(activation, dtype):
+    """The channels-last normalize a vector of channels per thread (aligned tensors) and
+    the general one (an input at an unaligned address) apply the same operations to
+    each value: bitwise equal outputs."""
+    channels = 48
+    act = ACTIVATION_MODULES[activation](channels).cuda().to(dtype)
+    if activation == "prelu":
+        with torch.no_grad():
+            act.weight.uniform_(0.05, 0.5)
+    norm_weight = torch.rand(channels, device="cuda", dtype=dtype) + 0.5
+    norm_bias = torch.rand(channels, device="cuda", dtype=dtype) - 0.5
+    x = (torch.randn(2, channels, 9, 7, 8, device="cuda") * 2).to(dtype).contiguous(
+        memory_format=torch.channels_last_3d)
+    unaligned = misaligned_copy(x)
+    assert unaligned.data_ptr() % 16 != 0 and unaligned.is_contiguous(memory_format=torch.channels_last_3d)
+    name, parameter, weight = activation_of_module(act)
+
+    def norm(input):
+        return cutlassfuse.group_norm_activation(input, 6, norm_weight, norm_bias, activation=name,
+                                                 activation_parameter=parameter, activation_weight=weight)
+
+    with torch.no_grad():
+        assert torch.equal(norm(x), norm(unaligned))

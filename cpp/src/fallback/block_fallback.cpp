@@ -9,6 +9,14 @@
 // backward. A call that keeps what its backward reads writes the output beside the
 // convolution's output, which it keeps as it is (no copy), and the finalize writes mean
 // and rstd. Calls the kernels do not take run the reference (ATen's kernels).
+//
+// A float16/bfloat16 block with NCDHW input and output that keeps nothing convolves
+// channels-last operands: the input through this project's transpose (ATen's cuDNN
+// convolution then makes its own channels-last copy of the weight, which is small), so
+// that cuDNN writes its output NDHWC without the transpose it adds for an NCDHW output,
+// and the normalize writes the output NCDHW through its on-chip transpose, in the pass
+// it makes anyway. A call keeping for its backward keeps the convolution's output in the
+// output's layout, as the op's fake kernel states, and so convolves NCDHW.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -16,6 +24,7 @@
 #include "cutlassfuse/block.h"
 #include "cutlassfuse/common/nvtx.h"
 #include "cutlassfuse/norm/group_norm_generic.h"
+#include "cutlassfuse/op.h"
 #include "dispatch/op_arguments.h"
 #include "fallback/fallback_path.h"
 
@@ -67,7 +76,7 @@ struct NormResult {
 };
 
 // Statistics, finalize and normalize of `y` (packed NCDHW or NDHWC): into `out` when
-// given, else in place; mean and rstd when `keep`.
+// given (y's layout, or NCDHW), else in place; mean and rstd when `keep`.
 NormResult normalize(const at::Tensor& y, const std::optional<at::Tensor>& out, const PreNorm& pre,
                      const ActivationParams& after, const Problem& p, const std::optional<at::Tensor>& gamma,
                      const std::optional<at::Tensor>& beta, bool keep, KernelOperands& operands) {
@@ -99,27 +108,42 @@ NormResult normalize(const at::Tensor& y, const std::optional<at::Tensor>& out, 
   const NvtxRange range("cutlassfuse.norm_activation");
   norm_activation_stats(element, y.data_ptr(), layout, pre, shape, partials_ptr, stream);
   group_norm_finalize(finalize, stream);
-  const NormalizeOutputs outputs{out.has_value() ? out->data_ptr() : nullptr, nullptr};
+  NormalizeOutputs outputs;
+  if (out.has_value()) {
+    outputs.out = out->data_ptr();
+    outputs.out_channels_first = out->is_contiguous();
+  }
   norm_activation_normalize(element, const_cast<void*>(y.const_data_ptr()), layout, pre, scale_shift.data_ptr(), after,
                             shape, outputs, stream);
   return result;
 }
 
+// Whether the call convolves channels-last operands for an NCDHW output (see above).
+bool convolves_channels_last(const ConvNormActivationArgs& a, bool keep) {
+  const at::ScalarType type = a.input.scalar_type();
+  return !keep && (type == at::kHalf || type == at::kBFloat16) && a.input.is_contiguous() &&
+         block_output_memory_format(a) == at::MemoryFormat::Contiguous;
+}
+
 BlockForBackward run_block(const ConvNormActivationArgs& a, const BlockProblem& b, bool keep) {
   const NvtxRange op_range("cutlassfuse.conv3d_norm_activation");
   const c10::cuda::CUDAGuard device_guard(a.input.device());
+  const bool channels_last = convolves_channels_last(a, keep);
   at::Tensor y;
   {
     const NvtxRange range("cutlassfuse.cudnn_convolution");
-    y = convolution_without_bias(a.input, a.weight, {a.stride, a.padding, a.output_padding, a.dilation, a.groups},
+    const at::Tensor input = channels_last ? convert_memory_format_cuda(a.input, /*channels_last=*/true) : a.input;
+    y = convolution_without_bias(input, a.weight, {a.stride, a.padding, a.output_padding, a.dilation, a.groups},
                                  a.transposed)
-            .contiguous(block_output_memory_format(a));
+            .contiguous(channels_last ? at::MemoryFormat::ChannelsLast3d : block_output_memory_format(a));
   }
   KernelOperands operands;
   const ActivationParams act = activation_params(b.activation, a.activation, operands);
   const bool before = b.position == ActivationPosition::kBeforeNorm;
   const PreNorm pre{data_or_null(a.bias, operands.bias), before ? act : ActivationParams{}};
-  const std::optional<at::Tensor> out = keep ? std::optional<at::Tensor>(at::empty_like(y)) : std::nullopt;
+  std::optional<at::Tensor> out;
+  if (keep) out = at::empty_like(y);
+  if (channels_last) out = at::empty(y.sizes(), y.options());  // NCDHW
   NormResult r =
       normalize(y, out, pre, before ? ActivationParams{} : act, b.conv, a.norm_weight, a.norm_bias, keep, operands);
   return {std::move(r.out), keep ? y : at::Tensor(), std::move(r.mean), std::move(r.rstd)};
@@ -139,6 +163,9 @@ constexpr const char* kBlockKernels =
     "cuDNN convolution without bias (float32: PyTorch's, under its switches; float16/bfloat16: deterministic) + "
     "cutlassfuse bias/activation/GroupNorm statistics, finalize and normalize kernels";
 constexpr const char* kNormKernels = "cutlassfuse activation/GroupNorm statistics, finalize and normalize kernels";
+constexpr const char* kChannelsLastConvolution =
+    "; keeping nothing for a backward, the convolution on channels-last operands (the input through cutlassfuse's "
+    "transpose) and the output written NCDHW by the normalize";
 
 }  // namespace
 
@@ -159,8 +186,9 @@ BlockForBackward block_forward_for_backward_cuda(const ConvNormActivationArgs& a
 std::string explain_block_cuda(const ConvNormActivationArgs& a) {
   const BlockProblem b = validate_block(a);
   const std::string why = block_unsupported_reason(a, b);
-  return why.empty() ? std::string("fallback: ") + kBlockKernels
-                     : std::string(kBlockReferenceDescription) + ", because " + why;
+  if (!why.empty()) return std::string(kBlockReferenceDescription) + ", because " + why;
+  return std::string("fallback: ") + kBlockKernels +
+         (convolves_channels_last(a, /*keep=*/false) ? kChannelsLastConvolution : "");
 }
 
 at::Tensor norm_activation_forward_cuda(const NormActivationArgs& a) {

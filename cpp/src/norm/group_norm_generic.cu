@@ -2,6 +2,10 @@
 // over a convolution output of any layout and channel count. See
 // cutlassfuse/norm/group_norm_generic.h.
 #include <algorithm>
+#include <cstdint>
+#include <iterator>
+#include <stdexcept>
+#include <string>
 
 #include "cutlassfuse/common/device_utils.cuh"
 #include "cutlassfuse/norm/group_norm_generic.h"
@@ -305,8 +309,9 @@ void launch_normalize_keeping_channels_first(const T* y, const PreTerms<T>& pre,
   }
 }
 
-// NDHWC: block (sample, chunk of the sample's pixels x channels). out may be y (in
-// place); activation (pre(y)), when kept, may be y too: each element is read and
+// NDHWC, the general path (normalize_channels_last_vectors_kernel takes rows of whole
+// aligned vectors): block (sample, chunk of the sample's pixels x channels). out may be
+// y (in place); activation (pre(y)), when kept, may be y too: each element is read and
 // written by one thread.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
@@ -349,6 +354,403 @@ normalize_channels_last_kernel(const T* y, PreTerms<T> pre, const float2* __rest
   }
 }
 
+// A thread's kVector consecutive channels of one sample, for a thread that normalizes
+// only those channels: their constants read once into registers (the bias, scale and
+// shift, and PReLU's slopes where the activation before or after the norm is PReLU, one
+// of them at most), applied with the operations of apply_pre and apply_norm_after.
+struct ChannelVector {
+  int first;  // the first of the channels
+  float bias[kVector];
+  float2 scale_shift[kVector];
+  float slopes[kVector];
+
+  template <class T>
+  __device__ __forceinline__ ChannelVector(const PreTerms<T>& pre, const ActivationParams& after,
+                                           const float2* __restrict__ sample_scale_shift, int first_channel)
+      : first(first_channel) {
+    const ActivationParams prelu = pre.activation.kind == ActivationKind::kPReLU ? pre.activation : after;
+#pragma unroll
+    for (int k = 0; k < kVector; ++k) {
+      bias[k] = pre.bias_at(first + k);
+      scale_shift[k] = sample_scale_shift[first + k];
+      slopes[k] =
+          prelu.kind == ActivationKind::kPReLU ? activation_parameter<ActivationKind::kPReLU>(prelu, first + k) : 0.f;
+    }
+  }
+
+  // Whether the registers hold every slope the activations need: one PReLU at most.
+  static bool holds(const ActivationParams& pre, const ActivationParams& after) {
+    return pre.kind != ActivationKind::kPReLU || after.kind != ActivationKind::kPReLU;
+  }
+
+  // v = pre(v) = activation(v + bias).
+  __device__ __forceinline__ void apply_pre(const ActivationParams& activation, float (&v)[kVector]) const {
+#pragma unroll
+    for (int k = 0; k < kVector; ++k) v[k] += bias[k];
+    activate_with_slopes(activation, v);
+  }
+
+  // v = after(v * scale + shift).
+  __device__ __forceinline__ void apply_norm_after(const ActivationParams& after, float (&v)[kVector]) const {
+#pragma unroll
+    for (int k = 0; k < kVector; ++k) v[k] = fmaf(v[k], scale_shift[k].x, scale_shift[k].y);
+    activate_with_slopes(after, v);
+  }
+
+ private:
+  // activate_each, PReLU's slopes taken from the registers.
+  __device__ __forceinline__ void activate_with_slopes(const ActivationParams& a, float (&v)[kVector]) const {
+    if (a.kind == ActivationKind::kPReLU) {
+#pragma unroll
+      for (int k = 0; k < kVector; ++k) v[k] = activate(ActivationKind::kPReLU, v[k], slopes[k]);
+    } else {
+      activate_each(a, v, [&](int k) { return first + k; });
+    }
+  }
+};
+
+// kVector values of T as loaded, converted to float where used: for 16-bit types half
+// the registers that floats take while other loads are in flight.
+template <class T>
+struct LoadedVector {
+  uint4 words[sizeof(T) * kVector / sizeof(uint4)];
+
+  __device__ __forceinline__ void load(const T* src) {
+#pragma unroll
+    for (int w = 0; w < static_cast<int>(std::size(words)); ++w) words[w] = reinterpret_cast<const uint4*>(src)[w];
+  }
+
+  __device__ __forceinline__ void unpack(float (&v)[kVector]) const {
+    const T* values = reinterpret_cast<const T*>(words);
+#pragma unroll
+    for (int k = 0; k < kVector; ++k) v[k] = to_float(values[k]);
+  }
+};
+
+// Vectors a thread has in flight: 64 bytes, four of a 16-bit type, two of float.
+template <class T>
+constexpr int kUnroll = 64 / static_cast<int>(sizeof(T) * kVector);
+
+// NDHWC in whole vectors of kVector channels (channels % kVector == 0, 16-byte aligned
+// pointers; a vector is one 16-byte access of a 16-bit type, two of float): block
+// (sample, part of the sample), blockDim.x a whole number of pixel rows of
+// channels / kVector vectors, so that every stride of the block's walk (blockDim.x, and
+// blockDim.x x blocks_per_sample) is too: each thread stays on one vector column, its
+// channels' constants read once (ChannelVector), and no index is divided per vector. A
+// thread walks its vectors kUnroll at a time, the sample's parts interleaved, loading
+// each vector's successor as it takes the vector up: kUnroll loads stay in flight while
+// it computes. out and activation may be y: each vector is read and written by one
+// thread, after the thread has read it.
+template <class T>
+__global__ void __launch_bounds__(kThreads, 2)
+    normalize_channels_last_vectors_kernel(const T* y, PreTerms<T> pre, const float2* __restrict__ scale_shift,
+                                           ActivationParams after, int64_t spatial, int channels, int blocks_per_sample,
+                                           T* out, T* activation) {
+  const int n = static_cast<int>(blockIdx.x) / blocks_per_sample;
+  const int part = static_cast<int>(blockIdx.x) - n * blocks_per_sample;
+  const int row_vectors = channels / kVector;
+  const ChannelVector terms(pre, after, scale_shift + int64_t{n} * channels,
+                            static_cast<int>(threadIdx.x) % row_vectors * kVector);
+  const int64_t sample_offset = int64_t{n} * spatial * channels;
+  const int64_t vectors = spatial * row_vectors;
+  const int64_t stride = int64_t{blocks_per_sample} * blockDim.x;
+  const int64_t step = kUnroll<T> * stride;
+  const int64_t begin = int64_t{part} * blockDim.x + threadIdx.x;
+  LoadedVector<T> loaded[kUnroll<T>];
+#pragma unroll
+  for (int u = 0; u < kUnroll<T>; ++u) {
+    if (begin + u * stride < vectors) loaded[u].load(y + sample_offset + (begin + u * stride) * kVector);
+  }
+  for (int64_t i = begin; i < vectors; i += step) {
+#pragma unroll
+    for (int u = 0; u < kUnroll<T>; ++u) {
+      const int64_t index = i + u * stride;
+      if (index >= vectors) break;
+      float v[kVector];
+      loaded[u].unpack(v);
+      if (index + step < vectors) loaded[u].load(y + sample_offset + (index + step) * kVector);
+      const int64_t offset = sample_offset + index * kVector;
+      terms.apply_pre(pre.activation, v);
+      if (activation != nullptr) store_vector(activation + offset, v);
+      terms.apply_norm_after(after, v);
+      store_vector(out + offset, v);
+    }
+  }
+}
+
+// NDHWC y, NCDHW out, through shared memory: block (pixel tiles, sample, channel tile
+// of kTransposeTile channels). A tile is up to tile_channels = min(channels,
+// kTransposeTile) rows of tile_pixels pixels, tile_pixels = kUnroll vectors a thread
+// (2^kTileValuesLog2 values) / tile_channels rounded down to a power of two (few
+// channels make long pixel rows rather than idle lanes), held [channel][pixel] as
+// float, rows padded by one value. A block walks its sample's pixel tiles
+// (grid-stride), each thread on the same channels throughout.
+constexpr int log2_floor(int v) { return v > 1 ? 1 + log2_floor(v / 2) : 0; }
+template <class T>
+constexpr int kTileValuesLog2 = log2_floor(kThreads * kVector * kUnroll<T>);
+template <class T>
+constexpr int kTileValues = 1 << kTileValuesLog2<T>;
+
+// Where a block's tiles lie in y and out.
+struct TransposeTiles {
+  int64_t n;
+  int64_t spatial;
+  int channels;
+  int channel_begin;
+  int rows;  // channels of the block's tiles
+  int tile_channels;
+  int pixels_log2;  // of tile_pixels
+  int row_stride;   // in the shared tile
+
+  __device__ TransposeTiles(int64_t spatial_, int channels_, int tile_pixels_log2)
+      : n(blockIdx.y), spatial(spatial_), channels(channels_),
+        channel_begin(static_cast<int>(blockIdx.z) * kTransposeTile),
+        rows(min(kTransposeTile, channels_ - channel_begin)), tile_channels(min(channels_, kTransposeTile)),
+        pixels_log2(tile_pixels_log2), row_stride((1 << tile_pixels_log2) + 1) {}
+
+  __device__ int64_t count() const { return ceil_div(spatial, int64_t{1} << pixels_log2); }
+  __device__ int64_t pixel_begin(int64_t t) const { return t << pixels_log2; }
+  __device__ int pixels(int64_t t) const {
+    return static_cast<int>(min(spatial - pixel_begin(t), int64_t{1} << pixels_log2));
+  }
+  template <class T>
+  __device__ const T* in_y(const T* y, int64_t t) const {  // the tile's first value
+    return y + (n * spatial + pixel_begin(t)) * channels + channel_begin;
+  }
+  template <class T>
+  __device__ T* in_out(T* out, int64_t t) const {
+    return out + (n * channels + channel_begin) * spatial + pixel_begin(t);
+  }
+};
+
+// With vector channels (channels % kVector == 0, y aligned), a thread's share of a tile:
+// one vector column (channels `first` on, those of a ChannelVector) of up to kUnroll
+// pixels, kThreads / lanes apart (kUnroll x (kThreads / lanes) >= tile_pixels: the
+// threads cover the tile), read along the channels (y's contiguous dimension).
+struct VectorColumn {
+  int first;
+  int row;  // in the tile
+  int first_pixel;
+  int pixel_step;
+  bool active;  // within the whole pixel rows of lanes, and the channels
+
+  __device__ explicit VectorColumn(const TransposeTiles& g) {
+    const int lanes = g.tile_channels / kVector;  // per pixel
+    pixel_step = kThreads / lanes;
+    first_pixel = static_cast<int>(threadIdx.x) / lanes;
+    row = static_cast<int>(threadIdx.x) % lanes * kVector;
+    first = g.channel_begin + row;
+    active = first_pixel < pixel_step && first < g.channels;
+  }
+
+  template <class T>
+  __device__ __forceinline__ void load(const T* tile_origin, int channels, int pixels,
+                                       LoadedVector<T> (&loaded)[kUnroll<T>]) const {
+    if (!active) return;
+#pragma unroll
+    for (int u = 0; u < kUnroll<T>; ++u) {
+      const int p = first_pixel + u * pixel_step;
+      if (p < pixels) loaded[u].load(tile_origin + int64_t{p} * channels + row);
+    }
+  }
+
+  // The loaded values normalized into the tile.
+  template <class T>
+  __device__ __forceinline__ void normalize_into(const LoadedVector<T> (&loaded)[kUnroll<T>],
+                                                 const ChannelVector& terms, const ActivationParams& pre,
+                                                 const ActivationParams& after, int pixels, float* tile,
+                                                 int row_stride) const {
+    if (!active) return;
+#pragma unroll
+    for (int u = 0; u < kUnroll<T>; ++u) {
+      const int p = first_pixel + u * pixel_step;
+      if (p >= pixels) break;
+      float v[kVector];
+      loaded[u].unpack(v);
+      terms.apply_pre(pre, v);
+      terms.apply_norm_after(after, v);
+#pragma unroll
+      for (int k = 0; k < kVector; ++k) tile[(row + k) * row_stride + p] = v[k];
+    }
+  }
+};
+
+// Without vector channels: the tile's values read one per lane in y's order, each
+// normalized with its channel's constants into the tile.
+template <class T>
+__device__ __forceinline__ void normalize_values_into_tile(const T* __restrict__ tile_origin, const PreTerms<T>& pre,
+                                                           const float2* __restrict__ sample_scale_shift,
+                                                           const ActivationParams& after, const TransposeTiles& g,
+                                                           int pixels, float* tile) {
+  const FastDivisor by_rows(static_cast<uint32_t>(g.rows));
+  const int count = pixels * g.rows;
+  for (int base = static_cast<int>(threadIdx.x); base < count; base += kThreads * kVector) {
+    float v[kVector];
+    int channel[kVector];
+    int place[kVector];  // in the tile
+#pragma unroll
+    for (int j = 0; j < kVector; ++j) {
+      // Past the tile: its last value again, not written.
+      const auto element = static_cast<uint32_t>(min(base + j * kThreads, count - 1));
+      const uint32_t p = by_rows.quotient(element);
+      const auto r = static_cast<int>(by_rows.remainder(element, p));
+      channel[j] = g.channel_begin + r;
+      place[j] = r * g.row_stride + static_cast<int>(p);
+      v[j] = to_float(tile_origin[int64_t{p} * g.channels + r]);
+    }
+    const auto channel_of = [&](int j) { return channel[j]; };
+    apply_pre(pre, v, channel_of);
+    apply_norm_after(after, v, [&](int j) { return sample_scale_shift[channel[j]]; }, channel_of);
+#pragma unroll
+    for (int j = 0; j < kVector; ++j) {
+      if (base + j * kThreads < count) tile[place[j]] = v[j];
+    }
+  }
+}
+
+// The tile written along the pixels (out's contiguous dimension). With vector pixels
+// (spatial % kVector == 0, out aligned): four lanes per 32 pixels of a row, a warp
+// across eight rows (one bank per lane with the padded rows); otherwise one value per
+// lane, a warp along 32 pixels of a row.
+template <class T, bool kVectorPixels>
+__device__ __forceinline__ void store_tile_channels_first(const float* tile, const TransposeTiles& g, int pixels,
+                                                          T* __restrict__ out_origin) {
+  if constexpr (kVectorPixels) {
+    const int segments_log2 = g.pixels_log2 - 5;  // of 32 pixels, per row
+    const int count = (g.rows + 7) / 8 * 8 << (g.pixels_log2 - 3);
+#pragma unroll 1  // one vector at a time: the channels' constants and loads in flight keep their registers
+    for (int e = static_cast<int>(threadIdx.x); e < count; e += kThreads) {
+      const int row = ((e >> (5 + segments_log2)) << 3) + ((e >> 2) & 7);
+      const int p = ((e >> 5) & ((1 << segments_log2) - 1)) * 32 + (e & 3) * kVector;
+      if (row >= g.rows || p >= pixels) continue;
+      float v[kVector];
+#pragma unroll
+      for (int k = 0; k < kVector; ++k) v[k] = tile[row * g.row_stride + p + k];
+      store_vector(out_origin + row * g.spatial + p, v);
+    }
+  } else {
+    const int count = g.rows << g.pixels_log2;
+    for (int e = static_cast<int>(threadIdx.x); e < count; e += kThreads) {
+      const int row = e >> g.pixels_log2;
+      const int p = e & ((1 << g.pixels_log2) - 1);
+      if (p < pixels) out_origin[row * g.spatial + p] = from_float<T>(tile[row * g.row_stride + p]);
+    }
+  }
+}
+
+// With vector channels, a thread loads its share of the next tile before the block
+// stores the current one, so that the loads are in flight through the store.
+template <class T, bool kVectorChannels, bool kVectorPixels>
+__global__ void __launch_bounds__(kThreads, 2)
+    normalize_to_channels_first_kernel(const T* __restrict__ y, PreTerms<T> pre, const float2* __restrict__ scale_shift,
+                                       ActivationParams after, int64_t spatial, int channels, int tile_pixels_log2,
+                                       T* __restrict__ out) {
+  __shared__ float tile[kTileValues<T> + kTransposeTile];  // rows of 2^k values, 64 at most, each padded by one
+  const TransposeTiles g(spatial, channels, tile_pixels_log2);
+  const float2* sample_scale_shift = scale_shift + g.n * channels;
+  const int64_t tiles = g.count();
+  if constexpr (kVectorChannels) {
+    const VectorColumn column(g);
+    // Past the last channel: the last vector's constants, not used.
+    const ChannelVector terms(pre, after, sample_scale_shift, min(column.first, channels - kVector));
+    LoadedVector<T> loaded[kUnroll<T>];
+    if (blockIdx.x < tiles) column.load(g.in_y(y, blockIdx.x), channels, g.pixels(blockIdx.x), loaded);
+    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+      column.normalize_into(loaded, terms, pre.activation, after, g.pixels(t), tile, g.row_stride);
+      __syncthreads();
+      const int64_t next = t + gridDim.x;
+      if (next < tiles) column.load(g.in_y(y, next), channels, g.pixels(next), loaded);
+      store_tile_channels_first<T, kVectorPixels>(tile, g, g.pixels(t), g.in_out(out, t));
+      __syncthreads();
+    }
+  } else {
+    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+      normalize_values_into_tile(g.in_y(y, t), pre, sample_scale_shift, after, g, g.pixels(t), tile);
+      __syncthreads();
+      store_tile_channels_first<T, kVectorPixels>(tile, g, g.pixels(t), g.in_out(out, t));
+      __syncthreads();
+    }
+  }
+}
+
+void check_cuda(cudaError_t error, const char* what) {
+  if (error != cudaSuccess)
+    throw std::runtime_error(std::string("cutlassfuse: ") + what + ": " + cudaGetErrorString(error));
+}
+
+// How many blocks of `threads` threads of `kernel` the current GPU holds at once.
+template <class Kernel>
+int64_t resident_blocks(Kernel* kernel, int threads) {
+  int device = 0;
+  int sms = 0;
+  int per_sm = 0;
+  check_cuda(cudaGetDevice(&device), "querying the current device");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "querying the SM count");
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0), "querying occupancy");
+  return int64_t{sms} * std::max(per_sm, 1);
+}
+
+bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Whether a thread can take y's channels-last rows a vector of channels at a time, the
+// channels' constants in its registers (ChannelVector): rows of whole vectors, y aligned.
+bool takes_channel_vectors(const GroupNormShape& shape, const ActivationParams& pre, const ActivationParams& after,
+                           const void* y) {
+  return shape.channels % kVector == 0 && aligned(y) && ChannelVector::holds(pre, after);
+}
+
+// Whether normalize_channels_last_vectors_kernel takes the call: vector channels, at most
+// a block's threads of vectors a row, the outputs aligned too.
+bool channels_last_vectors(const GroupNormShape& shape, const ActivationParams& pre, const ActivationParams& after,
+                           const void* y, const void* out, const void* activation) {
+  return takes_channel_vectors(shape, pre, after, y) && shape.channels / kVector <= kThreads && aligned(out) &&
+         (activation == nullptr || aligned(activation));
+}
+
+template <class T>
+void launch_normalize_channels_last_vectors(const T* y, const PreTerms<T>& pre, const float2* scale_shift,
+                                            const ActivationParams& after, const GroupNormShape& shape, T* out,
+                                            T* activation, cudaStream_t stream) {
+  const int channels = static_cast<int>(shape.channels);
+  const int row_vectors = channels / kVector;
+  const int threads = kThreads / row_vectors * row_vectors;
+  const auto kernel = normalize_channels_last_vectors_kernel<T>;
+  // Parts per sample: as many as the GPU holds with every block of the launch resident,
+  // none without a vector.
+  const int64_t parts = std::min(ceil_div(shape.spatial * row_vectors, int64_t{threads} * kUnroll<T>),
+                                 std::max<int64_t>(1, resident_blocks(kernel, threads) / shape.batch));
+  kernel<<<static_cast<unsigned>(shape.batch * parts), threads, 0, stream>>>(
+      y, pre, scale_shift, after, shape.spatial, channels, static_cast<int>(parts), out, activation);
+}
+
+template <class T>
+void launch_normalize_to_channels_first(const T* y, const PreTerms<T>& pre, const float2* scale_shift,
+                                        const ActivationParams& after, const GroupNormShape& shape, T* out,
+                                        cudaStream_t stream) {
+  const int channels = static_cast<int>(shape.channels);
+  int channels_log2 = 0;  // of min(channels, kTransposeTile), rounded up
+  while ((1 << channels_log2) < std::min(channels, kTransposeTile)) ++channels_log2;
+  const int tile_pixels_log2 = kTileValuesLog2<T> - channels_log2;
+  const int64_t channel_tiles = ceil_div(shape.channels, kTransposeTile);
+  const int64_t pixel_tiles = ceil_div(shape.spatial, int64_t{1} << tile_pixels_log2);
+  const auto launch = [&](auto kernel) {
+    // Blocks per (sample, channel tile): as many as the GPU holds with every block resident.
+    const int64_t walkers =
+        std::min(pixel_tiles, std::max<int64_t>(1, resident_blocks(kernel, kThreads) / (shape.batch * channel_tiles)));
+    const dim3 grid(static_cast<unsigned>(walkers), static_cast<unsigned>(shape.batch),
+                    static_cast<unsigned>(channel_tiles));
+    kernel<<<grid, kThreads, 0, stream>>>(y, pre, scale_shift, after, shape.spatial, channels, tile_pixels_log2, out);
+  };
+  const bool vector_pixels = shape.spatial % kVector == 0 && aligned(out);
+  if (takes_channel_vectors(shape, pre.activation, after, y)) {
+    vector_pixels ? launch(normalize_to_channels_first_kernel<T, true, true>)
+                  : launch(normalize_to_channels_first_kernel<T, true, false>);
+  } else {
+    vector_pixels ? launch(normalize_to_channels_first_kernel<T, false, true>)
+                  : launch(normalize_to_channels_first_kernel<T, false, false>);
+  }
+}
+
 template <class T>
 PreTerms<T> pre_terms(const PreNorm& pre) {
   return {static_cast<const T*>(pre.bias), pre.activation};
@@ -377,7 +779,16 @@ void launch_normalize(void* y, ActivationLayout layout, const PreNorm& pre_norm,
   auto* out = static_cast<T*>(outputs.out == nullptr ? y : outputs.out);
   auto* activation = static_cast<T*>(outputs.activation);
   const int channels = static_cast<int>(shape.channels);
-  if (layout == ActivationLayout::kChannelsLast) {
+  if (layout == ActivationLayout::kChannelsLast && outputs.out_channels_first) {
+    if (outputs.out == nullptr || activation != nullptr)
+      throw std::invalid_argument(
+          "cutlassfuse: norm_activation_normalize writes NCDHW from an NDHWC y only into a separate out, keeping no "
+          "activation");
+    launch_normalize_to_channels_first<T>(data, pre, ss, after, shape, out, stream);
+  } else if (layout == ActivationLayout::kChannelsLast &&
+             channels_last_vectors(shape, pre.activation, after, data, out, activation)) {
+    launch_normalize_channels_last_vectors<T>(data, pre, ss, after, shape, out, activation, stream);
+  } else if (layout == ActivationLayout::kChannelsLast) {
     const int64_t chunks = ceil_div(shape.spatial * shape.channels, kChunk);
     const auto blocks = static_cast<unsigned>(shape.batch * chunks);
     normalize_channels_last_kernel<T>

@@ -8,9 +8,10 @@
 //   norm_activation_stats:     one read of y; partials of pre(y) in the TilePartials
 //                              layout of generic_stats_tiles(shape), one region for
 //                              group_norm_finalize (group_norm.h);
-//   norm_activation_normalize: out in place, or into a separate output in y's layout,
-//                              optionally with pre(y) written NDHWC beside it in the
-//                              same pass (what the backward of ReLU + GroupNorm reads).
+//   norm_activation_normalize: out in place, or into a separate output in y's layout
+//                              (or NCDHW from an NDHWC y), optionally with pre(y)
+//                              written NDHWC beside it in the same pass (what the
+//                              backward of ReLU + GroupNorm reads).
 // The activations' kinds are runtime values: one kernel per element type and layout
 // serves them all, each thread branching on a kind once per batch of values. Against
 // eager (the bias in the convolution, the activation and GroupNorm as separate passes)
@@ -38,12 +39,16 @@ void norm_activation_stats(ElementType element, const void* y, ActivationLayout 
                            const GroupNormShape& shape, WelfordPartial* partials, cudaStream_t stream);
 
 // Where norm_activation_normalize writes. Both null: y in place. `out` alone: the
-// output in y's layout, y left as it is. Keeping what the backward of ReLU + GroupNorm
-// reads: `out` in y's layout and `activation` (pre(y)) NDHWC, which may be y itself
-// when y is NDHWC (each element is read and written by one thread).
+// output in y's layout, y left as it is; with out_channels_first, the output NCDHW
+// whatever y's layout (from an NDHWC y through an on-chip transpose: what spares a
+// convolution run on channels-last operands the transpose of its output). Keeping what
+// the backward of ReLU + GroupNorm reads: `out` in y's layout and `activation` (pre(y))
+// NDHWC, which may be y itself when y is NDHWC (each element is read and written by one
+// thread); not with an NCDHW `out` from an NDHWC y.
 struct NormalizeOutputs {
   void* out = nullptr;
   void* activation = nullptr;
+  bool out_channels_first = false;
 };
 
 // out = after(pre(y) * scale + shift), scale_shift: float2 per (sample, channel).
