@@ -2,6 +2,7 @@
 // over a convolution output of any layout and channel count. See
 // cutlassfuse/norm/group_norm_generic.h.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <iterator>
 #include <stdexcept>
@@ -24,6 +25,9 @@ constexpr int kStatsBatch = 4;
 // Elements a normalize block handles: kPerThread a thread, kThreads apart, read at once.
 constexpr int kPerThread = 8;
 constexpr int kChunk = kThreads * kPerThread;
+// Blocks of the vector and transposing normalize kernels resident per SM: their launch
+// bounds guarantee two.
+constexpr int kResidentPerSm = 2;
 
 // PreNorm as the kernels take it.
 template <class T>
@@ -442,7 +446,7 @@ constexpr int kUnroll = 64 / static_cast<int>(sizeof(T) * kVector);
 // it computes. out and activation may be y: each vector is read and written by one
 // thread, after the thread has read it.
 template <class T>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, kResidentPerSm)
     normalize_channels_last_vectors_kernel(const T* y, PreTerms<T> pre, const float2* __restrict__ scale_shift,
                                            ActivationParams after, int64_t spatial, int channels, int blocks_per_sample,
                                            T* out, T* activation) {
@@ -641,7 +645,7 @@ __device__ __forceinline__ void store_tile_channels_first(const float* tile, con
 // With vector channels, a thread loads its share of the next tile before the block
 // stores the current one, so that the loads are in flight through the store.
 template <class T, bool kVectorChannels, bool kVectorPixels>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, kResidentPerSm)
     normalize_to_channels_first_kernel(const T* __restrict__ y, PreTerms<T> pre, const float2* __restrict__ scale_shift,
                                        ActivationParams after, int64_t spatial, int channels, int tile_pixels_log2,
                                        T* __restrict__ out) {
@@ -678,16 +682,20 @@ void check_cuda(cudaError_t error, const char* what) {
     throw std::runtime_error(std::string("cutlassfuse: ") + what + ": " + cudaGetErrorString(error));
 }
 
-// How many blocks of `threads` threads of `kernel` the current GPU holds at once.
-template <class Kernel>
-int64_t resident_blocks(Kernel* kernel, int threads) {
+// How many blocks of the vector and transposing normalize kernels the current GPU holds
+// at once. The SM count is read once per device: a driver query per call would show in
+// the host time of small calls.
+int64_t resident_blocks() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> sm_counts[kMaxDevices];
   int device = 0;
-  int sms = 0;
-  int per_sm = 0;
   check_cuda(cudaGetDevice(&device), "querying the current device");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "querying the SM count");
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0), "querying occupancy");
-  return int64_t{sms} * std::max(per_sm, 1);
+  int sms = device < kMaxDevices ? sm_counts[device].load(std::memory_order_relaxed) : 0;
+  if (sms == 0) {
+    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "querying the SM count");
+    if (device < kMaxDevices) sm_counts[device].store(sms, std::memory_order_relaxed);
+  }
+  return int64_t{sms} * kResidentPerSm;
 }
 
 bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -718,7 +726,7 @@ void launch_normalize_channels_last_vectors(const T* y, const PreTerms<T>& pre, 
   // Parts per sample: as many as the GPU holds with every block of the launch resident,
   // none without a vector.
   const int64_t parts = std::min(ceil_div(shape.spatial * row_vectors, int64_t{threads} * kUnroll<T>),
-                                 std::max<int64_t>(1, resident_blocks(kernel, threads) / shape.batch));
+                                 std::max<int64_t>(1, resident_blocks() / shape.batch));
   kernel<<<static_cast<unsigned>(shape.batch * parts), threads, 0, stream>>>(
       y, pre, scale_shift, after, shape.spatial, channels, static_cast<int>(parts), out, activation);
 }
@@ -736,7 +744,7 @@ void launch_normalize_to_channels_first(const T* y, const PreTerms<T>& pre, cons
   const auto launch = [&](auto kernel) {
     // Blocks per (sample, channel tile): as many as the GPU holds with every block resident.
     const int64_t walkers =
-        std::min(pixel_tiles, std::max<int64_t>(1, resident_blocks(kernel, kThreads) / (shape.batch * channel_tiles)));
+        std::min(pixel_tiles, std::max<int64_t>(1, resident_blocks() / (shape.batch * channel_tiles)));
     const dim3 grid(static_cast<unsigned>(walkers), static_cast<unsigned>(shape.batch),
                     static_cast<unsigned>(channel_tiles));
     kernel<<<grid, kThreads, 0, stream>>>(y, pre, scale_shift, after, shape.spatial, channels, tile_pixels_log2, out);

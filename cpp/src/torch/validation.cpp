@@ -155,8 +155,8 @@ Problem validate_convolution(const ConvolutionArgs& a) {
 Problem validate_and_describe(const OpArgs& a) {
   const at::Tensor& input = a.input;
   const at::Tensor& weight = a.weight;
-  Problem p = validate_convolution({a.input, a.weight, a.bias, a.stride, a.padding, a.output_padding, a.groups,
-                                    a.dilation, /*transposed=*/true});
+  Problem p = validate_convolution(
+      {a.input, a.weight, a.bias, a.stride, a.padding, a.output_padding, a.groups, a.dilation, /*transposed=*/true});
   check_op_devices(a);
   p.num_groups = a.num_groups;
   p.eps = a.eps;
