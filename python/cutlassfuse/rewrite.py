@@ -1,93 +1,363 @@
-"""`cutlassfuse.fuse(model)`: replace ConvTranspose3d -> ReLU -> GroupNorm chains in an
-existing model by ConvTranspose3dReLUGroupNorm, keeping the very same parameters."""
+"""`cutlassfuse.fuse(model)`: replace the layer chains of an existing model that one of
+cutlassfuse's blocks computes by that block, keeping the very same parameters.
+
+A chain is a Conv3d or ConvTranspose3d, then a GroupNorm or InstanceNorm3d with an
+activation after it, before it, or none (Conv3dNormActivation, ConvTranspose3dNormActivation;
+ConvTranspose3d -> ReLU -> GroupNorm stays ConvTranspose3dReLUGroupNorm), or a norm and
+its activation with no convolution in front (GroupNormActivation). nn.Identity and dropout
+with p=0 between the layers are passed through."""
 
 from __future__ import annotations
 
+import operator
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
+from .block_modules import (
+    Conv3dNormActivation,
+    ConvTranspose3dNormActivation,
+    GroupNormActivation,
+    _activation_module,
+    _ConvNormActivation,
+    _norm_module,
+)
+from .blocks import activation_of_module
 from .modules import ConvTranspose3dReLUGroupNorm
 
-_RELU_FUNCTIONS = (F.relu, torch.relu, torch.relu_)
+_CONVS = (nn.Conv3d, nn.ConvTranspose3d)
+_NORMS = (nn.GroupNorm, nn.InstanceNorm3d)
+_DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
+_FUSED = (ConvTranspose3dReLUGroupNorm, _ConvNormActivation, GroupNormActivation)
+# Layers whose output is 5-D (N, C, D, H, W), given the batched input that 3-D layers take.
+_THREE_D = (*_CONVS, *_FUSED, nn.BatchNorm3d, nn.InstanceNorm3d, nn.MaxPool3d, nn.AvgPool3d, nn.AdaptiveMaxPool3d,
+            nn.AdaptiveAvgPool3d)
+# Calls whose output is 5-D where every tensor they read is (broadcasting adds no dimension then).
+_ELEMENTWISE = {operator.add, operator.iadd, operator.sub, operator.isub, operator.mul, operator.imul, torch.add,
+                torch.sub, torch.mul, torch.cat}
+_ELEMENTWISE_METHODS = {"add", "add_", "sub", "sub_", "mul", "mul_"}
+# Calls whose output has as many dimensions as their input.
+_SAME_RANK_FUNCTIONS = {F.interpolate, F.dropout, F.dropout3d}
+
+# The functional activations: the op's activation, and the arguments after the input with
+# their defaults (PReLU's weight: the model's parameter that the call reads).
+_ACTIVATION_FUNCTIONS = {
+    F.relu: ("relu", {"inplace": False}),
+    torch.relu: ("relu", {}),
+    torch.relu_: ("relu", {}),
+    F.leaky_relu: ("leaky_relu", {"negative_slope": 0.01, "inplace": False}),
+    F.leaky_relu_: ("leaky_relu", {"negative_slope": 0.01}),
+    F.silu: ("silu", {"inplace": False}),
+    F.gelu: ("gelu", {"approximate": "none"}),
+    F.elu: ("elu", {"alpha": 1.0, "inplace": False}),
+    F.elu_: ("elu", {"alpha": 1.0}),
+    F.prelu: ("prelu", {"weight": None}),
+}
+_ACTIVATION_METHODS = ("relu", "relu_")
+# The functional norms: the arguments after the input with their defaults.
+_NORM_FUNCTIONS = {
+    F.group_norm: {"num_groups": None, "weight": None, "bias": None, "eps": 1e-5},
+    F.instance_norm: {"running_mean": None, "running_var": None, "weight": None, "bias": None,
+                      "use_input_stats": True, "momentum": 0.1, "eps": 1e-5},
+}
 
 
 @dataclass
 class FuseResult:
     model: nn.Module
-    replaced: list[str] = field(default_factory=list)  # one line per fused chain
+    replaced: list[str] = field(default_factory=list)  # one line per fused chain: where, what, what it became
     not_traced: str | None = None  # why the torch.fx pass could not run, if it could not
+    left_alone: list[str] = field(default_factory=list)  # one line per chain not fused: where, and why
 
     def __str__(self) -> str:
         lines = [f"cutlassfuse.fuse: {len(self.replaced)} chain(s) fused"] + [f"  {r}" for r in self.replaced]
+        lines += [f"  left alone: {line}" for line in self.left_alone]
         if self.not_traced:
             lines.append(f"  (forward() not traced: {self.not_traced})")
         return "\n".join(lines)
 
 
-def _fusable(conv: nn.Module, relu: nn.Module | None, norm: nn.Module) -> bool:
-    return (type(conv) is nn.ConvTranspose3d and conv.padding_mode == "zeros" and type(norm) is nn.GroupNorm
-            and norm.num_channels == conv.out_channels and (relu is None or type(relu) is nn.ReLU))
+@dataclass(eq=False)
+class _Layer:
+    """One layer of a chain, as a fused block takes it."""
+
+    kind: str  # "conv", "norm", "activation", "noop" (nn.Identity, dropout with p=0), "dropout" (p > 0)
+    path: str  # where it is: the module's path, or the function call's in forward()
+    name: str  # dotted, for a fused module's name: the module's path, or the calling module's and the call's
+    module: nn.Module | None  # the module computing it; a function call's holds the very tensors it reads
+    problem: str | None = None  # why it cannot join a fused block, where it cannot
+    input: Any = None  # in a trace: the node it reads
+    call: tuple[tuple, dict] | None = None  # in a trace: the arguments a fused block in its place takes
 
 
-def _describe(where: str, conv: nn.ConvTranspose3d, norm: nn.GroupNorm) -> str:
-    return (f"{where}: ConvTranspose3d({conv.in_channels}->{conv.out_channels}, kernel={conv.kernel_size}, "
-            f"stride={conv.stride}) + ReLU + GroupNorm({norm.num_groups}) -> ConvTranspose3dReLUGroupNorm")
+def _dropout_text(module: nn.Module) -> str:
+    return f"{type(module).__name__}(p={module.p})"
 
 
-def _original_keys(fused: str, conv: tuple[str, nn.Module], norm: tuple[str, nn.Module]) -> dict[str, str]:
-    """The state_dict keys of the fused block at path `fused`, each with the key its
-    tensor had in the original model, where the conv and the norm sat at their paths."""
-    keys = {}
-    for child, (path, module) in (("conv_transpose", conv), ("group_norm", norm)):
-        for name in module.state_dict(keep_vars=True):
-            keys[f"{fused}.{child}.{name}"] = f"{path}.{name}"
-    return keys
+def _module_layer(module: nn.Module, path: str) -> _Layer | None:
+    """What `module` (at `path`) is in a chain, or None for a layer that ends one."""
+    hooked = bool(module._forward_hooks or module._forward_pre_hooks)
+    problem = f"{type(module).__name__} has forward hooks, which a fused block would not run" if hooked else None
+    if isinstance(module, nn.Identity) or (isinstance(module, _DROPOUTS) and module.p == 0):
+        return None if hooked else _Layer("noop", path, path, module)
+    if isinstance(module, _DROPOUTS):
+        return _Layer("dropout", path, path, module, _dropout_text(module))
+    if type(module) in _CONVS:
+        return _Layer("conv", path, path, module, problem)
+    if type(module) in _NORMS:
+        if getattr(module, "track_running_stats", False):
+            problem = "InstanceNorm3d with running statistics (track_running_stats=True)"
+        return _Layer("norm", path, path, module, problem)
+    try:
+        activation_of_module(module)
+    except ValueError:
+        if type(module).__module__ != nn.modules.activation.__name__:
+            return None
+        problem = f"activation {type(module).__name__} not supported"
+    return _Layer("activation", path, path, module, problem)
 
 
-def _fuse_sequentials(module: nn.Module, prefix: str, replaced: list[str], keys: dict[str, str]) -> None:
-    """In every nn.Sequential: the conv's slot takes the fused block, ReLU's and
-    GroupNorm's become nn.Identity, so the indices of the layers after them do not move."""
-    for name, child in module.named_children():
-        _fuse_sequentials(child, f"{prefix}{name}.", replaced, keys)
-    if not isinstance(module, nn.Sequential):
-        return
-    names = list(module._modules)
-    i = 0
-    while i + 2 < len(names):
-        conv, relu, norm = (module._modules[k] for k in names[i:i + 3])
-        if _fusable(conv, relu, norm):
-            module._modules[names[i]] = ConvTranspose3dReLUGroupNorm.from_modules(conv, norm)
-            module._modules[names[i + 1]] = nn.Identity().train(relu.training)
-            module._modules[names[i + 2]] = nn.Identity().train(norm.training)
-            replaced.append(_describe(f"{prefix}{names[i]}", conv, norm))
-            keys.update(_original_keys(f"{prefix}{names[i]}", (f"{prefix}{names[i]}", conv),
-                                       (f"{prefix}{names[i + 2]}", norm)))
-            i += 3
+def _five_d_after(module: nn.Module, layer: _Layer | None, input_five_d: bool) -> bool:
+    """Whether `module`'s output is known to be 5-D (`layer`: what it is in a chain)."""
+    if isinstance(module, _THREE_D):
+        return True
+    return input_five_d and (layer is not None or isinstance(module, nn.Upsample))
+
+
+def _describe_module(module: nn.Module) -> str:
+    if isinstance(module, _CONVS):
+        return (f"{type(module).__name__}({module.in_channels}->{module.out_channels}, kernel={module.kernel_size}, "
+                f"stride={module.stride})")
+    if isinstance(module, nn.GroupNorm):
+        return f"GroupNorm({module.num_groups})"
+    if isinstance(module, nn.InstanceNorm3d):
+        return f"InstanceNorm3d({module.num_features})"
+    activation, parameter, _ = activation_of_module(module)
+    if activation in ("leaky_relu", "elu"):
+        return f"{type(module).__name__}({parameter:g})"
+    return "GELU(tanh)" if activation == "gelu_tanh" else type(module).__name__
+
+
+@dataclass
+class _Match:
+    """A chain to fuse: its layers (conv, norm, activation in their order) by position,
+    every position it covers (the no-ops between them too), and the fused block."""
+
+    layers: dict[Any, _Layer]
+    positions: list
+    block: nn.Module
+
+
+@dataclass
+class _Found:
+    """What the passes found: the chains fused (report lines) and the chains left alone
+    (by path: why)."""
+
+    replaced: list[str] = field(default_factory=list)
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def fused(self, where: str, match: _Match) -> None:
+        layers = list(match.layers.values())
+        self.replaced.append(f"{where}: {' + '.join(_describe_module(layer.module) for layer in layers)} -> "
+                             f"{type(match.block).__name__}")
+        for layer in layers:
+            self.notes.pop(layer.path, None)
+
+
+@dataclass
+class _Step:
+    """The next layer along a chain that is not a no-op, and the positions up to it."""
+
+    positions: list
+    layer: _Layer | None
+
+
+def _step(chain, at, channels: int | None) -> _Step:
+    positions = []
+    while (at := chain.next(at)) is not None:
+        positions.append(at)
+        layer = chain.layer(at, channels)
+        if layer is None or layer.kind != "noop":
+            return _Step(positions, layer)
+    return _Step(positions, None)
+
+
+def _next_of_kind(chain, at, channels: int | None, kind: str, after: str, notes: dict[str, str]) -> _Step | None:
+    """The step to the next layer after `at` if it is a `kind` layer that can join the
+    chain; notes why one that follows cannot (`after`: what the layer at `at` is)."""
+    step = _step(chain, at, channels)
+    layer = step.layer
+    if layer is not None and layer.kind == "dropout":
+        behind = _step(chain, step.positions[-1], channels).layer
+        if behind is not None and behind.kind == kind:
+            notes[layer.path] = f"{layer.problem} between {after} and {kind}"
+        return None
+    if layer is None or layer.kind != kind:
+        return None
+    if layer.problem:
+        notes[layer.path] = layer.problem
+        return None
+    return step
+
+
+def _fused_block(layers: list[_Layer]) -> nn.Module:
+    conv = layers[0].module if layers[0].kind == "conv" else None
+    norm = next(layer.module for layer in layers if layer.kind == "norm")
+    activation = next((layer.module for layer in layers if layer.kind == "activation"), None)
+    if conv is None:
+        return GroupNormActivation.from_modules(norm, activation)
+    before = layers[1].kind == "activation"
+    if type(conv) is nn.ConvTranspose3d and before and type(activation) is nn.ReLU and type(norm) is nn.GroupNorm:
+        return ConvTranspose3dReLUGroupNorm.from_modules(conv, norm)
+    block_type = ConvTranspose3dNormActivation if type(conv) is nn.ConvTranspose3d else Conv3dNormActivation
+    if activation is None:
+        activation = nn.Identity().train(conv.training)
+    return block_type.from_modules(conv, norm, activation, activation_before_norm=before)
+
+
+def _matched(steps: list[tuple[Any, _Step]], notes: dict[str, str]) -> _Match | None:
+    """The match of the chain `steps` (each layer's position and the step to it), or None
+    where the block refuses the modules (noted at the chain's first layer)."""
+    layers = {at: step.layer for at, step in steps}
+    first = steps[0][1].layer
+    try:
+        if first.problem:
+            raise ValueError(first.problem)
+        block = _fused_block(list(layers.values()))
+    except (ValueError, TypeError) as error:
+        notes[first.path] = str(error).removeprefix("cutlassfuse: ")
+        return None
+    return _Match(layers, [at for _, step in steps for at in step.positions], block)
+
+
+def _match_conv(chain, at, conv: _Layer, notes: dict[str, str]) -> _Match | None:
+    """conv -> norm -> activation, conv -> norm, or conv -> activation -> norm from `at`."""
+    channels = conv.module.out_channels
+    start = (at, _Step([at], conv))
+    norm = _next_of_kind(chain, at, channels, "norm", "conv", notes)
+    if norm is not None:
+        activation = _next_of_kind(chain, norm.positions[-1], channels, "activation", "norm", notes)
+        steps = [start, (norm.positions[-1], norm)]
+        if activation is not None:
+            steps.append((activation.positions[-1], activation))
+        return _matched(steps, notes)
+    activation = _step(chain, at, channels)
+    if activation.layer is None or activation.layer.kind != "activation":
+        return None
+    norm = _next_of_kind(chain, activation.positions[-1], channels, "norm", "activation", notes)
+    if norm is None:
+        return None
+    if activation.layer.problem:
+        notes[activation.layer.path] = activation.layer.problem
+        return None
+    return _matched([start, (activation.positions[-1], activation), (norm.positions[-1], norm)], notes)
+
+
+def _match_norm(chain, at, norm: _Layer, notes: dict[str, str]) -> _Match | None:
+    """A norm -> activation that no convolution takes: the norm's input must be known to
+    be 5-D, as the op takes it."""
+    activation = _next_of_kind(chain, at, None, "activation", "norm", notes)
+    if activation is None:
+        return None
+    if norm.problem:
+        notes[norm.path] = norm.problem
+        return None
+    if type(norm.module) is not nn.InstanceNorm3d and not chain.five_d_input(at):
+        notes[norm.path] = (f"{_describe_module(norm.module)} -> {_describe_module(activation.layer.module)}: its "
+                            "input is not known to be 5-D (N, C, D, H, W)")
+        return None
+    return _matched([(at, _Step([at], norm)), (activation.positions[-1], activation)], notes)
+
+
+def _fuse_chains(chain, positions: list, found: _Found) -> None:
+    """Every chain that starts at one of `positions` (in order), fused in `chain`."""
+    covered = set()
+    for at in positions:
+        layer = None if at in covered else chain.layer(at)
+        if layer is None or layer.kind not in ("conv", "norm"):
+            continue
+        match = (_match_conv if layer.kind == "conv" else _match_norm)(chain, at, layer, found.notes)
+        if match is not None:
+            covered.update(match.positions)
+            chain.replace(match, found)
+
+
+def _runs_in_order(module: nn.Module) -> bool:
+    """Whether `module` is an nn.Sequential that runs its children one after the other."""
+    return isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward
+
+
+@dataclass
+class _Slot:
+    parent: nn.Module  # the nn.Sequential holding it
+    name: str
+    path: str
+    module: nn.Module
+
+
+def _slots(sequential: nn.Module, prefix: str) -> Iterator[_Slot]:
+    """The layers `sequential` runs in order, those of nested nn.Sequentials included
+    (MONAI's Convolution: the conv, then the norm, dropout and activation of its ADN)."""
+    for name, child in sequential._modules.items():
+        if child is None:
+            continue
+        if _runs_in_order(child):
+            yield from _slots(child, f"{prefix}{name}.")
         else:
-            i += 1
+            yield _Slot(sequential, name, f"{prefix}{name}", child)
 
 
-def _is_relu(node: torch.fx.Node, modules: dict[str, nn.Module]) -> bool:
-    if node.op == "call_module":
-        return type(modules[node.target]) is nn.ReLU
-    if node.op == "call_function":
-        return node.target in _RELU_FUNCTIONS
-    return node.op == "call_method" and node.target in ("relu", "relu_")
+class _SequentialRun:
+    """The chain positions of one run of nn.Sequential layers: slot indices. A fused
+    block takes its first layer's slot, the others' become nn.Identity, so that the
+    layers after them keep their indices."""
+
+    def __init__(self, slots: list[_Slot]) -> None:
+        self.slots = slots
+        self.layers = [_module_layer(slot.module, slot.path) for slot in slots]
+        self.input_five_d = [False]
+        for slot, layer in zip(slots, self.layers, strict=True):
+            self.input_five_d.append(_five_d_after(slot.module, layer, self.input_five_d[-1]))
+
+    def layer(self, at: int, channels: int | None = None) -> _Layer | None:
+        return self.layers[at]
+
+    def next(self, at: int) -> int | None:
+        return at + 1 if at + 1 < len(self.slots) else None
+
+    def five_d_input(self, at: int) -> bool:
+        return self.input_five_d[at]
+
+    def replace(self, match: _Match, found: _Found) -> None:
+        for i, (at, layer) in enumerate(match.layers.items()):
+            slot = self.slots[at]
+            slot.parent._modules[slot.name] = match.block if i == 0 else nn.Identity().train(layer.module.training)
+        found.fused(self.slots[next(iter(match.layers))].path, match)
+
+
+def _fuse_sequentials(module: nn.Module, prefix: str, found: _Found) -> None:
+    """Fuses the chains of every nn.Sequential in `module`, in place."""
+    if not _runs_in_order(module):
+        for name, child in module.named_children():
+            _fuse_sequentials(child, f"{prefix}{name}.", found)
+        return
+    slots = list(_slots(module, prefix))
+    _fuse_chains(_SequentialRun(slots), list(range(len(slots))), found)
+    for slot in slots:
+        _fuse_sequentials(slot.module, f"{slot.path}.", found)
 
 
 class _Tracer(torch.fx.Tracer):
     """Keeps already fused blocks (from the Sequential pass) opaque."""
 
     def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
-        return isinstance(module, ConvTranspose3dReLUGroupNorm) or super().is_leaf_module(module, qualified_name)
-
-
-def _single_user(node: torch.fx.Node) -> torch.fx.Node | None:
-    return next(iter(node.users)) if len(node.users) == 1 else None
+        return isinstance(module, _FUSED) or super().is_leaf_module(module, qualified_name)
 
 
 def _unused_name(module: nn.Module, name: str) -> str:
@@ -97,17 +367,202 @@ def _unused_name(module: nn.Module, name: str) -> str:
     return candidate
 
 
-def _conv_call_arguments(node: torch.fx.Node) -> tuple[tuple, dict] | None:
-    """The conv call's (input, output_size) as the fused block takes them, or None for a
-    call that passes anything else (the block would not see it)."""
-    bound = dict(zip(("input", "output_size"), node.args, strict=False))
-    if len(node.args) > 2 or bound.keys() & node.kwargs.keys() or not node.kwargs.keys() <= {"input", "output_size"}:
+def _bind(node: torch.fx.Node, defaults: dict[str, Any]) -> dict[str, Any] | None:
+    """The call's arguments by name (`defaults`: those after the input, with their
+    defaults), or None for a call that passes others or no input."""
+    names = ["input", *defaults]
+    if len(node.args) > len(names) or not node.kwargs.keys() <= set(names):
+        return None
+    bound = dict(zip(names, node.args, strict=False))
+    if bound.keys() & node.kwargs.keys():
         return None
     bound.update(node.kwargs)
-    if "input" not in bound:
+    return {**defaults, **bound} if "input" in bound else None
+
+
+def _constant(value: Any) -> bool:
+    return not isinstance(value, torch.fx.Node)
+
+
+def _parameter(graph_module: nn.Module, node: Any) -> nn.Parameter | None:
+    """The model's parameter that `node` reads, None where it reads anything else."""
+    if not isinstance(node, torch.fx.Node) or node.op != "get_attr":
         return None
-    output_size = bound.get("output_size")
-    return (bound["input"],), ({} if output_size is None else {"output_size": output_size})
+    try:
+        return graph_module.get_parameter(node.target)
+    except AttributeError:
+        return None
+
+
+class _TracedChain:
+    """The chain positions of a torch.fx trace: its nodes. A layer's successor is the one
+    user of its output, where that user reads it as its input."""
+
+    def __init__(self, graph_module: torch.fx.GraphModule) -> None:
+        self.graph_module = graph_module
+        self.modules = dict(graph_module.named_modules())
+        self.layers: dict[tuple, _Layer | None] = {}
+        self.five_d: set[torch.fx.Node] = set()
+        for node in graph_module.graph.nodes:
+            if self._five_d_output(node):
+                self.five_d.add(node)
+
+    def layer(self, node: torch.fx.Node, channels: int | None = None) -> _Layer | None:
+        """What `node` is in a chain (`channels`: the conv's, for a functional norm without
+        weight); the same object for the same question."""
+        key = (node, channels)
+        if key not in self.layers:
+            self.layers[key] = self._classify(node, channels)
+        return self.layers[key]
+
+    def next(self, node: torch.fx.Node) -> torch.fx.Node | None:
+        if len(node.users) != 1:
+            return None
+        user = next(iter(node.users))
+        layer = self.layer(user)
+        return user if layer is not None and layer.input is node else None
+
+    def five_d_input(self, node: torch.fx.Node) -> bool:
+        return self._known_five_d(self.layer(node).input)
+
+    def _known_five_d(self, value: Any) -> bool:
+        return isinstance(value, torch.fx.Node) and value in self.five_d
+
+    def _five_d_output(self, node: torch.fx.Node) -> bool:
+        if node.op not in ("call_module", "call_function", "call_method"):
+            return False
+        if node.target in _ELEMENTWISE or (node.op == "call_method" and node.target in _ELEMENTWISE_METHODS):
+            return bool(node.all_input_nodes) and all(n in self.five_d for n in node.all_input_nodes)
+        first = node.args[0] if node.args else node.kwargs.get("input")
+        if node.op == "call_module":
+            return _five_d_after(self.modules[node.target], self.layer(node), self._known_five_d(first))
+        return self._known_five_d(first) and (self.layer(node) is not None or node.target in _SAME_RANK_FUNCTIONS)
+
+    def _classify(self, node: torch.fx.Node, channels: int | None) -> _Layer | None:
+        if node.op == "call_module":
+            return self._module_layer(node)
+        if node.op == "call_method" and node.target in _ACTIVATION_METHODS and len(node.args) == 1 and not node.kwargs:
+            return self._function_layer(node, "activation", nn.ReLU())
+        if node.op != "call_function":
+            return None
+        if node.target in _ACTIVATION_FUNCTIONS:
+            return self._activation_function(node)
+        if node.target in _NORM_FUNCTIONS:
+            return self._norm_function(node, channels)
+        return None
+
+    def _module_layer(self, node: torch.fx.Node) -> _Layer | None:
+        layer = _module_layer(self.modules[node.target], node.target)
+        if layer is None:
+            return None
+        if layer.kind != "conv":
+            if len(node.args) != 1 or node.kwargs:
+                return None
+            layer.input, layer.call = node.args[0], ((node.args[0],), {})
+            return layer
+        bound = _bind(node, {"output_size": None} if type(layer.module) is nn.ConvTranspose3d else {})
+        if bound is None:
+            layer.problem = "the conv is called with other arguments than a fused block takes"
+            return layer
+        output_size = bound.get("output_size")
+        layer.input = bound["input"]
+        layer.call = (layer.input,), ({} if output_size is None else {"output_size": output_size})
+        return layer
+
+    def _function_layer(self, node: torch.fx.Node, kind: str, module: nn.Module | None,
+                        problem: str | None = None) -> _Layer:
+        """A function call's layer, `module` computing it (with the tensors it reads)."""
+        # torch.fx records the modules whose forward() the call is in: path, type.
+        owner = next(reversed(node.meta.get("nn_module_stack", {}).values()), ("",))[0]
+        path = f"{owner}.forward(): {node.name}" if owner else f"forward(): {node.name}"
+        if module is not None:
+            module.train(self.graph_module.training)
+        input = node.args[0] if node.args else node.kwargs.get("input")
+        return _Layer(kind, path, f"{owner}.{node.name}" if owner else node.name, module, problem, input,
+                      ((input,), {}))
+
+    def _activation_function(self, node: torch.fx.Node) -> _Layer | None:
+        activation, defaults = _ACTIVATION_FUNCTIONS[node.target]
+        bound = _bind(node, defaults)
+        if bound is None or not all(_constant(bound[name]) for name in bound if name not in ("input", "weight")):
+            return None
+        if activation == "gelu":
+            activation = {"none": "gelu", "tanh": "gelu_tanh"}.get(bound["approximate"])
+            if activation is None:
+                return None
+        if activation != "prelu":
+            parameter = bound.get("negative_slope", bound.get("alpha"))
+            return self._function_layer(node, "activation", _activation_module(activation, parameter, 1, 1, {}))
+        weight = _parameter(self.graph_module, bound["weight"])
+        if weight is None:
+            return self._function_layer(node, "activation", None, "F.prelu's weight is not a parameter of the model")
+        module = _activation_module("prelu", None, weight.numel(), weight.numel(), {})
+        module.weight = weight
+        return self._function_layer(node, "activation", module)
+
+    def _norm_function(self, node: torch.fx.Node, channels: int | None) -> _Layer | None:
+        """F.group_norm or F.instance_norm as the module computing it, holding the model's
+        weight and bias; the channels are the weight's or bias's, else the conv's."""
+        bound = _bind(node, _NORM_FUNCTIONS[node.target])
+        tensor_names = ("input", "weight", "bias", "running_mean", "running_var")
+        if bound is None or not all(_constant(bound[name]) for name in bound if name not in tensor_names):
+            return None
+        function = f"F.{node.target.__name__}"
+        parameters = {name: _parameter(self.graph_module, bound[name]) for name in ("weight", "bias")
+                      if bound[name] is not None}
+        problem = next((f"{function}'s {name} is not a parameter of the model" for name, parameter in
+                        parameters.items() if parameter is None), None)
+        if node.target is F.instance_norm and (bound["running_mean"] is not None or bound["running_var"] is not None
+                                               or not bound["use_input_stats"]):
+            problem = f"{function} with running statistics"
+        channels = next((p.numel() for p in parameters.values() if p is not None), channels)
+        if problem is None and channels is None:
+            problem = f"{function} without weight or bias: its channel count is not known here"
+        if problem is not None:
+            return self._function_layer(node, "norm", None, problem)
+        try:
+            module = _norm_module("group" if node.target is F.group_norm else "instance", channels,
+                                  bound.get("num_groups"), bound["eps"], False, {})
+        except (ValueError, TypeError) as error:
+            return self._function_layer(node, "norm", None, str(error).removeprefix("cutlassfuse: "))
+        for name, parameter in parameters.items():
+            setattr(module, name, parameter)
+        module.affine = bool(parameters)
+        return self._function_layer(node, "norm", module)
+
+    def replace(self, match: _Match, found: _Found) -> None:
+        """The chain's nodes become one call of the fused block, where the chain starts
+        (its input is ready there, and anything written in place later reads the same)."""
+        graph = self.graph_module.graph
+        layers = list(match.layers.values())
+        target = self._fused_target(layers)
+        self.graph_module.add_submodule(target, match.block)
+        with graph.inserting_before(match.positions[0]):
+            fused = graph.call_module(target, *layers[0].call)
+        match.positions[-1].replace_all_uses_with(fused)
+        # The chain's readers now read the fused block: what they are is asked anew.
+        self.layers = {key: layer for key, layer in self.layers.items() if key[0] not in fused.users}
+        attributes = dict.fromkeys(n for node in match.positions for n in node.all_input_nodes if n.op == "get_attr")
+        for node in reversed(match.positions):
+            graph.erase_node(node)
+        for node in attributes:
+            if not node.users:
+                graph.erase_node(node)
+        self.five_d.add(fused)
+        found.fused(target, match)
+
+    def _fused_target(self, layers: list[_Layer]) -> str:
+        """Where the fused block goes: in the innermost module holding all the chain's
+        layers, named after them (the activation by its kind), as `conv1_conv_norm1_relu`."""
+        names = [layer.name.split(".") for layer in layers]
+        scope = os.path.commonprefix([parts[:-1] for parts in names])  # of lists: the common leading parts
+        name = "_".join(activation_of_module(layer.module)[0] if layer.kind == "activation"
+                        else "_".join(parts[len(scope):]) for layer, parts in zip(layers, names, strict=True))
+        try:
+            owner = self.graph_module.get_submodule(".".join(scope))
+        except AttributeError:
+            owner = None  # add_submodule makes it
+        return ".".join([*scope, _unused_name(owner, name) if owner is not None else name])
 
 
 class _ModeDependentForward(Exception):
@@ -132,36 +587,13 @@ def _trace_in_either_mode(model: nn.Module) -> torch.fx.Graph:
     return graphs[0]
 
 
-def _fuse_graph(model: nn.Module, replaced: list[str], keys: dict[str, str]) -> nn.Module:
-    """The same rewrite in a torch.fx trace of forward(), for chains written in code:
-    conv module (called with its input and optionally output_size) -> ReLU (module,
-    F.relu, torch.relu, .relu()) -> GroupNorm module, each intermediate used once."""
-    graph_module = torch.fx.GraphModule(model, _trace_in_either_mode(model), type(model).__name__)
-    modules = dict(graph_module.named_modules())
-    fused_any = False
-    for node in list(graph_module.graph.nodes):
-        if node.op != "call_module" or type(modules.get(node.target)) is not nn.ConvTranspose3d:
-            continue
-        relu = _single_user(node)
-        norm = _single_user(relu) if relu is not None and _is_relu(relu, modules) else None
-        if norm is None or norm.op != "call_module" or not _fusable(modules[node.target], None, modules[norm.target]):
-            continue
-        conv_call = _conv_call_arguments(node)
-        if conv_call is None:
-            continue
-        conv_module, norm_module = modules[node.target], modules[norm.target]
-        # Named after both modules: one conv can feed chains ending in different norms.
-        name = _unused_name(graph_module, f"{node.target}_relu_{norm.target}".replace(".", "_"))
-        graph_module.add_submodule(name, ConvTranspose3dReLUGroupNorm.from_modules(conv_module, norm_module))
-        with graph_module.graph.inserting_after(norm):
-            fused = graph_module.graph.call_module(name, *conv_call)
-        norm.replace_all_uses_with(fused)
-        for dead in (norm, relu, node):
-            graph_module.graph.erase_node(dead)
-        replaced.append(_describe(node.target, conv_module, norm_module))
-        keys.update(_original_keys(name, (node.target, conv_module), (norm.target, norm_module)))
-        fused_any = True
-    if not fused_any:
+def _fuse_graph(graph_module: torch.fx.GraphModule, model: nn.Module, found: _Found) -> nn.Module:
+    """The same rewrite in a torch.fx trace of `model`'s forward(), for chains written in
+    code: the modules, and the functional norms and activations, each intermediate used
+    once. `model` where it has none."""
+    fused_before = len(found.replaced)
+    _fuse_chains(_TracedChain(graph_module), list(graph_module.graph.nodes), found)
+    if len(found.replaced) == fused_before:
         return model
     graph_module.graph.lint()
     graph_module.delete_all_unused_submodules()
@@ -171,96 +603,130 @@ def _fuse_graph(model: nn.Module, replaced: list[str], keys: dict[str, str]) -> 
 
 @dataclass
 class _SaveOriginalKeys:
-    """state_dict post-hook: the fused blocks' tensors under their original keys."""
+    """state_dict post-hook: every tensor under its key in the original model."""
 
-    original: dict[str, str]  # fused key -> original key, relative to the hooked module
+    holders: dict[str, list[str]]  # original key -> the keys holding its tensor now, relative to the hooked module
 
     def __call__(self, module: nn.Module, state_dict: dict, prefix: str, local_metadata: dict) -> None:
-        if not any(prefix + key in state_dict for key in self.original):
+        held = {holder for holders in self.holders.values() for holder in holders}
+        if not any(prefix + key in state_dict for key in held):
             return
-        # Renamed in place, so that the keys keep their order (the original model's, for a
-        # Sequential). A key the model also holds under its original name (a conv it still
-        # calls elsewhere) is there once.
-        section = [(key, state_dict.pop(key)) for key in list(state_dict) if key.startswith(prefix)]
-        for key, value in section:
-            relative = key[len(prefix):]
-            state_dict.setdefault(prefix + self.original.get(relative, relative), value)
+        # The original keys in the original order; keys of tensors added since, after them.
+        section = {key[len(prefix):]: state_dict.pop(key) for key in list(state_dict) if key.startswith(prefix)}
+        for original, holders in self.holders.items():
+            if holders[0] in section:
+                state_dict[prefix + original] = section[holders[0]]
+        state_dict.update((prefix + key, value) for key, value in section.items() if key not in held)
 
 
 @dataclass
 class _LoadOriginalKeys:
-    """load_state_dict pre-hook: a state_dict with the original keys loads into the fused
-    blocks (one with their own keys still loads as it is)."""
+    """load_state_dict pre-hook: a state_dict with the original keys loads into the
+    rewritten model (one with its own keys still loads as it is)."""
 
-    fused: dict[str, list[str]]  # original key -> fused keys (a conv feeding two chains has two)
+    holders: dict[str, list[str]]  # original key -> the keys holding its tensor now (a conv in two chains: two)
 
     def __call__(self, module: nn.Module, state_dict: dict, prefix: str, *_) -> None:
-        for original, fused_keys in self.fused.items():
+        for original, holders in self.holders.items():
             if prefix + original in state_dict:
-                for fused in fused_keys:
-                    state_dict.setdefault(prefix + fused, state_dict[prefix + original])
-                if not _holds(module, original):
+                for holder in holders:
+                    state_dict.setdefault(prefix + holder, state_dict[prefix + original])
+                if original not in holders:
                     del state_dict[prefix + original]
 
 
-def _holds(module: nn.Module, key: str) -> bool:
-    """Whether `module` still has a tensor at `key` itself (the original conv, where the
-    model calls it elsewhere too)."""
-    path, _, name = key.rpartition(".")
-    try:
-        owner = module.get_submodule(path)
-    except AttributeError:
-        return False
-    return isinstance(getattr(owner, name, None), torch.Tensor)
-
-
-def _keep_original_keys(model: nn.Module, keys: dict[str, str]) -> None:
-    """Hooks `model`'s state_dict() and load_state_dict() to the original keys (`keys`:
-    fused key -> original key)."""
-    if not keys:
+def _keep_original_keys(model: nn.Module, original: dict[str, torch.Tensor]) -> None:
+    """Hooks the rewritten `model`'s state_dict() and load_state_dict() to the keys of
+    `original` (the state_dict(keep_vars=True) of the model before the rewrite): each
+    key's tensor is found by identity, wherever the rewrite put it (a fused block, a
+    module the model registers twice and a trace keeps once)."""
+    holders: dict[int, list[str]] = {}
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        holders.setdefault(id(tensor), []).append(key)
+    keys = {key: holders[id(tensor)] for key, tensor in original.items() if id(tensor) in holders}
+    if all(holder == [key] for key, holder in keys.items()) and len(keys) == sum(map(len, holders.values())):
         return
-    fused: dict[str, list[str]] = {}
-    for fused_key, original in keys.items():
-        fused.setdefault(original, []).append(fused_key)
-    model.register_state_dict_post_hook(_SaveOriginalKeys(dict(keys)))
-    model.register_load_state_dict_pre_hook(_LoadOriginalKeys(fused))
+    model.register_state_dict_post_hook(_SaveOriginalKeys(keys))
+    model.register_load_state_dict_pre_hook(_LoadOriginalKeys(keys))
+
+
+def _keep_unused_tensors(graph_module: nn.Module, model: nn.Module, original: dict[str, torch.Tensor]) -> None:
+    """The tensors of `original` that the trace dropped (of modules forward() does not
+    call), put back at their paths in plain modules, so that checkpoints keep them."""
+    held = {id(tensor) for tensor in graph_module.state_dict(keep_vars=True).values()}
+    missing = {id(tensor) for tensor in original.values()} - held
+    for path, module in model.named_modules(remove_duplicate=False):
+        for name, tensor in [*module._parameters.items(), *module._buffers.items()]:
+            if tensor is None or id(tensor) not in missing:
+                continue
+            try:
+                holder = graph_module.get_submodule(path)
+            except AttributeError:
+                graph_module.add_submodule(path, nn.Module())
+                holder = graph_module.get_submodule(path)
+            if isinstance(tensor, nn.Parameter):
+                holder.register_parameter(name, tensor)
+            else:
+                holder.register_buffer(name, tensor)
+            missing.discard(id(tensor))
 
 
 def fuse(model: nn.Module, *, trace: bool = True) -> FuseResult:
-    """Fuses every ConvTranspose3d -> ReLU -> GroupNorm chain of `model`.
+    """Fuses the chains of `model` that cutlassfuse's blocks compute.
 
-    nn.Sequential chains are replaced in place (model keeps its type). With
-    ``trace=True`` the forward code is then traced with torch.fx and chains written
-    there are fused too; the result is then a torch.fx.GraphModule. Models torch.fx
-    cannot trace, or whose forward() branches on train/eval mode (a trace would freeze
-    the branch taken), keep the Sequential rewrite, and the result says why. The fused
-    blocks hold the original parameter objects.
+    A chain is a Conv3d or ConvTranspose3d (padding_mode "zeros"), then an nn.GroupNorm
+    or nn.InstanceNorm3d without running statistics, with an activation after the norm,
+    before it, or none: Conv3dNormActivation, ConvTranspose3dNormActivation, and
+    ConvTranspose3dReLUGroupNorm for ConvTranspose3d -> ReLU -> GroupNorm. A norm and
+    its activation that no convolution takes become GroupNormActivation, where the
+    norm's input is known to be 5-D (an InstanceNorm3d's, or one a 3-D layer gives).
+    Activations: nn.ReLU, LeakyReLU, PReLU, SiLU, GELU, ELU (and in forward() code
+    F.relu, torch.relu, .relu(), F.leaky_relu, F.silu, F.gelu, F.elu, F.prelu). Between
+    the layers nn.Identity and dropout with p=0 are passed through (they change nothing,
+    in either mode); a dropout with p > 0 randomizes in training, so no block spans
+    it. The fused blocks take batched 5-D input, (N, C, D, H, W).
+
+    nn.Sequential chains are replaced in place (model keeps its type), the first layer's
+    slot taking the block and the others becoming nn.Identity; a chain may run on into
+    nested nn.Sequentials (MONAI's Convolution: the conv, then its ADN's norm, dropout
+    and activation). With ``trace=True`` the forward code is then traced with torch.fx
+    and chains written there (modules, F.group_norm and F.instance_norm, the functional
+    activations) are fused too; the result is then a torch.fx.GraphModule. Models
+    torch.fx cannot trace, or whose forward() branches on train/eval mode (a trace would
+    freeze the branch taken), keep the Sequential rewrite, and the result says why. The
+    fused blocks hold the original parameter objects. The result lists every chain fused
+    (where, what, what it became) and every candidate left alone, with the reason.
 
     Checkpoints move both ways: the fused model's ``state_dict()`` has the original
-    model's keys (each fused block's ``conv_transpose.*`` and ``group_norm.*`` tensors
-    under the keys of the ConvTranspose3d and the GroupNorm they came from), and its
-    ``load_state_dict()`` takes those keys, so a state_dict saved from either model loads
-    into the other with ``strict=True``. This holds for ``state_dict()`` and
-    ``load_state_dict()`` called on the returned model (or a model holding it) and on
-    `model`, which the Sequential rewrite changed in place; ``named_parameters()``,
-    ``named_modules()`` and a fused block's own ``state_dict()`` show the fused
-    structure (``conv_transpose``, ``group_norm``). The keys are kept by state_dict
-    hooks, which ``copy.deepcopy`` keeps; a torch.fx.GraphModule pickled whole
-    (``torch.save(model)``) comes back without them, with the fused keys.
+    model's keys (each fused block's tensors under the keys of the modules they came
+    from), and its ``load_state_dict()`` takes those keys, so a state_dict saved from
+    either model loads into the other with ``strict=True``. This holds for
+    ``state_dict()`` and ``load_state_dict()`` called on the returned model (or a model
+    holding it) and on `model`, which the Sequential rewrite changed in place;
+    ``named_parameters()``, ``named_modules()`` and a fused block's own ``state_dict()``
+    show the fused structure (``conv``, ``norm``, ``activation``; ``conv_transpose``,
+    ``group_norm``). A module registered at two paths (which a trace keeps at one) has
+    its keys under both, and the tensors of modules forward() never calls (which a
+    trace drops) stay in the traced model. The keys are kept by state_dict hooks, which
+    ``copy.deepcopy`` keeps; a torch.fx.GraphModule pickled whole (``torch.save(model)``)
+    comes back without them, with the fused keys.
     """
-    replaced: list[str] = []
-    sequential_keys: dict[str, str] = {}
-    _fuse_sequentials(model, "", replaced, sequential_keys)
-    _keep_original_keys(model, sequential_keys)
-    result = FuseResult(model, replaced)
+    original = model.state_dict(keep_vars=True)
+    found = _Found()
+    _fuse_sequentials(model, "", found)
+    _keep_original_keys(model, original)
+    result = FuseResult(model, found.replaced)
     if trace:
-        graph_keys = dict(sequential_keys)  # the Sequential chains keep their paths in the trace
         try:
-            result.model = _fuse_graph(model, replaced, graph_keys)
+            graph_module = torch.fx.GraphModule(model, _trace_in_either_mode(model), type(model).__name__)
         except Exception as error:  # torch.fx raises many types for untraceable code
             result.not_traced = f"{type(error).__name__}: {error}"
-        if result.model is not model:
-            _keep_original_keys(result.model, graph_keys)
+        else:
+            result.model = _fuse_graph(graph_module, model, found)
+            if result.model is not model:
+                _keep_unused_tensors(result.model, model, original)
+                _keep_original_keys(result.model, original)
+    result.left_alone = [f"{path}: {reason}" for path, reason in found.notes.items()]
     return result
 
 
