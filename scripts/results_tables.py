@@ -8,7 +8,8 @@ in them has one source.
 A table sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->`; NAME is a bench
 file's stem without `bench-` (`h100`: the 16-bit table of docs/bench/bench-h100.json,
 `float32-h100`: the float32 table of docs/bench/bench-float32-h100.json), or `grad-mode-GPU`:
-the table of docs/bench/grad-mode-GPU.csv (`benchmarks/grad_mode.py --csv`).
+the table of docs/bench/grad-mode-GPU.csv (`benchmarks/grad_mode.py --csv`), or
+`blocks-GPU`: the table of docs/bench/blocks-GPU.csv (`benchmarks/blocks.py --csv`).
 """
 
 from __future__ import annotations
@@ -111,7 +112,37 @@ def grad_mode_table(path: Path) -> str:
             f"1.10x of no_grad on {within} of {len(rows)} rows.\n\n" + "\n".join(lines) + "\n")
 
 
+def _optional_ms(value: str) -> str:
+    return f"{float(value):.3f}" if value else "n/a"
+
+
+def _optional_ratio(value: str) -> str:
+    return f"{float(value):.2f}x" if value else "n/a"
+
+
+def blocks_table(path: Path) -> str:
+    rows = list(csv.DictReader(path.open()))
+    lines = ["| block | dtype | input | cuDNN conv | one copy | eager | compile | cutlassfuse | vs floor "
+             "| vs eager | vs compile | training step eager / cutlassfuse | error eager / cutlassfuse |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        training = (f"{_optional_ms(r['eager_train_ms'])} / {_optional_ms(r['cutlassfuse_train_ms'])}"
+                    if r["eager_train_ms"] else "n/a")
+        errors = f"{float(r['eager_max_abs']):.1e} / {float(r['cutlassfuse_max_abs']):.1e}"
+        lines.append(" | ".join([
+            f"| {r['block']}", r["dtype"], r["memory_format"], _optional_ms(r["conv_ms"]), _optional_ms(r["copy_ms"]),
+            _optional_ms(r["eager_ms"]), _optional_ms(r["compile_ms"]), _optional_ms(r["cutlassfuse_ms"]),
+            f"{float(r['over_floor']):.2f}", _optional_ratio(r["eager_over_cutlassfuse"]),
+            _optional_ratio(r["compile_over_cutlassfuse"]), training, f"{errors} |"]))
+    return (f"`python benchmarks/blocks.py --train --csv {path.name}` (median ms of alternating rounds, under "
+            "`torch.no_grad()`; \"vs floor\": cutlassfuse over cuDNN's convolution with its bias plus one copy of "
+            "the output, or one copy of the input for the norm alone; max abs error against float64).\n\n"
+            + "\n".join(lines) + "\n")
+
+
 def render(name: str) -> str:
+    if name.startswith("blocks-"):
+        return blocks_table(ROOT / "docs" / "bench" / f"{name}.csv")
     if name.startswith("grad-mode-"):
         return grad_mode_table(ROOT / "docs" / "bench" / f"{name}.csv")
     path = ROOT / "docs" / "bench" / f"bench-{name}.json"
