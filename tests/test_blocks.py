@@ -1,6 +1,6 @@
 """The block family's ops on the CPU (the reference path): values against torch.nn's
-modules in float64, gradients (gradcheck, double backward), fake kernels (opcheck, meta
-tensors) and argument validation."""
+modules in float64, gradients (gradcheck, double backward, the backward op against
+autograd), fake kernels (opcheck, meta tensors) and argument validation."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from torch import nn
 
 import cutlassfuse
 from cutlassfuse.blocks import ACTIVATIONS, activation_of_module
+from cutlassfuse.testing import norm_activation_backward_by_autograd
 
 ACTIVATION_MODULES = {
     "identity": lambda c: nn.Identity(),
@@ -188,3 +189,68 @@ def test_functional_defaults_are_torch_nn_defaults():
     for name, module in [("leaky_relu", nn.LeakyReLU()), ("elu", nn.ELU())]:
         expected = module(F.group_norm(F.conv3d(x, w), 2))
         torch.testing.assert_close(cutlassfuse.conv3d_norm_activation(x, w, num_groups=2, activation=name), expected)
+
+
+BACKWARD = torch.ops.cutlassfuse.norm_activation_backward.default
+# Every activation, and PReLU with one slope for all channels.
+BACKWARD_ACTIVATIONS = {**ACTIVATION_MODULES, "prelu_shared": lambda c: nn.PReLU(1, init=0.2)}
+
+
+def backward_arguments(activation: str, before: bool, *, bias: bool, affine: bool, memory_format, seed: int = 0):
+    """norm_activation_backward's arguments for a float64 norm of 6 channels in 3 groups,
+    and its results by autograd."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, low=-1.0, high=1.0):
+        return torch.rand(*shape, generator=g, dtype=torch.float64) * (high - low) + low
+
+    y = (rand(2, 6, 3, 4, 5) * 2).contiguous(memory_format=memory_format)
+    grad = rand(2, 6, 3, 4, 5).contiguous(memory_format=memory_format)
+    b = rand(6) if bias else None
+    gamma, beta = (rand(6, low=0.5, high=1.5), rand(6, low=-0.5, high=0.5)) if affine else (None, None)
+    act = BACKWARD_ACTIVATIONS[activation](6).double()
+    (mean, rstd), expected = norm_activation_backward_by_autograd(grad, y, b, gamma, beta, 3, 1e-5, act, before)
+    name, parameter, weight = activation_of_module(act)
+    weight = None if weight is None else weight.detach()
+    return (grad, y, b, mean, rstd, gamma, beta, 3, name, parameter, weight, before), expected
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last_3d],
+                         ids=["ncdhw", "channels_last"])
+@pytest.mark.parametrize(("activation", "before"), list(itertools.product(BACKWARD_ACTIVATIONS, [False, True])))
+def test_norm_activation_backward_matches_autograd(activation, before, memory_format):
+    for bias, affine in [(True, True), (False, False)]:
+        args, expected = backward_arguments(activation, before, bias=bias, affine=affine, memory_format=memory_format)
+        got = BACKWARD(*args)
+        assert got[0].is_contiguous(memory_format=memory_format)
+        assert [g.dtype for g in got] == [torch.float64] * 5
+        for name, g, e in zip(("conv_output", "gamma", "beta", "bias", "slopes"), got, expected, strict=True):
+            torch.testing.assert_close(g, e, msg=name)
+
+
+@pytest.mark.parametrize(("activation", "before", "memory_format"), [
+    ("prelu", False, torch.channels_last_3d), ("silu", True, torch.contiguous_format),
+    ("prelu_shared", True, torch.contiguous_format)])
+def test_norm_activation_backward_opcheck(activation, before, memory_format):
+    args, _ = backward_arguments(activation, before, bias=True, affine=activation != "silu",
+                                 memory_format=memory_format)
+    torch.library.opcheck(BACKWARD, tuple(a.float() if isinstance(a, torch.Tensor) else a for a in args))
+
+
+@pytest.mark.parametrize(("change", "error", "message"), [
+    ({"grad_output": torch.ones(2, 6, 3, 4, 4)}, ValueError, "grad_output must have conv_output's shape"),
+    ({"grad_output": torch.ones(2, 6, 3, 4, 5, dtype=torch.float32)}, TypeError, "grad_output must have conv_output's"),
+    ({"mean": torch.ones(2, 2)}, ValueError, r"mean must have shape \(2, 3\)"),
+    ({"rstd": torch.ones(2, 3, dtype=torch.int32)}, TypeError, "rstd must be a floating-point tensor"),
+    ({"bias": torch.ones(6, dtype=torch.float32)}, TypeError, "bias must have the input's dtype"),
+    ({"num_groups": 4}, ValueError, "num_groups"),
+    ({"activation": "prelu"}, ValueError, "needs activation_weight"),
+])
+def test_norm_activation_backward_rejects_bad_arguments(change, error, message):
+    args, _ = backward_arguments("relu", False, bias=True, affine=True, memory_format=torch.contiguous_format)
+    names = ("grad_output", "conv_output", "bias", "mean", "rstd", "norm_weight", "norm_bias", "num_groups",
+             "activation", "activation_parameter", "activation_weight", "activation_before_norm")
+    arguments = {**dict(zip(names, args, strict=True)), **change}
+    for device in ("cpu", "meta"):
+        with pytest.raises(error, match=message):
+            BACKWARD(*(a.to(device) if isinstance(a, torch.Tensor) else a for a in arguments.values()))

@@ -17,6 +17,7 @@ _BLOCK = "cutlassfuse::conv3d_norm_activation"
 _BLOCK_FOR_BACKWARD = "cutlassfuse::conv3d_norm_activation_for_backward"
 _NORM = "cutlassfuse::group_norm_activation"
 _NORM_FOR_BACKWARD = "cutlassfuse::group_norm_activation_for_backward"
+_NORM_ACTIVATION_BACKWARD = "cutlassfuse::norm_activation_backward"
 
 ACTIVATIONS = ("identity", "relu", "leaky_relu", "prelu", "silu", "gelu", "gelu_tanh", "elu")
 # torch.nn's defaults of the activations' constants (LeakyReLU's negative_slope, ELU's alpha).
@@ -321,3 +322,46 @@ def _norm_for_backward_fake(input, num_groups, *args):
     out = _norm_fake(input, num_groups, *args)
     statistics = out.new_empty((out.shape[0], num_groups), dtype=_statistics_dtype(out.dtype))
     return out, statistics, statistics.clone()
+
+
+def _check_statistic(t: Tensor, name: str, batch, num_groups: int, input: Tensor) -> None:
+    torch._check(t.device == input.device,
+                 lambda: f"cutlassfuse: expected all tensors to be on the same device, but found {name} on "
+                         f"{t.device} and input on {input.device}")
+    torch._check_value(t.dim() == 2 and t.shape[0] == batch and t.shape[1] == num_groups,
+                       lambda: f"cutlassfuse: {name} must have shape ({batch}, {num_groups}), got {tuple(t.shape)}")
+    torch._check_type(t.dtype.is_floating_point,
+                      lambda: f"cutlassfuse: {name} must be a floating-point tensor, got {t.dtype}")
+
+
+@torch.library.register_fake(_NORM_ACTIVATION_BACKWARD)
+def _norm_activation_backward_fake(grad_output, conv_output, bias, mean, rstd, norm_weight, norm_bias, num_groups,
+                                   activation, activation_parameter, activation_weight, activation_before_norm):
+    """The gradients of the norm, the activation around it and the convolution's bias:
+    conv_output's (its shape, dtype and suggested memory format), gamma's, beta's and the
+    bias's ([channels] each, also without gamma, beta or bias), PReLU's weight's (its
+    shape, else (0,)); all but the first float64 for float64 calls, else float32."""
+    torch._check_value(conv_output.dim() == 5,
+                       lambda: f"cutlassfuse: conv_output must be 5-D (N, C, D, H, W), got {conv_output.dim()}-D with "
+                               f"shape {tuple(conv_output.shape)}")
+    torch._check_type(conv_output.dtype.is_floating_point,
+                      lambda: f"cutlassfuse: conv_output must be a floating-point tensor, got {conv_output.dtype}")
+    torch._check(grad_output.device == conv_output.device,
+                 lambda: f"cutlassfuse: expected all tensors to be on the same device, but found grad_output on "
+                         f"{grad_output.device} and input on {conv_output.device}")
+    torch._check_value(grad_output.shape == conv_output.shape,
+                       lambda: f"cutlassfuse: grad_output must have conv_output's shape {list(conv_output.shape)}, "
+                               f"got {list(grad_output.shape)}")
+    torch._check_type(grad_output.dtype == conv_output.dtype,
+                      lambda: f"cutlassfuse: grad_output must have conv_output's dtype {conv_output.dtype}, got "
+                              f"{grad_output.dtype}")
+    _norm_fake(conv_output, num_groups, norm_weight, norm_bias, 0.0, activation, activation_parameter,
+               activation_weight)
+    channels = conv_output.shape[1]
+    _check_vector(bias, "bias", channels, conv_output, same_dtype=True)
+    _check_statistic(mean, "mean", conv_output.shape[0], num_groups, conv_output)
+    _check_statistic(rstd, "rstd", conv_output.shape[0], num_groups, conv_output)
+    statistics = _statistics_dtype(conv_output.dtype)
+    dz = torch.empty_like(conv_output, memory_format=suggest_memory_format(conv_output))
+    slopes = 0 if activation_weight is None else activation_weight.shape[0]
+    return dz, *(conv_output.new_empty((size,), dtype=statistics) for size in (channels, channels, channels, slopes))

@@ -3,6 +3,7 @@ ops, and one from the definitions alone) and error metrics."""
 
 from __future__ import annotations
 
+import copy
 import inspect
 import itertools
 from collections.abc import Sequence
@@ -130,6 +131,38 @@ def reference_by_definition(input: Tensor, weight: Tensor, bias: Tensor | None =
     if norm_bias is not None:
         out = out + _float64(norm_bias).view(1, -1, 1, 1, 1)
     return out
+
+
+def norm_activation_backward_by_autograd(grad_output: Tensor, conv_output: Tensor, bias: Tensor | None,
+                                         norm_weight: Tensor | None, norm_bias: Tensor | None, num_groups: int,
+                                         eps: float, activation: torch.nn.Module,
+                                         activation_before_norm: bool) -> tuple[tuple[Tensor, Tensor], list[Tensor]]:
+    """What ``torch.ops.cutlassfuse.norm_activation_backward`` reads and returns, by
+    autograd through torch.group_norm and `activation` (a torch.nn module) in the
+    tensors' dtype: (mean, rstd) of the norm's input (computed in float64, returned in the
+    op's statistics dtype), and the gradients of conv_output, gamma, beta, the bias
+    (those of ones, zeros and zeros where they are None) and the activation's weight (an
+    empty tensor where it has none)."""
+    channels = conv_output.shape[1]
+
+    def leaf(t: Tensor | None, fill: float) -> Tensor:
+        return (conv_output.new_full((channels,), fill) if t is None else t).detach().requires_grad_()
+
+    y = conv_output.detach().requires_grad_()
+    gamma, beta, b = leaf(norm_weight, 1.0), leaf(norm_bias, 0.0), leaf(bias, 0.0)
+    activation = copy.deepcopy(activation)  # its weight's gradient of its own
+    z = y + b.view(1, -1, 1, 1, 1)
+    x = activation(z) if activation_before_norm else z
+    values = x.detach().to(torch.float64).reshape(x.shape[0], num_groups, -1)
+    statistics = torch.float64 if conv_output.dtype == torch.float64 else torch.float32
+    mean = values.mean(-1).to(statistics)
+    rstd = (values.var(-1, unbiased=False) + eps).rsqrt().to(statistics)
+    out = torch.group_norm(x, num_groups, gamma, beta, eps)
+    if not activation_before_norm:
+        out = activation(out)
+    weights = list(activation.parameters())
+    grads = torch.autograd.grad(out, [y, gamma, beta, b, *weights], grad_output)
+    return (mean, rstd), [*grads[:4], grads[4] if weights else conv_output.new_empty((0,))]
 
 
 _PACKED = ("packed_weight", "packed_bias")

@@ -2,12 +2,14 @@
 and InstanceNorm, with and without bias and affine, stride 1 and 2, NCDHW and
 channels-last input, float16/bfloat16/float32, against float64 and no further from it
 than eager's modules in the same dtype; the path taken (this project's kernels), poisoned
-outputs, bitwise repeatability, grad mode, and the gradients."""
+outputs, bitwise repeatability, grad mode, and the gradients: through the blocks, and
+of the backward op (norm_activation_backward) alone, whose kernels the backward runs."""
 
 from __future__ import annotations
 
 import copy
 import itertools
+import math
 import zlib
 
 import pytest
@@ -16,7 +18,7 @@ from torch import nn
 
 import cutlassfuse
 from cutlassfuse.blocks import ACTIVATIONS, activation_of_module
-from cutlassfuse.testing import errors, poison_cuda_allocator
+from cutlassfuse.testing import errors, norm_activation_backward_by_autograd, poison_cuda_allocator
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("strict_float32")]
 
@@ -33,6 +35,8 @@ ACTIVATION_MODULES = {
     "gelu": lambda c: nn.GELU(),
     "gelu_tanh": lambda c: nn.GELU(approximate="tanh"),
     "elu": lambda c: nn.ELU(0.7),
+    # PReLU with one slope for every channel (nn.PReLU's default).
+    "prelu_shared": lambda c: nn.PReLU(1, init=0.2),
 }
 # (norm, num_groups, bias, affine, stride)
 VARIANTS = [("group", 4, True, True, 1), ("instance", 16, False, False, 2)]
@@ -150,16 +154,33 @@ def test_repeatable_and_grad_mode_equal(transposed, activation, before, dtype):
     assert torch.equal(first, tracked.detach())
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-@pytest.mark.parametrize(("transposed", "activation", "before", "variant"),
-                         [(False, "leaky_relu", False, 0), (True, "prelu", False, 1), (False, "silu", True, 0),
-                          (False, "gelu", False, 1), (True, "elu", True, 0)])
-def test_gradients_against_float64(transposed, activation, before, variant, dtype):
-    seed = zlib.crc32(f"grad/{transposed}/{activation}".encode())
+def away_from_kinks(grad: torch.Tensor, activation_input: torch.Tensor | None) -> torch.Tensor:
+    """grad without the elements whose activation input (float64), where an activation
+    after the norm reads it, lies within 0.05 of 0: ReLU's, LeakyReLU's, PReLU's and ELU's
+    derivative jumps there, so a rounding of the input to either side gives another
+    gradient (eager's in 16 bits, ours in float32 rarely); elsewhere one side is certain."""
+    if activation_input is None:
+        return grad
+    return torch.where(activation_input.abs() < 0.05, torch.zeros_like(grad), grad)
+
+
+# Every activation (and PReLU with one slope) x position x variant (GroupNorm with bias
+# and affine, InstanceNorm without), the convolution's kind alternating.
+GRADIENT_CASES = [(i % 2 == 1, activation, before, variant) for i, (activation, before, variant) in enumerate(
+    itertools.product(ACTIVATION_MODULES, [False, True], range(len(VARIANTS))))]
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["ncdhw", "channels_last"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize(("transposed", "activation", "before", "variant"), GRADIENT_CASES)
+def test_gradients_against_float64(transposed, activation, before, variant, dtype, channels_last):
+    seed = zlib.crc32(f"grad/{transposed}/{activation}/{before}/{variant}".encode())
     modules64 = cast(build(transposed, activation, VARIANTS[variant], seed), torch.float64)
     modules = cast(modules64, dtype)
-    x = torch.randn(2, 8, 6, 5, 7, device="cuda", dtype=torch.float64)
-    grad = torch.randn_like(eager(x, *modules64, before))
+    memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
+    x = torch.randn(2, 8, 6, 5, 7, device="cuda", dtype=torch.float64).contiguous(memory_format=memory_format)
+    grad = away_from_kinks(torch.randn_like(eager(x, *modules64, before)),
+                           None if before else modules64[1](modules64[0](x)))
 
     def gradients(function, mods, x):
         x = x.detach().requires_grad_()
@@ -275,3 +296,134 @@ def test_channels_last_vectors_equal_general_path(activation, dtype):
 
     with torch.no_grad():
         assert torch.equal(norm(x), norm(unaligned))
+
+
+BACKWARD = torch.ops.cutlassfuse.norm_activation_backward.default
+BACKWARD_RESULTS = ("conv_output", "norm_weight", "norm_bias", "bias", "activation_weight")
+# (channels, num_groups, pixels): runs of four channels and 16-byte runs of an NCDHW
+# plane's 240 pixels; one channel at a time (InstanceNorm), 105 pixels one at a time; then
+# planes of two chunks, of whole 16-byte runs and not.
+BACKWARD_SHAPES = [(16, 4, (8, 6, 5)), (6, 6, (5, 3, 7)), (4, 2, (16, 16, 12)), (3, 1, (17, 13, 11))]
+# A gradient's max abs may exceed eager's by one rounding of the gradient itself.
+GRADIENT_FLOOR = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7, torch.float32: 1e-5}
+
+
+def float64(t):
+    return None if t is None else t.double()
+
+
+def backward_case(activation: str, before: bool, with_parameters: bool, shape: int, channels_last: bool,
+                  dtype: torch.dtype, seed: int):
+    """norm_activation_backward's inputs in `dtype` (bias, gamma with negatives and beta
+    when `with_parameters`) and the activation module."""
+    channels, num_groups, size = BACKWARD_SHAPES[shape]
+    generator = torch.Generator("cuda").manual_seed(seed)
+
+    def rand(*extents):
+        return torch.randn(*extents, device="cuda", dtype=torch.float64, generator=generator)
+
+    memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
+    y = (rand(2, channels, *size) * 2 + 0.5).to(dtype).contiguous(memory_format=memory_format)
+    bias = gamma = beta = None
+    if with_parameters:
+        signs = torch.ones(channels, device="cuda", dtype=torch.float64)
+        signs[1::2] = -1
+        bias, beta = rand(channels).to(dtype), (rand(channels) * 0.5).to(dtype)
+        gamma = ((rand(channels) * 0.5 + 1) * signs).to(dtype)
+    # Before the norm the activation reads y + bias, whose sign float32 gets right.
+    z = y.double() if bias is None else y.double() + bias.double().view(1, -1, 1, 1, 1)
+    normalized = None if before else torch.group_norm(z, num_groups, float64(gamma), float64(beta), 1e-5)
+    dy = away_from_kinks(rand(2, channels, *size), normalized).to(dtype).contiguous(memory_format=memory_format)
+    act = ACTIVATION_MODULES[activation](channels).cuda().to(dtype)
+    return y, dy, bias, gamma, beta, num_groups, act
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["ncdhw", "channels_last"])
+@pytest.mark.parametrize("shape", range(len(BACKWARD_SHAPES)))
+@pytest.mark.parametrize("with_parameters", [True, False], ids=["bias_affine", "plain"])
+@pytest.mark.parametrize(("activation", "before"), list(itertools.product(ACTIVATION_MODULES, [False, True])))
+def test_backward_op_against_float64(activation, before, with_parameters, shape, channels_last, dtype):
+    """Each gradient of the backward op, from this project's kernels, no further from
+    float64 than eager autograd's in the same dtype; the kernels write every element
+    (poisoned memory), and repeat bit for bit."""
+    seed = zlib.crc32(f"backward/{activation}/{before}/{with_parameters}/{shape}".encode())
+    y, dy, bias, gamma, beta, num_groups, act = backward_case(activation, before, with_parameters, shape,
+                                                              channels_last, dtype, seed)
+    (mean, rstd), expected = norm_activation_backward_by_autograd(
+        dy.double(), y.double(), float64(bias), float64(gamma), float64(beta), num_groups, 1e-5,
+        copy.deepcopy(act).double(), before)
+    _, theirs = norm_activation_backward_by_autograd(dy, y, bias, gamma, beta, num_groups, 1e-5, act, before)
+    name, parameter, weight = activation_of_module(act)
+    args = (dy, y, bias, mean.float(), rstd.float(), gamma, beta, num_groups, name, parameter,
+            None if weight is None else weight.detach(), before)
+    poison_cuda_allocator(8 * y.numel() * 4)
+    ours = BACKWARD(*args)
+    torch.cuda.synchronize()
+    memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
+    assert ours[0].dtype == dtype and ours[0].is_contiguous(memory_format=memory_format)
+    assert all(o.dtype == torch.float32 for o in ours[1:])
+    for result, o, t, e in zip(BACKWARD_RESULTS, ours, theirs, expected, strict=True):
+        assert o.shape == e.shape, result
+        if e.numel() == 0:
+            continue
+        # The parameters' gradients are sums of y.numel() / e.numel() terms of about dy's
+        # size each (a bias gradient of InstanceNorm is zero but for their rounding).
+        terms = 1 if result == "conv_output" else y.numel() // e.numel()
+        magnitude = max(e.abs().max().item(), math.sqrt(terms) * dy.abs().max().item() if terms > 1 else 0.0)
+        error, eager_error = errors(o, e).max_abs, errors(t, e).max_abs
+        floor = GRADIENT_FLOOR[dtype] * magnitude
+        assert error <= 1.25 * eager_error + floor, f"{result}: {error:.3e} against eager's {eager_error:.3e}"
+    for first, again in zip(ours, BACKWARD(*args), strict=True):
+        assert torch.equal(first, again)
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["ncdhw", "channels_last"])
+def test_backward_op_takes_any_gradient_layout(channels_last):
+    """dy in the other layout, expanded or strided gives the results of the same values
+    packed like y, dz in y's layout."""
+    y, dy, bias, gamma, beta, num_groups, _ = backward_case("silu", False, True, 0, channels_last, torch.float16, 5)
+    memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
+    other = torch.contiguous_format if channels_last else torch.channels_last_3d
+    statistics = torch.ones(2, num_groups, device="cuda")
+    row = torch.randn(y.shape[-1], device="cuda", dtype=y.dtype)
+    wide = torch.randn(*y.shape[:-1], 2 * y.shape[-1], device="cuda", dtype=y.dtype)
+    for grad in (dy.contiguous(memory_format=other), row.expand(y.shape), wide[..., ::2]):
+        got, want = (BACKWARD(g, y, bias, statistics, statistics, gamma, beta, num_groups, "silu", 0.0, None, False)
+                     for g in (grad, grad.contiguous(memory_format=memory_format)))
+        assert got[0].is_contiguous(memory_format=memory_format)
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+
+
+def cuda_kernel_names(profile) -> list[str]:
+    return [e.name for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["ncdhw", "channels_last"])
+@pytest.mark.parametrize(("activation", "before"), [("silu", False), ("prelu", True), ("leaky_relu", True)])
+def test_training_step_runs_the_backward_kernels(activation, before, channels_last):
+    """The block's backward and the standalone norm's run this project's kernels (sums,
+    coefficients, grad, parameter gradients; rows channels-last, planes NCDHW), not
+    ATen's GroupNorm backward."""
+    modules = cast(build(False, activation, VARIANTS[0], 11), torch.float16)
+    memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
+    x = torch.randn(2, 8, 8, 8, 8, device="cuda", dtype=torch.float16).contiguous(memory_format=memory_format)
+    norm = modules[1]
+    name, parameter, weight = activation_of_module(modules[2])
+    calls = [lambda x: block(x, *modules, before),
+             lambda x: cutlassfuse.group_norm_activation(x, 2, norm.weight[:8], norm.bias[:8], activation=name,
+                                                         activation_parameter=parameter,
+                                                         activation_weight=None if weight is None else weight[:8])]
+    layout = "rows" if channels_last else "planes"
+    for call in calls:
+        out = call(x.detach().requires_grad_())
+        grad = torch.randn_like(out)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+            out.backward(grad)
+            torch.cuda.synchronize()
+        names = cuda_kernel_names(profile)
+        for kernel in (f"norm_activation_backward_sums_{layout}_kernel", "backward_coefficients_kernel",
+                       f"norm_activation_backward_grad_{layout}_kernel", "parameter_grads_kernel"):
+            assert sum(kernel in n for n in names) == 1, (kernel, names)
+        assert not any("ComputeInternalGradients" in n or "GammaBetaBackward" in n for n in names), names

@@ -10,7 +10,10 @@
 // calls no kernel path takes), a CUDA implementation, and a form that keeps what its
 // backward reads (block_autograd.cpp): the convolution's output without its bias, in the
 // convolution's layout, and the norm's mean and rstd; the standalone norm keeps mean and
-// rstd (its input is saved as it is).
+// rstd (its input is saved as it is). Both backwards run
+//
+//   norm_activation_backward: the gradients of the norm and the activation around it
+//     from those, on either device (schema in src/torch/block_backward_registration.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -91,12 +94,39 @@ at::Tensor reference_norm_activation_forward(const NormActivationArgs& args);
 NormForBackward reference_norm_activation_forward_for_backward(const NormActivationArgs& args);
 
 // The activation through ATen's differentiable ops; and its input's gradient (and
-// PReLU's slopes' gradient, else undefined) from the output's, as PyTorch's backward
-// kernels compute them.
+// PReLU's slopes' gradient in statistics_type(), else undefined) from the output's, as
+// PyTorch's backward kernels compute them.
 at::Tensor apply_activation(const at::Tensor& x, ActivationKind kind, double parameter,
                             const std::optional<at::Tensor>& weight);
 std::tuple<at::Tensor, at::Tensor> activation_backward(const at::Tensor& grad, const at::Tensor& x, ActivationKind kind,
                                                        double parameter, const std::optional<at::Tensor>& weight);
+
+// norm_activation_backward's arguments: the output gradient and what the forward keeps
+// (conv_output: the convolution's output without its bias, or the standalone norm's
+// input, with no bias).
+struct NormActivationBackwardArgs {
+  const at::Tensor& grad_output;
+  const at::Tensor& conv_output;
+  const std::optional<at::Tensor>& bias;
+  const at::Tensor& mean;
+  const at::Tensor& rstd;
+  const std::optional<at::Tensor>& norm_weight;
+  const std::optional<at::Tensor>& norm_bias;
+  int64_t num_groups;
+  ActivationArgs activation;
+  bool activation_before_norm;
+};
+
+// Its results: (gradient of conv_output in conv_output's suggested memory format and
+// dtype; of gamma, of beta, of the bias, [channels] each, as if gamma = 1 and beta = 0
+// were given when they are not; of PReLU's weight, its shape, else shape (0,)), the
+// [channels] and PReLU gradients in statistics_type().
+using NormActivationGradients = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// The checks of validate_norm_activation, and grad_output, mean and rstd against
+// conv_output; the sizes as validate_norm_activation gives them.
+BlockProblem validate_norm_activation_backward(const NormActivationBackwardArgs& args);
+NormActivationGradients reference_norm_activation_backward(const NormActivationBackwardArgs& args);
 
 inline constexpr const char* kBlockReferenceDescription = "reference: ATen convolution + norm + activation";
 inline constexpr const char* kNormReferenceDescription = "reference: ATen group_norm + activation";
@@ -108,6 +138,9 @@ std::string explain_block_cuda(const ConvNormActivationArgs& args);
 at::Tensor norm_activation_forward_cuda(const NormActivationArgs& args);
 NormForBackward norm_activation_forward_for_backward_cuda(const NormActivationArgs& args);
 std::string explain_norm_activation_cuda(const NormActivationArgs& args);
+// This project's backward kernels (norm/group_norm_backward.h) where they take the call,
+// else the reference.
+NormActivationGradients norm_activation_backward_cuda(const NormActivationBackwardArgs& args);
 #endif
 
 }  // namespace cutlassfuse

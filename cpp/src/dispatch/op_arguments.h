@@ -8,6 +8,7 @@
 
 #include "cutlassfuse/norm/group_norm.h"
 #include "cutlassfuse/op.h"
+#include "cutlassfuse/plan/activation.h"
 #include "torch/redispatch.h"
 
 namespace cutlassfuse {
@@ -42,6 +43,22 @@ inline const void* data_or_null(const std::optional<at::Tensor>& t, std::optiona
   if (!present(t)) return nullptr;
   keep_alive = t->contiguous();
   return keep_alive->data_ptr();
+}
+
+// An activation as the kernels read it; PReLU's slopes through a contiguous copy kept
+// alive by `keep_alive` if needed (element_type() of their dtype must exist).
+inline ActivationParams kernel_activation(ActivationKind kind, double parameter,
+                                          const std::optional<at::Tensor>& slopes,
+                                          std::optional<at::Tensor>& keep_alive) {
+  ActivationParams params;
+  params.kind = kind;
+  params.parameter = static_cast<float>(parameter);
+  if (kind == ActivationKind::kPReLU) {
+    params.slopes = data_or_null(slopes, keep_alive);
+    params.slopes_element = *element_type(slopes->scalar_type());
+    params.slope_count = slopes->numel();
+  }
+  return params;
 }
 
 inline GroupNormShape group_norm_shape(const Problem& p) {

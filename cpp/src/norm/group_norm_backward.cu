@@ -1,4 +1,5 @@
-// ReLU + GroupNorm backward. See cutlassfuse/norm/group_norm_backward.h.
+// GroupNorm backward with ReLU before the norm (the ReLU op's) and with any activation
+// before or after it (the block family's). See cutlassfuse/norm/group_norm_backward.h.
 //
 // With x^ = (a - mean) * rstd over a (sample, group) of K = channels_per_group * spatial
 // elements and out = x^ * gamma + beta, GroupNorm's input gradient is
@@ -8,9 +9,12 @@
 //   da = c1 dy + c2 a + c3,  c1 = rstd gamma_c,  c2 = -rstd^2 B / K,  c3 = -rstd A / K - mean c2;
 //   dgamma_c = sum_n rstd (S2_c - mean S1_c),  dbeta_c = sum_n S1_c.
 // ReLU's backward zeroes da where a <= 0 (PyTorch's threshold_backward on the output).
+// The block family's passes are these with x the norm's input and dn the gradient of
+// the norm's output, both recomputed from the convolution's output y where they are read.
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 #include "cutlassfuse/common/device_utils.cuh"
 #include "cutlassfuse/norm/group_norm_backward.h"
@@ -94,6 +98,19 @@ __device__ V reduce_row_lanes(V value, const ChunkLanes<kWidth>& lanes, V* scrat
   return total;
 }
 
+// Sums `value` over the block's threads in a fixed order (a tree); the total is valid at
+// thread 0. Every thread of the block must call it.
+template <class V>
+__device__ V reduce_block(V value, V* scratch) {
+  scratch[threadIdx.x] = value;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) scratch[threadIdx.x] = scratch[threadIdx.x] + scratch[threadIdx.x + stride];
+    __syncthreads();
+  }
+  return threadIdx.x == 0 ? scratch[0] : value;
+}
+
 template <class T, int kWidth>
 __global__ void __launch_bounds__(kThreads)
 backward_sums_kernel(const T* __restrict__ dy, const T* __restrict__ a, const GroupNormBackwardShape shape,
@@ -159,17 +176,11 @@ backward_coefficients_kernel(const GroupNormBackwardShape shape, const float* __
       terms.affine_terms[n * s.channels + c] = {r * centered, total.x};
     }
   }
-  // The block's sum in a fixed order: a tree over the threads.
-  scratch[threadIdx.x] = ab;
-  __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) scratch[threadIdx.x] = scratch[threadIdx.x] + scratch[threadIdx.x + stride];
-    __syncthreads();
-  }
+  const float2 sum = reduce_block(ab, scratch);
   if (threadIdx.x == 0) {
     const float k = static_cast<float>(cpg) * static_cast<float>(s.spatial);
-    const float a_sum = scratch[0].x;
-    const float b_sum = r * scratch[0].y;
+    const float a_sum = sum.x;
+    const float b_sum = r * sum.y;
     const float c2 = -r * r * b_sum / k;
     terms.group_terms[n * s.num_groups + g] = {c2, fmaf(-m, c2, -r * a_sum / k)};
   }
@@ -227,12 +238,13 @@ constexpr int kParameterLanes = kThreads / kParameterColumns;
 __global__ void __launch_bounds__(kThreads)
 parameter_grads_kernel(const GroupNormBackwardShape shape, const GroupNormBackwardTerms terms,
                        const ParameterGradients out) {
-  __shared__ float3 scratch[kParameterLanes][kParameterColumns];
+  __shared__ float4 scratch[kParameterLanes][kParameterColumns];
   const int64_t channels = shape.norm.channels;
   const int col = static_cast<int>(threadIdx.x) % kParameterColumns;
   const int lane = static_cast<int>(threadIdx.x) / kParameterColumns;
   const int64_t c = int64_t{blockIdx.x} * kParameterColumns + col;
-  float3 part{0.f, 0.f, 0.f};  // (dgamma, dbeta, dbias)
+  const bool slopes = out.slopes != nullptr;
+  float4 part{0.f, 0.f, 0.f, 0.f};  // (dgamma, dbeta, dbias, dslope)
   if (c < channels) {
     for (int64_t n = lane; n < shape.norm.batch; n += kParameterLanes) {
       const float2 t = terms.affine_terms[n * channels + c];
@@ -241,20 +253,422 @@ parameter_grads_kernel(const GroupNormBackwardShape shape, const GroupNormBackwa
     }
     for (int64_t r = lane; r < shape.norm.batch * shape.chunks; r += kParameterLanes) {
       part.z += terms.bias_terms[r * channels + c];
+      if (slopes) part.w += terms.slope_terms[r * channels + c];
     }
   }
   scratch[lane][col] = part;
   __syncthreads();
   if (lane == 0 && c < channels) {
-    float3 total = scratch[0][col];
+    float4 total = scratch[0][col];
     for (int l = 1; l < kParameterLanes; ++l) {
       total.x += scratch[l][col].x;
       total.y += scratch[l][col].y;
       total.z += scratch[l][col].z;
+      total.w += scratch[l][col].w;
     }
     out.gamma[c] = total.x;
     out.beta[c] = total.y;
     out.bias[c] = total.z;
+    if (slopes) out.slopes[c] = total.w;
+  }
+}
+
+// --- the block family: the norm's input and the activation, recomputed from y -------------
+
+// Blocks of the family's kernels an SM holds: register budgets (85 and 128 a thread)
+// that hold every activation's code without spills. float32 sums take two, whose
+// threads have twice the bytes of a 16-bit type in flight.
+template <class T>
+constexpr int kSumsBlocksPerSm = sizeof(T) == 4 ? 2 : 3;
+constexpr int kGradBlocksPerSm = 2;
+
+// NormActivationBackward as the kernels read it.
+template <class T>
+struct Recompute {
+  const T* bias;  // null: none
+  const float* mean;
+  const float* rstd;
+  GroupNormAffine affine;
+  ActivationParams activation;
+  bool before_norm;
+  int64_t channels_per_group;
+  int64_t num_groups;
+};
+
+template <class T>
+__device__ float bias_of(const Recompute<T>& op, int64_t c) {
+  return op.bias == nullptr ? 0.f : to_float(op.bias[c]);
+}
+
+// A channel's constants in one sample, for y as the passes read it (without the bias):
+//   scale:  rstd gamma, the forward normalize's scale and the coefficient c1;
+//   offset: before the norm the bias (x = act(y + offset)); after it the forward
+//           normalize's shift, beta - mean scale, with the bias folded in (the
+//           activation's input v = y * scale + offset);
+//   c2, c3: the grad pass's coefficients of the channel's group, c3 with the bias folded
+//           in after the norm (there x = y + bias, c2 x + c3 = c2 y + c3 + c2 bias).
+struct ChannelTerms {
+  float scale;
+  float offset;
+  float c2 = 0.f;
+  float c3 = 0.f;
+};
+
+template <class T>
+__device__ ChannelTerms channel_terms(const Recompute<T>& op, int64_t n, int64_t c) {
+  const int64_t g = n * op.num_groups + c / op.channels_per_group;
+  const float bias = bias_of(op, c);
+  const float scale = op.rstd[g] * load_affine(op.affine.gamma, op.affine.element, c, 1.f);
+  const float shift = load_affine(op.affine.beta, op.affine.element, c, 0.f) - op.mean[g] * scale;
+  return {scale, op.before_norm ? bias : fmaf(bias, scale, shift)};
+}
+
+// channel_terms with the grad pass's coefficients (group_terms: (c2, c3) per (sample, group)).
+template <class T>
+__device__ ChannelTerms grad_terms(const Recompute<T>& op, const float2* group_terms, int64_t n, int64_t c) {
+  ChannelTerms t = channel_terms(op, n, c);
+  const float2 c23 = group_terms[n * op.num_groups + c / op.channels_per_group];
+  t.c2 = c23.x;
+  t.c3 = op.before_norm ? c23.y : fmaf(c23.x, bias_of(op, c), c23.y);
+  return t;
+}
+
+// The sums pass on kVector values, value i of channel(i) with terms(i), in place: g (dy
+// when called) becomes dn, the gradient of the norm's output, and v (y) what the pass
+// sums the products with dn of: the norm's input before the norm; after it y itself,
+// the sums then completed by complete_sums.
+template <class T, class Terms, class Channel>
+__device__ __forceinline__ void norm_gradient(const Recompute<T>& op, float (&v)[kVector], float (&g)[kVector],
+                                              const Terms& terms, const Channel& channel) {
+  if (op.before_norm) {
+#pragma unroll
+    for (int i = 0; i < kVector; ++i) v[i] += terms(i).offset;
+    activate_each(op.activation, v, channel);
+    return;
+  }
+  float d[kVector];
+#pragma unroll
+  for (int i = 0; i < kVector; ++i) d[i] = fmaf(v[i], terms(i).scale, terms(i).offset);
+  derivative_each(op.activation, d, channel);
+#pragma unroll
+  for (int i = 0; i < kVector; ++i) g[i] *= d[i];
+}
+
+// A channel's (sum dn, sum dn * x) from norm_gradient's sums: after the norm
+// sum dn * (y + bias) = sum dn * y + bias * sum dn.
+template <class T>
+__device__ float2 complete_sums(const Recompute<T>& op, int64_t c, float2 sums) {
+  if (!op.before_norm) sums.y = fmaf(bias_of(op, c), sums.x, sums.y);
+  return sums;
+}
+
+// PReLU's slope gradient term of an activation input v with output gradient g (PyTorch's:
+// none where v > 0; NaN propagates).
+__device__ __forceinline__ float slope_term(float g, float v) { return v > 0.f ? 0.f : g * v; }
+
+// The grad pass on kVector values (terms from grad_terms), in place: g (dy when called)
+// becomes dz; y is read; slope gets PReLU's slope terms.
+template <class T, class Terms, class Channel>
+__device__ __forceinline__ void input_gradient(const Recompute<T>& op, const float (&y)[kVector], float (&g)[kVector],
+                                               float (&slope)[kVector], const Terms& terms, const Channel& channel) {
+  if (op.before_norm) {
+    with_activation_kind(op.activation.kind, [&](auto known) {
+      constexpr ActivationKind kKind = decltype(known)::value;
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) {
+        const ChannelTerms t = terms(i);
+        const float parameter = activation_parameter<kKind>(op.activation, channel(i));
+        const float z = y[i] + t.offset;
+        const float dx = fmaf(t.scale, g[i], fmaf(t.c2, activate(kKind, z, parameter), t.c3));
+        slope[i] = slope_term(dx, z);
+        g[i] = dx * activation_derivative(kKind, z, parameter);
+      }
+    });
+    return;
+  }
+  float v[kVector];  // the activation's input
+  float d[kVector];  // its derivative there
+#pragma unroll
+  for (int i = 0; i < kVector; ++i) d[i] = v[i] = fmaf(y[i], terms(i).scale, terms(i).offset);
+  derivative_each(op.activation, d, channel);
+#pragma unroll
+  for (int i = 0; i < kVector; ++i) {
+    const ChannelTerms t = terms(i);
+    slope[i] = slope_term(g[i], v[i]);
+    g[i] = fmaf(t.scale, g[i] * d[i], fmaf(t.c2, y[i], t.c3));
+  }
+}
+
+// Channels-last: a thread's run of channels, kRun (one 8-byte access of 16-bit elements,
+// 16 bytes of float) where the channels and pointers allow, else one. Narrower than
+// the ReLU op's 16-byte runs: the family's kernels hold four constants a channel.
+constexpr int kRun = 4;
+
+template <int kWidth, class T>
+__device__ __forceinline__ void load_elements(const T* src, float* v) {
+  if constexpr (kWidth == 1) {
+    v[0] = to_float(*src);
+  } else if constexpr (std::is_same_v<T, float>) {
+    const float4 a = *reinterpret_cast<const float4*>(src);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+  } else {
+    static_assert(kWidth * sizeof(T) == sizeof(uint2));
+    const uint2 raw = *reinterpret_cast<const uint2*>(src);
+    const T* elems = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < kWidth; ++i) v[i] = to_float(elems[i]);
+  }
+}
+
+template <int kWidth, class T>
+__device__ __forceinline__ void store_elements(T* dst, const float* v) {
+  if constexpr (kWidth == 1) {
+    *dst = from_float<T>(v[0]);
+  } else if constexpr (std::is_same_v<T, float>) {
+    *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+    uint2 raw;
+    T* elems = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < kWidth; ++i) elems[i] = from_float<T>(v[i]);
+    *reinterpret_cast<uint2*>(dst) = raw;
+  }
+}
+
+// The kVector values a channels-last thread takes at once: its run of kWidth channels
+// in each of kVector / kWidth rows `step` apart (value i: row i / kWidth, channel
+// i % kWidth). Rows past the chunk are read as the first one again, and neither written
+// nor summed.
+template <int kWidth>
+struct RowBatch {
+  int64_t first;
+  int64_t step;
+  int64_t end;
+
+  __device__ bool valid(int i) const { return first + (i / kWidth) * step < end; }
+  __device__ int64_t element(int i, int64_t channels, int64_t c) const {
+    return (valid(i) ? first + (i / kWidth) * step : first) * channels + c;
+  }
+  template <class T>
+  __device__ void load(const T* src, int64_t channels, int64_t c, float (&v)[kVector]) const {
+#pragma unroll
+    for (int i = 0; i < kVector; i += kWidth) load_elements<kWidth>(src + element(i, channels, c), v + i);
+  }
+  template <class T>
+  __device__ void store(T* dst, int64_t channels, int64_t c, const float (&v)[kVector]) const {
+#pragma unroll
+    for (int i = 0; i < kVector; i += kWidth) {
+      if (valid(i)) store_elements<kWidth>(dst + element(i, channels, c), v + i);
+    }
+  }
+};
+
+template <class T, int kWidth>
+__global__ void __launch_bounds__(kThreads, kSumsBlocksPerSm<T>)
+    norm_activation_backward_sums_rows_kernel(const T* __restrict__ dy, const T* __restrict__ y, const Recompute<T> op,
+                                              const GroupNormBackwardShape shape, float2* __restrict__ sums) {
+  __shared__ float2 scratch[kThreads];
+  const int64_t channels = shape.norm.channels;
+  const ChunkLanes<kWidth> lanes(channels);
+  const Chunk chunk(shape);
+  for (int64_t c0 = 0; c0 < channels; c0 += lanes.channel_step()) {
+    const int64_t c = c0 + int64_t{lanes.col} * kWidth;
+    float2 s[kWidth] = {};
+    if (lanes.row_lane < lanes.row_lanes && c < channels) {
+      ChannelTerms t[kWidth];
+#pragma unroll
+      for (int k = 0; k < kWidth; ++k) t[k] = channel_terms(op, chunk.n, c + k);
+      const auto terms = [&](int i) { return t[i % kWidth]; };
+      const auto channel = [&](int i) { return c + i % kWidth; };
+      const int64_t step = int64_t{lanes.row_lanes} * (kVector / kWidth);
+      for (int64_t r = chunk.row_begin + lanes.row_lane; r < chunk.row_end; r += step) {
+        const RowBatch<kWidth> rows{r, lanes.row_lanes, chunk.row_end};
+        float v[kVector], g[kVector];
+        rows.load(y, channels, c, v);
+        rows.load(dy, channels, c, g);
+        norm_gradient(op, v, g, terms, channel);
+#pragma unroll
+        for (int i = 0; i < kVector; ++i) {
+          if (!rows.valid(i)) continue;
+          s[i % kWidth].x += g[i];
+          s[i % kWidth].y = fmaf(g[i], v[i], s[i % kWidth].y);
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) {
+      const float2 total = reduce_row_lanes(s[k], lanes, scratch, float2{0.f, 0.f});
+      if (lanes.row_lane == 0 && c < channels) sums[chunk.slot(shape, c + k)] = complete_sums(op, c + k, total);
+    }
+  }
+}
+
+// dz may be dy itself (each element is read, then written, by the same thread), so those
+// two pointers are not __restrict__.
+template <class T, int kWidth>
+__global__ void __launch_bounds__(kThreads, kGradBlocksPerSm)
+    norm_activation_backward_grad_rows_kernel(const T* dy, const T* __restrict__ y, const Recompute<T> op,
+                                              const GroupNormBackwardShape shape, const GroupNormBackwardTerms terms,
+                                              T* dz) {
+  __shared__ float2 scratch[kThreads];
+  const int64_t channels = shape.norm.channels;
+  const ChunkLanes<kWidth> lanes(channels);
+  const Chunk chunk(shape);
+  const bool slopes = terms.slope_terms != nullptr;
+  for (int64_t c0 = 0; c0 < channels; c0 += lanes.channel_step()) {
+    const int64_t c = c0 + int64_t{lanes.col} * kWidth;
+    float2 s[kWidth] = {};  // (sum dz, sum of slope terms)
+    if (lanes.row_lane < lanes.row_lanes && c < channels) {
+      ChannelTerms t[kWidth];
+#pragma unroll
+      for (int k = 0; k < kWidth; ++k) t[k] = grad_terms(op, terms.group_terms, chunk.n, c + k);
+      const auto terms_of = [&](int i) { return t[i % kWidth]; };
+      const auto channel = [&](int i) { return c + i % kWidth; };
+      const int64_t step = int64_t{lanes.row_lanes} * (kVector / kWidth);
+      for (int64_t r = chunk.row_begin + lanes.row_lane; r < chunk.row_end; r += step) {
+        const RowBatch<kWidth> rows{r, lanes.row_lanes, chunk.row_end};
+        float v[kVector], g[kVector], slope[kVector];
+        rows.load(y, channels, c, v);
+        rows.load(dy, channels, c, g);
+        input_gradient(op, v, g, slope, terms_of, channel);
+        rows.store(dz, channels, c, g);
+#pragma unroll
+        for (int i = 0; i < kVector; ++i) {
+          if (!rows.valid(i)) continue;
+          s[i % kWidth].x += g[i];
+          if (slopes) s[i % kWidth].y += slope[i];
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) {
+      const float2 total = reduce_row_lanes(s[k], lanes, scratch, float2{0.f, 0.f});
+      if (lanes.row_lane == 0 && c < channels) {
+        terms.bias_terms[chunk.slot(shape, c + k)] = total.x;
+        if (slopes) terms.slope_terms[chunk.slot(shape, c + k)] = total.y;
+      }
+    }
+  }
+}
+
+// NCDHW: a block per (plane of a sample's channel, chunk of its pixels), grid (planes,
+// chunks).
+struct PlaneChunk {
+  int64_t n;
+  int64_t c;
+  int64_t chunk;
+  int64_t begin;  // pixels of the plane
+  int64_t end;
+  int64_t origin;  // the plane's first element
+
+  __device__ explicit PlaneChunk(const GroupNormBackwardShape& s) {
+    const int64_t plane = blockIdx.x;
+    n = plane / s.norm.channels;
+    c = plane - n * s.norm.channels;
+    chunk = blockIdx.y;
+    begin = chunk * s.rows_per_chunk;
+    end = std::min(s.norm.spatial, begin + s.rows_per_chunk);
+    origin = plane * s.norm.spatial;
+  }
+  __device__ int64_t slot(const GroupNormBackwardShape& s) const {
+    return (n * s.chunks + chunk) * s.norm.channels + c;
+  }
+};
+
+// The kVector pixels of a plane a thread takes at once: one 16-byte run from `first`
+// (kVectorPixels: the chunks are whole runs), or kVector pixels kThreads apart, those
+// past the chunk read as the first one again, and neither written nor summed.
+template <bool kVectorPixels>
+struct PlaneBatch {
+  int64_t first;
+  int64_t end;
+
+  static constexpr int64_t kFirstStep = kVectorPixels ? kVector : 1;  // between threads' first pixels
+  __device__ bool valid(int i) const { return kVectorPixels || first + int64_t{i} * kThreads < end; }
+  __device__ int64_t pixel(int i) const { return valid(i) ? first + int64_t{i} * kThreads : first; }
+  template <class T>
+  __device__ void load(const T* plane, float (&v)[kVector]) const {
+    if constexpr (kVectorPixels) {
+      load_vector(plane + first, v);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) v[i] = to_float(plane[pixel(i)]);
+    }
+  }
+  template <class T>
+  __device__ void store(T* plane, const float (&v)[kVector]) const {
+    if constexpr (kVectorPixels) {
+      store_vector(plane + first, v);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) {
+        if (valid(i)) plane[pixel(i)] = from_float<T>(v[i]);
+      }
+    }
+  }
+};
+
+template <class T, bool kVectorPixels>
+__global__ void __launch_bounds__(kThreads, kSumsBlocksPerSm<T>)
+    norm_activation_backward_sums_planes_kernel(const T* __restrict__ dy, const T* __restrict__ y,
+                                                const Recompute<T> op, const GroupNormBackwardShape shape,
+                                                float2* __restrict__ sums) {
+  using Batch = PlaneBatch<kVectorPixels>;
+  __shared__ float2 scratch[kThreads];
+  const PlaneChunk chunk(shape);
+  const ChannelTerms t = channel_terms(op, chunk.n, chunk.c);
+  const auto terms = [&](int) { return t; };
+  const auto channel = [&](int) { return chunk.c; };
+  float2 s{0.f, 0.f};
+  for (int64_t p = chunk.begin + threadIdx.x * Batch::kFirstStep; p < chunk.end; p += int64_t{kThreads} * kVector) {
+    const Batch batch{p, chunk.end};
+    float v[kVector], g[kVector];
+    batch.load(y + chunk.origin, v);
+    batch.load(dy + chunk.origin, g);
+    norm_gradient(op, v, g, terms, channel);
+#pragma unroll
+    for (int i = 0; i < kVector; ++i) {
+      if (!batch.valid(i)) continue;
+      s.x += g[i];
+      s.y = fmaf(g[i], v[i], s.y);
+    }
+  }
+  const float2 total = reduce_block(s, scratch);
+  if (threadIdx.x == 0) sums[chunk.slot(shape)] = complete_sums(op, chunk.c, total);
+}
+
+// dz may be dy itself, as in the channels-last kernel.
+template <class T, bool kVectorPixels>
+__global__ void __launch_bounds__(kThreads, kGradBlocksPerSm)
+    norm_activation_backward_grad_planes_kernel(const T* dy, const T* __restrict__ y, const Recompute<T> op,
+                                                const GroupNormBackwardShape shape, const GroupNormBackwardTerms terms,
+                                                T* dz) {
+  using Batch = PlaneBatch<kVectorPixels>;
+  __shared__ float2 scratch[kThreads];
+  const PlaneChunk chunk(shape);
+  const ChannelTerms t = grad_terms(op, terms.group_terms, chunk.n, chunk.c);
+  const auto terms_of = [&](int) { return t; };
+  const auto channel = [&](int) { return chunk.c; };
+  const bool slopes = terms.slope_terms != nullptr;
+  float2 s{0.f, 0.f};  // (sum dz, sum of slope terms)
+  for (int64_t p = chunk.begin + threadIdx.x * Batch::kFirstStep; p < chunk.end; p += int64_t{kThreads} * kVector) {
+    const Batch batch{p, chunk.end};
+    float v[kVector], g[kVector], slope[kVector];
+    batch.load(y + chunk.origin, v);
+    batch.load(dy + chunk.origin, g);
+    input_gradient(op, v, g, slope, terms_of, channel);
+    batch.store(dz + chunk.origin, g);
+#pragma unroll
+    for (int i = 0; i < kVector; ++i) {
+      if (!batch.valid(i)) continue;
+      s.x += g[i];
+      if (slopes) s.y += slope[i];
+    }
+  }
+  const float2 total = reduce_block(s, scratch);
+  if (threadIdx.x == 0) {
+    terms.bias_terms[chunk.slot(shape)] = total.x;
+    if (slopes) terms.slope_terms[chunk.slot(shape)] = total.y;
   }
 }
 
@@ -271,11 +685,18 @@ void with_type(ElementType element, F&& f) {
   }
 }
 
-// 16-byte runs of channels where every row starts 16-byte aligned.
-bool vector_rows(int64_t channels, std::initializer_list<const void*> pointers) {
-  if (channels % kVector != 0) return false;
+// Runs of `width` elements along a contiguous extent where it is a whole number of them
+// and every pointer is `alignment`-byte aligned.
+bool whole_runs(int64_t extent, int64_t width, uintptr_t alignment, std::initializer_list<const void*> pointers) {
+  if (extent % width != 0) return false;
   return std::all_of(pointers.begin(), pointers.end(),
-                     [](const void* p) { return reinterpret_cast<uintptr_t>(p) % sizeof(uint4) == 0; });
+                     [&](const void* p) { return reinterpret_cast<uintptr_t>(p) % alignment == 0; });
+}
+
+// 16-byte runs along the contiguous extent (the channels channels-last, the pixels
+// NCDHW) where it is a whole number of them and every pointer is 16-byte aligned.
+bool vector_runs(int64_t extent, std::initializer_list<const void*> pointers) {
+  return whole_runs(extent, kVector, sizeof(uint4), pointers);
 }
 
 }  // namespace
@@ -288,6 +709,15 @@ GroupNormBackwardShape GroupNormBackwardShape::plan(const GroupNormShape& norm, 
   return {norm, rows, ceil_div(norm.spatial, rows)};
 }
 
+GroupNormBackwardShape GroupNormBackwardShape::plan_planes(const GroupNormShape& norm, int sm_count) {
+  // Eight blocks per SM in all, chunks of at least one pass of a block's threads.
+  constexpr int64_t kPass = int64_t{kThreads} * kVector;
+  const int64_t wanted = ceil_div(int64_t{8} * sm_count, std::max<int64_t>(norm.batch * norm.channels, 1));
+  const int64_t chunks = std::clamp<int64_t>(wanted, 1, std::max<int64_t>(ceil_div(norm.spatial, kPass), 1));
+  const int64_t rows = std::max<int64_t>(ceil_div(ceil_div(norm.spatial, chunks), int64_t{kVector}) * kVector, 1);
+  return {norm, rows, ceil_div(norm.spatial, rows)};
+}
+
 void relu_group_norm_backward_sums(ElementType element, const void* dy, const void* activation,
                                    const GroupNormBackwardShape& shape, const GroupNormBackwardTerms& terms,
                                    cudaStream_t stream) {
@@ -295,7 +725,7 @@ void relu_group_norm_backward_sums(ElementType element, const void* dy, const vo
     using T = decltype(t);
     const auto* dy_t = static_cast<const T*>(dy);
     const auto* a_t = static_cast<const T*>(activation);
-    if (vector_rows(shape.norm.channels, {dy, activation})) {
+    if (vector_runs(shape.norm.channels, {dy, activation})) {
       backward_sums_kernel<T, kVector><<<chunk_grid(shape), kThreads, 0, stream>>>(dy_t, a_t, shape, terms.sums);
     } else {
       backward_sums_kernel<T, 1><<<chunk_grid(shape), kThreads, 0, stream>>>(dy_t, a_t, shape, terms.sums);
@@ -304,9 +734,9 @@ void relu_group_norm_backward_sums(ElementType element, const void* dy, const vo
   check_launch("backward_sums_kernel");
 }
 
-void relu_group_norm_backward_coefficients(const GroupNormBackwardShape& shape, const float* mean, const float* rstd,
-                                           const void* gamma, ElementType affine_element,
-                                           const GroupNormBackwardTerms& terms, cudaStream_t stream) {
+void group_norm_backward_coefficients(const GroupNormBackwardShape& shape, const float* mean, const float* rstd,
+                                      const void* gamma, ElementType affine_element,
+                                      const GroupNormBackwardTerms& terms, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(shape.norm.num_groups), static_cast<unsigned>(shape.norm.batch));
   backward_coefficients_kernel<<<grid, kThreads, 0, stream>>>(shape, mean, rstd, gamma, affine_element, terms);
   check_launch("backward_coefficients_kernel");
@@ -320,7 +750,7 @@ void relu_group_norm_backward_grad(ElementType element, const void* dy, const vo
     const auto* dy_t = static_cast<const T*>(dy);
     const auto* a_t = static_cast<const T*>(activation);
     auto* dz = static_cast<T*>(grad_pre_activation);
-    if (vector_rows(shape.norm.channels, {dy, activation, grad_pre_activation})) {
+    if (vector_runs(shape.norm.channels, {dy, activation, grad_pre_activation})) {
       backward_grad_kernel<T, kVector><<<chunk_grid(shape), kThreads, 0, stream>>>(dy_t, a_t, shape, terms, dz);
     } else {
       backward_grad_kernel<T, 1><<<chunk_grid(shape), kThreads, 0, stream>>>(dy_t, a_t, shape, terms, dz);
@@ -329,11 +759,72 @@ void relu_group_norm_backward_grad(ElementType element, const void* dy, const vo
   check_launch("backward_grad_kernel");
 }
 
-void relu_group_norm_backward_parameter_grads(const GroupNormBackwardShape& shape, const GroupNormBackwardTerms& terms,
-                                              const ParameterGradients& out, cudaStream_t stream) {
+void group_norm_backward_parameter_grads(const GroupNormBackwardShape& shape, const GroupNormBackwardTerms& terms,
+                                         const ParameterGradients& out, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>(ceil_div(shape.norm.channels, int64_t{kParameterColumns}));
   parameter_grads_kernel<<<blocks, kThreads, 0, stream>>>(shape, terms, out);
   check_launch("parameter_grads_kernel");
+}
+
+namespace {
+
+template <class T>
+Recompute<T> recompute_of(const NormActivationBackward& op, const GroupNormShape& s) {
+  return {static_cast<const T*>(op.bias), op.mean,     op.rstd, op.affine, op.activation, op.before_norm,
+          s.channels / s.num_groups,      s.num_groups};
+}
+
+dim3 plane_grid(const GroupNormBackwardShape& s) {
+  return dim3(static_cast<unsigned>(s.norm.batch * s.norm.channels), static_cast<unsigned>(s.chunks));
+}
+
+}  // namespace
+
+void norm_activation_backward_sums(ElementType element, const void* dy, const void* y, const NormActivationBackward& op,
+                                   const GroupNormBackwardShape& shape, const GroupNormBackwardTerms& terms,
+                                   cudaStream_t stream) {
+  with_type(element, [&](auto t) {
+    using T = decltype(t);
+    const Recompute<T> r = recompute_of<T>(op, shape.norm);
+    const auto* dy_t = static_cast<const T*>(dy);
+    const auto* y_t = static_cast<const T*>(y);
+    if (op.layout == ActivationLayout::kChannelsLast) {
+      const auto kernel = whole_runs(shape.norm.channels, kRun, kRun * sizeof(T), {dy, y})
+                              ? norm_activation_backward_sums_rows_kernel<T, kRun>
+                              : norm_activation_backward_sums_rows_kernel<T, 1>;
+      kernel<<<chunk_grid(shape), kThreads, 0, stream>>>(dy_t, y_t, r, shape, terms.sums);
+    } else {
+      const auto kernel = vector_runs(shape.norm.spatial, {dy, y})
+                              ? norm_activation_backward_sums_planes_kernel<T, true>
+                              : norm_activation_backward_sums_planes_kernel<T, false>;
+      kernel<<<plane_grid(shape), kThreads, 0, stream>>>(dy_t, y_t, r, shape, terms.sums);
+    }
+  });
+  check_launch("norm_activation_backward_sums_kernel");
+}
+
+void norm_activation_backward_grad(ElementType element, const void* dy, const void* y, const NormActivationBackward& op,
+                                   const GroupNormBackwardShape& shape, const GroupNormBackwardTerms& terms, void* dz,
+                                   cudaStream_t stream) {
+  with_type(element, [&](auto t) {
+    using T = decltype(t);
+    const Recompute<T> r = recompute_of<T>(op, shape.norm);
+    const auto* dy_t = static_cast<const T*>(dy);
+    const auto* y_t = static_cast<const T*>(y);
+    auto* dz_t = static_cast<T*>(dz);
+    if (op.layout == ActivationLayout::kChannelsLast) {
+      const auto kernel = whole_runs(shape.norm.channels, kRun, kRun * sizeof(T), {dy, y, dz})
+                              ? norm_activation_backward_grad_rows_kernel<T, kRun>
+                              : norm_activation_backward_grad_rows_kernel<T, 1>;
+      kernel<<<chunk_grid(shape), kThreads, 0, stream>>>(dy_t, y_t, r, shape, terms, dz_t);
+    } else {
+      const auto kernel = vector_runs(shape.norm.spatial, {dy, y, dz})
+                              ? norm_activation_backward_grad_planes_kernel<T, true>
+                              : norm_activation_backward_grad_planes_kernel<T, false>;
+      kernel<<<plane_grid(shape), kThreads, 0, stream>>>(dy_t, y_t, r, shape, terms, dz_t);
+    }
+  });
+  check_launch("norm_activation_backward_grad_kernel");
 }
 
 }  // namespace cutlassfuse

@@ -1,4 +1,5 @@
-// Pieces of the references' ATen GroupNorm calls (reference.cpp, block_reference.cpp).
+// Pieces of the references' ATen GroupNorm calls (reference.cpp, block_reference.cpp,
+// block_backward_registration.cpp).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -12,6 +13,11 @@ namespace cutlassfuse {
 // any floating type (float32 ones with a float16 input under autocast).
 inline std::optional<at::Tensor> as_type(const std::optional<at::Tensor>& t, at::ScalarType type) {
   return t.has_value() && t->defined() ? std::optional<at::Tensor>(t->to(type)) : std::nullopt;
+}
+
+// A per-channel vector in `like`'s dtype, shaped to broadcast over a 5-D tensor.
+inline at::Tensor per_channel(const at::Tensor& v, const at::Tensor& like) {
+  return v.to(like.scalar_type()).view({1, -1, 1, 1, 1});
 }
 
 // (batch, channels, pixels per sample) of a 5-D tensor.

@@ -3,19 +3,18 @@
 //
 // Saved: the inputs, and what the forward that keeps them returns (block.h): the
 // convolution's output y without its bias, in the convolution's layout (no copy of
-// it is made), and the norm's mean and rstd. The backward recomputes what it reads
-// from those: z = y + bias, the norm's input x = act(z) (activation before the norm) or
-// z, and for an activation after the norm its input, the normalized x. Then the
-// activation's backward, GroupNorm's backward (ATen's kernel), the bias gradient, and
-// the convolution's gradients (ATen's convolution_backward, under PyTorch's switches).
-// Under create_graph the gradients come from the composite recomputed with
+// it is made), and the norm's mean and rstd. The backward runs norm_activation_backward
+// (block_backward_registration.cpp: this project's kernels on CUDA, ATen's composite
+// elsewhere) for the gradients of the norm, the activation around it and the bias,
+// then the convolution's gradients (ATen's convolution_backward, under PyTorch's
+// switches). Under create_graph the gradients come from the composite recomputed with
 // differentiable ops, so that a second backward runs through it.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
-#include <array>
-#include <string>
+#include <string_view>
+#include <utility>
 
 #include "cutlassfuse/block.h"
 #include "cutlassfuse/op.h"
@@ -46,53 +45,31 @@ struct SavedActivation {
   static ActivationKind kind_of(AutogradContext* ctx) {
     return static_cast<ActivationKind>(ctx->saved_data["activation"].toInt());
   }
-};
-
-at::Tensor per_channel(const at::Tensor& v, const at::Tensor& like) {
-  return v.to(like.scalar_type()).view({1, -1, 1, 1, 1});
-}
-
-// GroupNorm of x from its saved statistics, with gamma and beta: the activation's input
-// when it follows the norm.
-at::Tensor normalized(const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd, const at::Tensor& gamma,
-                      const at::Tensor& beta) {
-  const c10::SymInt n = x.sym_size(0), groups = mean.sym_size(1);
-  at::Tensor v = ((x.contiguous().view_symint({n, groups, -1}) - mean.unsqueeze(2)) * rstd.unsqueeze(2))
-                     .view_symint(x.sym_sizes());
-  if (gamma.defined()) v = v * per_channel(gamma, v);
-  if (beta.defined()) v = v + per_channel(beta, v);
-  return v.to(x.scalar_type());
-}
-
-// Gradients of the norm and the activation around it, from the output's.
-struct NormGradients {
-  at::Tensor input;  // of the norm's input z (before the activation, when it precedes the norm)
-  at::Tensor gamma, beta, slopes;
-};
-
-NormGradients norm_activation_backward(const at::Tensor& grad, const at::Tensor& z, const at::Tensor& mean,
-                                       const at::Tensor& rstd, const at::Tensor& gamma, const at::Tensor& beta,
-                                       int64_t num_groups, const SavedActivation& act, bool before_norm,
-                                       std::array<bool, 2> need_affine) {
-  const at::ScalarType type = z.scalar_type();
-  const at::Tensor x = before_norm ? apply_activation(z, act.kind, act.parameter, or_none(act.weight)) : z;
-  NormGradients g;
-  at::Tensor dn = grad;
-  if (!before_norm) {
-    std::tie(dn, g.slopes) =
-        activation_backward(grad, normalized(x, mean, rstd, gamma, beta), act.kind, act.parameter, or_none(act.weight));
+  static SavedActivation of(AutogradContext* ctx, const at::Tensor& weight) {
+    return {kind_of(ctx), ctx->saved_data["activation_parameter"].toDouble(), weight};
   }
-  const c10::SymInt n = x.sym_size(0), c = x.sym_size(1), pixels = x.sym_size(2) * x.sym_size(3) * x.sym_size(4);
-  const at::Tensor gamma_or_ones = gamma.defined() ? gamma.to(type) : at::ones_symint({c}, x.options());
-  auto [dx, dgamma, dbeta] = at::native_group_norm_backward_symint(dn.contiguous(), x.contiguous(), mean.to(type),
-                                                                   rstd.to(type), gamma_or_ones, n, c, pixels,
-                                                                   num_groups, {true, need_affine[0], need_affine[1]});
-  if (need_affine[0]) g.gamma = dgamma.to(gamma.scalar_type());
-  if (need_affine[1]) g.beta = dbeta.to(beta.scalar_type());
-  g.input = dx;
-  if (before_norm)
-    std::tie(g.input, g.slopes) = activation_backward(dx, z, act.kind, act.parameter, or_none(act.weight));
-  return g;
+};
+
+// norm_activation_backward's results.
+struct NormGradients {
+  at::Tensor input;  // dz: of the convolution's output (the standalone norm's input)
+  at::Tensor gamma, beta, bias, slopes;
+};
+
+NormGradients norm_activation_gradients(const at::Tensor& grad, const at::Tensor& y, const at::Tensor& bias,
+                                        const at::Tensor& mean, const at::Tensor& rstd, const at::Tensor& gamma,
+                                        const at::Tensor& beta, int64_t num_groups, const SavedActivation& act,
+                                        bool before_norm) {
+  const std::string_view name = activation_name(act.kind);
+  auto [dz, dgamma, dbeta, dbias, dslopes] = norm_activation_backward_op().call(
+      grad, y, or_none(bias), mean, rstd, or_none(gamma), or_none(beta), num_groups,
+      c10::string_view(name.data(), name.size()), act.parameter, or_none(act.weight), before_norm);
+  return {std::move(dz), std::move(dgamma), std::move(dbeta), std::move(dbias), std::move(dslopes)};
+}
+
+// A parameter's gradient in its dtype, where wanted.
+at::Tensor parameter_grad(bool need, const at::Tensor& grad, const at::Tensor& parameter) {
+  return need ? grad.to(parameter.scalar_type()) : at::Tensor();
 }
 
 // The gradients of the differentiable inputs that need one, from a composite forward
@@ -166,17 +143,12 @@ class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> 
 
   static variable_list gradients(AutogradContext* ctx, const variable_list& saved, const std::vector<bool>& need,
                                  const at::Tensor& grad) {
-    const at::Tensor &input = saved[kInput], &weight = saved[kWeight], &bias = saved[kBias];
-    const at::Tensor& y = saved[kBlockTensors];
-    const at::Tensor z = bias.defined() ? y + per_channel(bias, y) : y;
-    const SavedActivation act{SavedActivation::kind_of(ctx), ctx->saved_data["activation_parameter"].toDouble(),
-                              saved[kSlopes]};
-    NormGradients g =
-        norm_activation_backward(grad, z, saved[kBlockTensors + 1], saved[kBlockTensors + 2], saved[kNormWeight],
-                                 saved[kNormBias], ctx->saved_data["num_groups"].toInt(), act,
-                                 ctx->saved_data["before_norm"].toBool(), {need[kNormWeight], need[kNormBias]});
+    const at::Tensor &input = saved[kInput], &weight = saved[kWeight];
+    NormGradients g = norm_activation_gradients(
+        grad, saved[kBlockTensors], saved[kBias], saved[kBlockTensors + 1], saved[kBlockTensors + 2],
+        saved[kNormWeight], saved[kNormBias], ctx->saved_data["num_groups"].toInt(),
+        SavedActivation::of(ctx, saved[kSlopes]), ctx->saved_data["before_norm"].toBool());
     variable_list grads(kBlockTensors);
-    if (need[kBias]) grads[kBias] = g.input.sum({0, 2, 3, 4}, false, at::kFloat).to(bias.scalar_type());
     if (need[kInput] || need[kWeight]) {
       auto [dinput, dweight, unused] = at::convolution_backward(
           g.input, input, weight, std::nullopt, ints(ctx, "stride"), ints(ctx, "padding"), ints(ctx, "dilation"),
@@ -185,9 +157,10 @@ class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> 
       grads[kInput] = dinput;
       grads[kWeight] = dweight;
     }
-    grads[kNormWeight] = g.gamma;
-    grads[kNormBias] = g.beta;
-    if (need[kSlopes]) grads[kSlopes] = g.slopes;
+    grads[kBias] = parameter_grad(need[kBias], g.bias, saved[kBias]);
+    grads[kNormWeight] = parameter_grad(need[kNormWeight], g.gamma, saved[kNormWeight]);
+    grads[kNormBias] = parameter_grad(need[kNormBias], g.beta, saved[kNormBias]);
+    grads[kSlopes] = parameter_grad(need[kSlopes], g.slopes, saved[kSlopes]);
     return grads;
   }
 
@@ -243,13 +216,13 @@ class GroupNormActivation : public torch::autograd::Function<GroupNormActivation
                            kind, parameter, or_none(inputs[kNormSlopes]));
       grads = differentiable_gradients(out, inputs, need, grad_outputs[0]);
     } else {
-      NormGradients g = norm_activation_backward(
-          grad_outputs[0], saved[kNormInput], saved[kNormTensors], saved[kNormTensors + 1], saved[kGamma], saved[kBeta],
-          num_groups, {kind, parameter, saved[kNormSlopes]}, /*before_norm=*/false, {need[kGamma], need[kBeta]});
+      NormGradients g = norm_activation_gradients(grad_outputs[0], saved[kNormInput], at::Tensor(), saved[kNormTensors],
+                                                  saved[kNormTensors + 1], saved[kGamma], saved[kBeta], num_groups,
+                                                  SavedActivation::of(ctx, saved[kNormSlopes]), /*before_norm=*/false);
       if (need[kNormInput]) grads[kNormInput] = g.input;
-      grads[kGamma] = g.gamma;
-      grads[kBeta] = g.beta;
-      if (need[kNormSlopes]) grads[kNormSlopes] = g.slopes;
+      grads[kGamma] = parameter_grad(need[kGamma], g.gamma, saved[kGamma]);
+      grads[kBeta] = parameter_grad(need[kBeta], g.beta, saved[kBeta]);
+      grads[kNormSlopes] = parameter_grad(need[kNormSlopes], g.slopes, saved[kNormSlopes]);
     }
     variable_list schema_grads(kNormSchemaArguments);
     for (int i = 0; i < kNormTensors; ++i) schema_grads[kNormSchemaPosition[i]] = grads[i];

@@ -14,11 +14,6 @@ at::Tensor convolution_without_bias(const ConvNormActivationArgs& a) {
                          a.output_padding, a.groups);
 }
 
-// A per-channel vector shaped to broadcast over a 5-D tensor.
-at::Tensor per_channel(const at::Tensor& v, const at::Tensor& like) {
-  return v.to(like.scalar_type()).view({1, -1, 1, 1, 1});
-}
-
 ActivationKind kind_of(const ActivationArgs& a) { return *activation_from_name(a.name); }
 
 // GroupNorm of `x` in `format`, then the activation after it: (output, mean, rstd).
@@ -76,8 +71,9 @@ std::tuple<at::Tensor, at::Tensor> activation_backward(const at::Tensor& grad, c
       const at::Tensor positive = x > 0;
       const at::Tensor dx = at::where(positive, grad, grad * slopes);
       const at::Tensor contributions = at::where(positive, at::zeros({}, grad.options()), x * grad);
-      const at::Tensor dslopes = shared ? contributions.sum().view({1}) : contributions.sum({0, 2, 3, 4});
-      return {dx, dslopes.to(weight->scalar_type())};
+      const at::ScalarType statistics = statistics_type(x.scalar_type());
+      return {dx, shared ? contributions.sum(statistics).view({1})
+                         : contributions.sum({0, 2, 3, 4}, /*keepdim=*/false, statistics)};
     }
     case ActivationKind::kSiLU: return {at::silu_backward(grad, x), at::Tensor()};
     case ActivationKind::kGELU: return {at::gelu_backward(grad, x, "none"), at::Tensor()};

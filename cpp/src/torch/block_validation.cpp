@@ -48,11 +48,30 @@ void validate_norm(int64_t num_groups, int64_t channels, double eps, const std::
   }
 }
 
-void check_input(const at::Tensor& input, const char* shape) {
-  TORCH_CHECK_VALUE(input.dim() == 5, "cutlassfuse: input must be 5-D ", shape, ", got ", input.dim(), "-D with shape ",
-                    input.sizes());
-  TORCH_CHECK_TYPE(at::isFloatingType(input.scalar_type()), "cutlassfuse: input must be a floating-point tensor, got ",
-                   input.scalar_type());
+void check_input(const at::Tensor& input, const char* shape, const char* name = "input") {
+  TORCH_CHECK_VALUE(input.dim() == 5, "cutlassfuse: ", name, " must be 5-D ", shape, ", got ", input.dim(),
+                    "-D with shape ", input.sizes());
+  TORCH_CHECK_TYPE(at::isFloatingType(input.scalar_type()), "cutlassfuse: ", name,
+                   " must be a floating-point tensor, got ", input.scalar_type());
+}
+
+// A tensor of `like`'s shape, dtype and device.
+void check_like(const at::Tensor& t, const char* name, const at::Tensor& like, const char* like_name) {
+  check_same_device(like, name, t);
+  TORCH_CHECK_VALUE(t.sizes() == like.sizes(), "cutlassfuse: ", name, " must have ", like_name, "'s shape ",
+                    like.sizes(), ", got ", t.sizes());
+  TORCH_CHECK_TYPE(t.scalar_type() == like.scalar_type(), "cutlassfuse: ", name, " must have ", like_name, "'s dtype ",
+                   like.scalar_type(), ", got ", t.scalar_type());
+}
+
+// A norm's per-(sample, group) statistic: [batch, num_groups] floating values.
+void check_statistic(const at::Tensor& t, const char* name, int64_t batch, int64_t num_groups,
+                     const at::Tensor& input) {
+  check_same_device(input, name, t);
+  TORCH_CHECK_VALUE(t.dim() == 2 && t.size(0) == batch && t.size(1) == num_groups, "cutlassfuse: ", name,
+                    " must have shape (", batch, ", ", num_groups, "), got ", t.sizes());
+  TORCH_CHECK_TYPE(at::isFloatingType(t.scalar_type()), "cutlassfuse: ", name, " must be a floating-point tensor, got ",
+                   t.scalar_type());
 }
 
 }  // namespace
@@ -83,6 +102,20 @@ BlockProblem validate_norm_activation(const NormActivationArgs& a) {
   p.eps = a.eps;
   block.activation = validate_activation(a.activation, a.input, p.out_channels);
   block.position = ActivationPosition::kAfterNorm;
+  return block;
+}
+
+BlockProblem validate_norm_activation_backward(const NormActivationBackwardArgs& a) {
+  const at::Tensor& y = a.conv_output;
+  check_input(y, "(N, C, D, H, W)", "conv_output");
+  check_like(a.grad_output, "grad_output", y, "conv_output");
+  BlockProblem block =
+      validate_norm_activation({y, a.num_groups, a.norm_weight, a.norm_bias, /*eps=*/0., a.activation});
+  block.position = a.activation_before_norm ? ActivationPosition::kBeforeNorm : ActivationPosition::kAfterNorm;
+  if (a.bias.has_value() && a.bias->defined()) check_same_device(y, "bias", *a.bias);
+  check_optional_vector(a.bias, "bias", block.conv.out_channels, y, /*same_dtype=*/true);
+  check_statistic(a.mean, "mean", block.conv.batch, a.num_groups, y);
+  check_statistic(a.rstd, "rstd", block.conv.batch, a.num_groups, y);
   return block;
 }
 
