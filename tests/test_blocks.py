@@ -13,22 +13,12 @@ from torch import nn
 
 import cutlassfuse
 from cutlassfuse.blocks import ACTIVATIONS, activation_of_module
-from cutlassfuse.testing import norm_activation_backward_by_autograd
+from cutlassfuse.testing import ACTIVATION_MODULES, norm_activation_backward_by_autograd
 
-ACTIVATION_MODULES = {
-    "identity": lambda c: nn.Identity(),
-    "relu": lambda c: nn.ReLU(),
-    "leaky_relu": lambda c: nn.LeakyReLU(0.1),
-    "prelu": lambda c: nn.PReLU(c, init=0.2),
-    "silu": lambda c: nn.SiLU(),
-    "gelu": lambda c: nn.GELU(),
-    "gelu_tanh": lambda c: nn.GELU(approximate="tanh"),
-    "elu": lambda c: nn.ELU(0.7),
-}
 
 
 def test_every_activation_has_a_module():
-    assert set(ACTIVATION_MODULES) == set(ACTIVATIONS)
+    assert set(ACTIVATION_MODULES) - {"prelu_shared"} == set(ACTIVATIONS)
 
 
 def make_block(transposed: bool, activation: str, *, num_groups: int, bias: bool, affine: bool, stride: int,
@@ -193,7 +183,6 @@ def test_functional_defaults_are_torch_nn_defaults():
 
 BACKWARD = torch.ops.cutlassfuse.norm_activation_backward.default
 # Every activation, and PReLU with one slope for all channels.
-BACKWARD_ACTIVATIONS = {**ACTIVATION_MODULES, "prelu_shared": lambda c: nn.PReLU(1, init=0.2)}
 
 
 def backward_arguments(activation: str, before: bool, *, bias: bool, affine: bool, memory_format, seed: int = 0):
@@ -208,7 +197,7 @@ def backward_arguments(activation: str, before: bool, *, bias: bool, affine: boo
     grad = rand(2, 6, 3, 4, 5).contiguous(memory_format=memory_format)
     b = rand(6) if bias else None
     gamma, beta = (rand(6, low=0.5, high=1.5), rand(6, low=-0.5, high=0.5)) if affine else (None, None)
-    act = BACKWARD_ACTIVATIONS[activation](6).double()
+    act = ACTIVATION_MODULES[activation](6).double()
     (mean, rstd), expected = norm_activation_backward_by_autograd(grad, y, b, gamma, beta, 3, 1e-5, act, before)
     name, parameter, weight = activation_of_module(act)
     weight = None if weight is None else weight.detach()
@@ -217,7 +206,7 @@ def backward_arguments(activation: str, before: bool, *, bias: bool, affine: boo
 
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last_3d],
                          ids=["ncdhw", "channels_last"])
-@pytest.mark.parametrize(("activation", "before"), list(itertools.product(BACKWARD_ACTIVATIONS, [False, True])))
+@pytest.mark.parametrize(("activation", "before"), list(itertools.product(ACTIVATION_MODULES, [False, True])))
 def test_norm_activation_backward_matches_autograd(activation, before, memory_format):
     for bias, affine in [(True, True), (False, False)]:
         args, expected = backward_arguments(activation, before, bias=bias, affine=affine, memory_format=memory_format)

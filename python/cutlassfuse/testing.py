@@ -230,3 +230,19 @@ class KernelBenchModel(torch.nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.group_norm(self.relu(self.conv_transpose(x)))
+
+
+# A torch.nn module computing each of the block family's activations (cutlassfuse.blocks.
+# ACTIVATIONS) for `c` channels, with constants away from their defaults; "prelu_shared":
+# PReLU with one slope for every channel (nn.PReLU's default).
+ACTIVATION_MODULES = {
+    "identity": lambda c: torch.nn.Identity(),
+    "relu": lambda c: torch.nn.ReLU(),
+    "leaky_relu": lambda c: torch.nn.LeakyReLU(0.1),
+    "prelu": lambda c: torch.nn.PReLU(c, init=0.2),
+    "silu": lambda c: torch.nn.SiLU(),
+    "gelu": lambda c: torch.nn.GELU(),
+    "gelu_tanh": lambda c: torch.nn.GELU(approximate="tanh"),
+    "elu": lambda c: torch.nn.ELU(0.7),
+    "prelu_shared": lambda c: torch.nn.PReLU(1, init=0.2),
+}

@@ -18,7 +18,12 @@ from torch import nn
 
 import cutlassfuse
 from cutlassfuse.blocks import ACTIVATIONS, activation_of_module
-from cutlassfuse.testing import errors, norm_activation_backward_by_autograd, poison_cuda_allocator
+from cutlassfuse.testing import (
+    ACTIVATION_MODULES,
+    errors,
+    norm_activation_backward_by_autograd,
+    poison_cuda_allocator,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("strict_float32")]
 
@@ -26,18 +31,6 @@ DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 # Where eager's error is tiny (float32, or values that happen to round well), a few
 # units in the last place of the output's dtype.
 FLOOR = {torch.float16: 8e-3, torch.bfloat16: 6e-2, torch.float32: 2e-5}
-ACTIVATION_MODULES = {
-    "identity": lambda c: nn.Identity(),
-    "relu": lambda c: nn.ReLU(),
-    "leaky_relu": lambda c: nn.LeakyReLU(0.1),
-    "prelu": lambda c: nn.PReLU(c, init=0.2),
-    "silu": lambda c: nn.SiLU(),
-    "gelu": lambda c: nn.GELU(),
-    "gelu_tanh": lambda c: nn.GELU(approximate="tanh"),
-    "elu": lambda c: nn.ELU(0.7),
-    # PReLU with one slope for every channel (nn.PReLU's default).
-    "prelu_shared": lambda c: nn.PReLU(1, init=0.2),
-}
 # (norm, num_groups, bias, affine, stride)
 VARIANTS = [("group", 4, True, True, 1), ("instance", 16, False, False, 2)]
 
