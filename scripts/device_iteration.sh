@@ -32,6 +32,9 @@
 #                   every benchmark shape, dtype, float32 mode and the fallback; CSV)
 #        blocks     benchmarks/blocks.py --train (the block family's modules on real networks'
 #                   blocks against eager, torch.compile and cuDNN's conv + one copy; CSV)
+#        networks   benchmarks/networks.py --train (MONAI's UNet, BasicUNet, DynUNet and SegResNet
+#                   through cutlassfuse.fuse against eager and torch.compile; needs MONAI's
+#                   wheel in .whl/; CSV)
 #        kernelbench benchmarks/kernelbench_harness.py (level2/61 judged by KernelBench's own
 #                   evaluation method: correctness trials, grad-mode timing; fp32, fp16, bf16)
 #        examples   examples/*.py
@@ -44,7 +47,7 @@
 #      e.g. STEPS="tests breakdown" bash scripts/device_iteration.sh
 #   4. a short summary last.
 # Results go to $OUT (default /tmp/cutlassfuse-device): the bench CLI's CSV, JSON and
-# PNG, grad_mode.py's and blocks.py's CSV, the GPU tests' JUnit XML, and one archive of every log
+# PNG, grad_mode.py's, blocks.py's and networks.py's CSV, the GPU tests' JUnit XML, and one archive of every log
 # (logs.tar.gz).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -212,6 +215,11 @@ if wanted blocks; then
   "$PYTHON" benchmarks/blocks.py --train --csv "$OUT/blocks.csv" 2>&1 | tee "$LOGS/blocks.log"
 fi
 
+if wanted networks; then
+  step "MONAI's networks through cutlassfuse.fuse"
+  "$PYTHON" benchmarks/networks.py --train --csv "$OUT/networks.csv" 2>&1 | tee "$LOGS/networks.log"
+fi
+
 if wanted kernelbench; then
   step "KernelBench's evaluation of level2/61"
   "$PYTHON" benchmarks/kernelbench_harness.py 2>&1 | tee "$LOGS/kernelbench.log"
@@ -280,5 +288,6 @@ show training.log cat "$LOGS/training.log"
 show gradients.log cat "$LOGS/gradients.log"
 show gradmode.log cat "$LOGS/gradmode.log"
 show blocks.log cat "$LOGS/blocks.log"
+show networks.log cat "$LOGS/networks.log"
 show kernelbench.log cat "$LOGS/kernelbench.log"
 true
