@@ -60,17 +60,18 @@ __device__ __forceinline__ float activation_parameter(const ActivationParams& a,
   }
 }
 
-template <int N, class Channel, int... K>
-__device__ __forceinline__ void activate_each(const ActivationParams& a, float (&v)[N], const Channel& channel,
-                                              std::integer_sequence<int, K...>) {
-  const auto apply = [&](auto known) {
-    constexpr ActivationKind kKind = decltype(known)::value;
-#pragma unroll
-    for (int i = 0; i < N; ++i) v[i] = activate(kKind, v[i], activation_parameter<kKind>(a, channel(i)));
-  };
-  (void)((a.kind == static_cast<ActivationKind>(K) &&
-          (apply(std::integral_constant<ActivationKind, static_cast<ActivationKind>(K)>{}), true)) ||
+template <class F, int... K>
+__device__ __forceinline__ void dispatch_activation(ActivationKind kind, const F& f, std::integer_sequence<int, K...>) {
+  (void)((kind == static_cast<ActivationKind>(K) &&
+          (f(std::integral_constant<ActivationKind, static_cast<ActivationKind>(K)>{}), true)) ||
          ...);
+}
+
+// f(std::integral_constant<ActivationKind, kind>{}): the caller's code compiled with the
+// kind known, one branch on it for all that code does.
+template <class F>
+__device__ __forceinline__ void dispatch_activation(ActivationKind kind, const F& f) {
+  dispatch_activation(kind, f, std::make_integer_sequence<int, std::size(kActivationNames)>{});
 }
 
 // v[i] = activate(a.kind, v[i], parameter of channel(i)) for the N values, branching on
@@ -79,7 +80,11 @@ __device__ __forceinline__ void activate_each(const ActivationParams& a, float (
 // dispatch, and only PReLU reads its slopes.
 template <int N, class Channel>
 __device__ __forceinline__ void activate_each(const ActivationParams& a, float (&v)[N], const Channel& channel) {
-  activate_each(a, v, channel, std::make_integer_sequence<int, std::size(kActivationNames)>{});
+  dispatch_activation(a.kind, [&](auto known) {
+    constexpr ActivationKind kKind = decltype(known)::value;
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = activate(kKind, v[i], activation_parameter<kKind>(a, channel(i)));
+  });
 }
 
 // Division by a divisor fixed for many dividends (at launch, or for a warp's share of
