@@ -1,6 +1,6 @@
-// GroupNorm statistics and normalize with an activation before and after the norm,
-// over a convolution output of any layout and channel count. See
-// cutlassfuse/norm/group_norm_generic.h.
+// GroupNorm's normalize with an activation before and after the norm, over a
+// convolution output of any layout and channel count (the statistics are
+// norm_statistics.cu's). See cutlassfuse/norm/group_norm_generic.h.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -10,41 +10,18 @@
 
 #include "cutlassfuse/common/device_utils.cuh"
 #include "cutlassfuse/norm/group_norm_generic.h"
+#include "norm/norm_activation_terms.cuh"
 
 namespace cutlassfuse {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-// A statistics tile: kTileM output pixels (rows n * spatial + pixel) x kTileN channels.
-constexpr int kTileM = 256;
-constexpr int kTileN = 64;
-// Elements a lane of the statistics reads at once (loads issued together, one branch
-// on the activation's kind).
-constexpr int kStatsBatch = 4;
 // Elements a normalize block handles: kPerThread a thread, kThreads apart, read at once.
 constexpr int kPerThread = 8;
 constexpr int kChunk = kThreads * kPerThread;
 // Blocks of the vector and transposing normalize kernels resident per SM: their launch
 // bounds guarantee two.
 constexpr int kResidentPerSm = 2;
-
-// PreNorm as the kernels take it.
-template <class T>
-struct PreTerms {
-  const T* bias;  // null: none
-  ActivationParams activation;
-
-  __device__ float bias_at(int channel) const { return bias == nullptr ? 0.f : to_float(bias[channel]); }
-};
-
-// v[i] = pre(v[i]) = activation(v[i] + bias), v[i] of channel(i).
-template <class T, int N, class Channel>
-__device__ __forceinline__ void apply_pre(const PreTerms<T>& pre, float (&v)[N], const Channel& channel) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) v[i] += pre.bias_at(channel(i));
-  activate_each(pre.activation, v, channel);
-}
 
 // v[i] = after(v[i] * scale + shift), v[i] of channel(i) with scale_shift(i).
 template <int N, class ScaleShift, class Channel>
@@ -56,110 +33,6 @@ __device__ __forceinline__ void apply_norm_after(const ActivationParams& after, 
     v[i] = fmaf(v[i], ss.x, ss.y);
   }
   activate_each(after, v, channel);
-}
-
-// What the statistics read: pre(y) over y.
-template <class T>
-struct NormInput {
-  const T* y;
-  PreTerms<T> pre;
-  int64_t spatial;
-  int channels;
-  bool channels_last;
-};
-
-// The rectangle of one (sample segment, group segment) of a tile: rows of one sample.
-struct Rectangle {
-  int64_t sample;
-  int64_t row_begin;  // global rows
-  int rows;
-  int col_begin;
-  int cols;
-};
-
-// Count, mean and M2 of pre(y) over the rectangle: one pass of sums shifted by
-// its first value (bounded cancellation over at most kTileM * kTileN values), the
-// lanes walking the rectangle along the layout's contiguous dimension: `major` lines
-// of `minor` contiguous elements (pixels x channels channels-last, channels x pixels
-// NCDHW), kStatsBatch elements 32 apart at a time.
-template <class T>
-__device__ WelfordPartial warp_moments(const NormInput<T>& a, const Rectangle& r, int lane) {
-  const int minor_extent = a.channels_last ? r.cols : r.rows;
-  const int64_t major_stride = a.channels_last ? a.channels : a.spatial;
-  const int64_t origin = a.channels_last
-                             ? r.row_begin * a.channels + r.col_begin
-                             : (r.sample * a.channels + r.col_begin) * a.spatial + r.row_begin - r.sample * a.spatial;
-  const FastDivisor by_minor(static_cast<uint32_t>(minor_extent));
-  float shift[1] = {to_float(a.y[origin])};
-  apply_pre(a.pre, shift, [&](int) { return r.col_begin; });
-  float sum = 0.f;
-  float squares = 0.f;
-  const int area = r.rows * r.cols;
-  for (int i = lane; i < area; i += 32 * kStatsBatch) {
-    float v[kStatsBatch];
-    int channel[kStatsBatch];
-#pragma unroll
-    for (int j = 0; j < kStatsBatch; ++j) {
-      // Past the rectangle: its last element again, left out of the sums.
-      const auto element = static_cast<uint32_t>(min(i + 32 * j, area - 1));
-      const uint32_t major = by_minor.quotient(element);
-      const uint32_t minor = by_minor.remainder(element, major);
-      channel[j] = r.col_begin + static_cast<int>(a.channels_last ? minor : major);
-      v[j] = to_float(a.y[origin + major * major_stride + minor]);
-    }
-    apply_pre(a.pre, v, [&](int j) { return channel[j]; });
-#pragma unroll
-    for (int j = 0; j < kStatsBatch; ++j) {
-      if (i + 32 * j < area) {
-        const float x = v[j] - shift[0];
-        sum += x;
-        squares = fmaf(x, x, squares);
-      }
-    }
-  }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    squares += __shfl_xor_sync(0xffffffffu, squares, offset);
-  }
-  const auto count = static_cast<float>(area);
-  const float shifted_mean = sum / count;
-  return {count, shift[0] + shifted_mean, fmaxf(squares - sum * shifted_mean, 0.f)};
-}
-
-// Block (tile row, tile column): a warp per (sample segment, group segment) of the
-// tile, each written to its fixed slot (the layout the fused epilogue writes too).
-template <class T>
-__global__ void __launch_bounds__(kThreads)
-norm_activation_stats_kernel(NormInput<T> a, int64_t total_rows, int channels_per_group, TilePartials tiles,
-                             WelfordPartial* __restrict__ partials) {
-  const int64_t tile_m = blockIdx.x;
-  const int tile_n = static_cast<int>(blockIdx.y);
-  const int64_t row_begin = tile_m * kTileM;
-  const int rows = static_cast<int>(std::min<int64_t>(kTileM, total_rows - row_begin));
-  const int col_begin = tile_n * kTileN;
-  const int cols = min(kTileN, a.channels - col_begin);
-  const int64_t first_sample = row_begin / a.spatial;
-  const int segments = static_cast<int>((row_begin + rows - 1) / a.spatial - first_sample + 1);
-  const int first_group = col_begin / channels_per_group;
-  const int local_groups = (col_begin + cols - 1) / channels_per_group - first_group + 1;
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  for (int item = warp; item < segments * local_groups; item += kWarps) {
-    const int segment = item / local_groups;
-    const int local_group = item % local_groups;
-    const int64_t sample = first_sample + segment;
-    const int64_t sample_row = sample * a.spatial;
-    const int64_t r0 = std::max(sample_row, row_begin);
-    const int64_t r1 = std::min(sample_row + a.spatial, row_begin + rows);
-    const int c0 = std::max((first_group + local_group) * channels_per_group, col_begin);
-    const int c1 = std::min((first_group + local_group + 1) * channels_per_group, col_begin + cols);
-    const WelfordPartial moments = warp_moments(a, Rectangle{sample, r0, static_cast<int>(r1 - r0), c0, c1 - c0}, lane);
-    if (lane == 0) {
-      partials[tile_partial_slot(tile_m, segment, tile_n, local_group, tiles.max_segments, tiles.tiles_n,
-                                 tiles.max_local_groups)] = moments;
-    }
-  }
 }
 
 // NCDHW: block (plane n * channels + c, chunk of the plane), contiguous accesses, one
@@ -760,24 +633,6 @@ void launch_normalize_to_channels_first(const T* y, const PreTerms<T>& pre, cons
 }
 
 template <class T>
-PreTerms<T> pre_terms(const PreNorm& pre) {
-  return {static_cast<const T*>(pre.bias), pre.activation};
-}
-
-template <class T>
-void launch_stats(const void* y, ActivationLayout layout, const PreNorm& pre, const GroupNormShape& shape,
-                  WelfordPartial* partials, cudaStream_t stream) {
-  const NormInput<T> a{static_cast<const T*>(y), pre_terms<T>(pre), shape.spatial, static_cast<int>(shape.channels),
-                       layout == ActivationLayout::kChannelsLast};
-  const TilePartials tiles = generic_stats_tiles(shape);
-  const int64_t total_rows = shape.batch * shape.spatial;
-  const dim3 grid(static_cast<unsigned>(ceil_div(total_rows, kTileM)), static_cast<unsigned>(tiles.tiles_n));
-  norm_activation_stats_kernel<T><<<grid, kThreads, 0, stream>>>(
-      a, total_rows, static_cast<int>(shape.channels / shape.num_groups), tiles, partials);
-  check_launch("norm_activation_stats_kernel");
-}
-
-template <class T>
 void launch_normalize(void* y, ActivationLayout layout, const PreNorm& pre_norm, const void* scale_shift,
                       const ActivationParams& after, const GroupNormShape& shape, const NormalizeOutputs& outputs,
                       cudaStream_t stream) {
@@ -812,24 +667,7 @@ void launch_normalize(void* y, ActivationLayout layout, const PreNorm& pre_norm,
   check_launch("norm_activation_normalize_kernel");
 }
 
-// Calls f with the C++ element type of `element`.
-template <class F>
-void with_type(ElementType element, F&& f) {
-  switch (element) {
-    case ElementType::kFloat16: return f(__half{});
-    case ElementType::kBFloat16: return f(__nv_bfloat16{});
-    case ElementType::kFloat32: return f(float{});
-  }
-}
-
 }  // namespace
-
-TilePartials generic_stats_tiles(const GroupNormShape& shape) { return TilePartials::for_tiles(shape, kTileM, kTileN); }
-
-void norm_activation_stats(ElementType element, const void* y, ActivationLayout layout, const PreNorm& pre,
-                           const GroupNormShape& shape, WelfordPartial* partials, cudaStream_t stream) {
-  with_type(element, [&](auto t) { launch_stats<decltype(t)>(y, layout, pre, shape, partials, stream); });
-}
 
 void norm_activation_normalize(ElementType element, void* y, ActivationLayout layout, const PreNorm& pre,
                                const void* scale_shift, const ActivationParams& after, const GroupNormShape& shape,

@@ -1,0 +1,44 @@
+// What the generic GroupNorm kernels share (cutlassfuse/norm/group_norm_generic.h): the
+// value the norm reads, pre(y) = activation(y + bias), as the statistics
+// (norm_statistics.cu) and the normalize (group_norm_generic.cu) take it, and the
+// dispatch of their launches on the element type.
+#pragma once
+
+#include "cutlassfuse/common/device_utils.cuh"
+#include "cutlassfuse/norm/group_norm_generic.h"
+
+namespace cutlassfuse {
+
+// PreNorm as the kernels take it.
+template <class T>
+struct PreTerms {
+  const T* bias;  // null: none
+  ActivationParams activation;
+
+  __device__ float bias_at(int channel) const { return bias == nullptr ? 0.f : to_float(bias[channel]); }
+};
+
+template <class T>
+PreTerms<T> pre_terms(const PreNorm& pre) {
+  return {static_cast<const T*>(pre.bias), pre.activation};
+}
+
+// v[i] = pre(v[i]) = activation(v[i] + bias), v[i] of channel(i).
+template <class T, int N, class Channel>
+__device__ __forceinline__ void apply_pre(const PreTerms<T>& pre, float (&v)[N], const Channel& channel) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] += pre.bias_at(channel(i));
+  activate_each(pre.activation, v, channel);
+}
+
+// Calls f with the C++ element type of `element`.
+template <class F>
+void with_type(ElementType element, F&& f) {
+  switch (element) {
+    case ElementType::kFloat16: return f(__half{});
+    case ElementType::kBFloat16: return f(__nv_bfloat16{});
+    case ElementType::kFloat32: return f(float{});
+  }
+}
+
+}  // namespace cutlassfuse
