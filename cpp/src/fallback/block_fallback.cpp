@@ -59,18 +59,6 @@ std::string standalone_unsupported_reason(const NormActivationArgs& a, const Blo
   return norm_unsupported_reason(a.norm_weight, a.norm_bias, a.activation);
 }
 
-ActivationParams activation_params(ActivationKind kind, const ActivationArgs& a, KernelOperands& keep) {
-  ActivationParams params;
-  params.kind = kind;
-  params.parameter = static_cast<float>(a.parameter);
-  if (kind == ActivationKind::kPReLU) {
-    params.slopes = data_or_null(a.weight, keep.slopes);
-    params.slopes_element = *element_type(a.weight->scalar_type());
-    params.slope_count = a.weight->numel();
-  }
-  return params;
-}
-
 struct NormResult {
   at::Tensor out, mean, rstd;
 };
@@ -138,7 +126,8 @@ BlockForBackward run_block(const ConvNormActivationArgs& a, const BlockProblem& 
             .contiguous(channels_last ? at::MemoryFormat::ChannelsLast3d : block_output_memory_format(a));
   }
   KernelOperands operands;
-  const ActivationParams act = activation_params(b.activation, a.activation, operands);
+  const ActivationParams act =
+      kernel_activation(b.activation, a.activation.parameter, a.activation.weight, operands.slopes);
   const bool before = b.position == ActivationPosition::kBeforeNorm;
   const PreNorm pre{data_or_null(a.bias, operands.bias), before ? act : ActivationParams{}};
   std::optional<at::Tensor> out;
@@ -154,7 +143,8 @@ NormForBackward run_standalone(const NormActivationArgs& a, const BlockProblem& 
   const c10::cuda::CUDAGuard device_guard(a.input.device());
   const at::Tensor x = a.input.contiguous(a.input.suggest_memory_format());
   KernelOperands operands;
-  const ActivationParams act = activation_params(b.activation, a.activation, operands);
+  const ActivationParams act =
+      kernel_activation(b.activation, a.activation.parameter, a.activation.weight, operands.slopes);
   NormResult r = normalize(x, at::empty_like(x), PreNorm{}, act, b.conv, a.norm_weight, a.norm_bias, keep, operands);
   return {std::move(r.out), std::move(r.mean), std::move(r.rstd)};
 }
