@@ -194,13 +194,24 @@ def poison_cuda_allocator(nbytes: int) -> None:
     The allocator serves requests above 1 MiB from its large pool and smaller ones from
     2 MiB segments of its small pool: cached free blocks are released first, then one
     free NaN block of at least `nbytes` is left in the large pool and one whole NaN
-    segment in the small pool, which the next allocations split."""
+    segment in the small pool, which the next allocations split. Segments that live
+    tensors keep (a library's workspace, a generator's state) cannot be released, and the
+    allocator serves a request from the smallest free block that fits: every free block
+    left in them is filled too. All bytes 0xFF: NaN in float16, bfloat16 and float32."""
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     small_block = 1 << 20  # the largest request the small pool serves
-    large = torch.full((max(nbytes, 2 * small_block) // 2 + 1,), float("nan"), dtype=torch.float16, device="cuda")
-    small = [torch.full((small_block // 2,), float("nan"), dtype=torch.float16, device="cuda") for _ in range(2)]
-    del large, small
+
+    def poisoned(size: int) -> torch.Tensor:
+        return torch.full((size,), 0xFF, dtype=torch.uint8, device="cuda")
+
+    held = [poisoned(max(nbytes, 2 * small_block) + 2), poisoned(small_block), poisoned(small_block)]
+    device = torch.cuda.current_device()
+    for segment in torch.cuda.memory_snapshot():
+        if segment["device"] != device:
+            continue
+        held += [poisoned(block["size"]) for block in segment["blocks"] if block["state"] == "inactive"]
+    del held
 
 
 @dataclass(frozen=True)
