@@ -9,7 +9,8 @@ A table sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->`; NAME 
 file's stem without `bench-` (`h100`: the 16-bit table of docs/bench/bench-h100.json,
 `float32-h100`: the float32 table of docs/bench/bench-float32-h100.json), or `grad-mode-GPU`:
 the table of docs/bench/grad-mode-GPU.csv (`benchmarks/grad_mode.py --csv`), or
-`blocks-GPU`: the table of docs/bench/blocks-GPU.csv (`benchmarks/blocks.py --csv`).
+`blocks-GPU`: the table of docs/bench/blocks-GPU.csv (`benchmarks/blocks.py --csv`), or
+`networks-GPU`: the table of docs/bench/networks-GPU.csv (`benchmarks/networks.py --csv`).
 """
 
 from __future__ import annotations
@@ -140,7 +141,29 @@ def blocks_table(path: Path) -> str:
             + "\n".join(lines) + "\n")
 
 
+def networks_table(path: Path) -> str:
+    rows = list(csv.DictReader(path.open()))
+    lines = ["| network | dtype | input | blocks fused | eager | compile | fuse | fuse, then compile | vs eager "
+             "| vs compile | norm kernels eager / fuse | training step eager / fuse | error eager / fuse |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(" | ".join([
+            f"| {r['network']}", r["dtype"], r["memory_format"], r["chains_fused"], _optional_ms(r["eager_ms"]),
+            _optional_ms(r["compile_ms"]), _optional_ms(r["fused_ms"]), _optional_ms(r["compile_fused_ms"]),
+            f"{float(r['eager_ms']) / float(r['fused_ms']):.2f}x",
+            f"{float(r['compile_ms']) / float(r['fused_ms']):.2f}x" if r["compile_ms"] else "n/a",
+            f"{_optional_ms(r['eager_norm_ms'])} / {_optional_ms(r['fused_norm_ms'])}",
+            f"{_optional_ms(r['eager_train_ms'])} / {_optional_ms(r['fused_train_ms'])}",
+            f"{float(r['eager_max_abs']):.1e} / {float(r['fused_max_abs']):.1e} |"]))
+    return (f"`python benchmarks/networks.py --memory-formats ncdhw --train --csv {path.name}` (median ms of "
+            "alternating rounds, eval mode under `torch.no_grad()`; norm kernels: their GPU time per call; "
+            "training step: forward and backward in train mode; max abs error against the float64 network).\n\n"
+            + "\n".join(lines) + "\n")
+
+
 def render(name: str) -> str:
+    if name.startswith("networks-"):
+        return networks_table(ROOT / "docs" / "bench" / f"{name}.csv")
     if name.startswith("blocks-"):
         return blocks_table(ROOT / "docs" / "bench" / f"{name}.csv")
     if name.startswith("grad-mode-"):
