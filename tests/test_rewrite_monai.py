@@ -64,3 +64,16 @@ def test_monai_dropout_stays_between_norm_and_activation():
     assert all(line.endswith(".adn.D: Dropout(p=0.1) between norm and activation") for line in result.left_alone)
     assert result.model.conv_0.conv_0.conv.activation_before_norm is False
     torch.testing.assert_close(result.model(x), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_monai_swish_modules_compute_silu():
+    from monai.networks.blocks.activation import MemoryEfficientSwish, Swish
+
+    from cutlassfuse.blocks import activation_of_module
+
+    x = torch.randn(64, dtype=torch.float64)
+    for module in (Swish(), MemoryEfficientSwish()):
+        assert activation_of_module(module)[0] == "silu"
+        torch.testing.assert_close(module(x), torch.nn.functional.silu(x))
+    with pytest.raises(ValueError, match="not one the fused blocks compute"):
+        activation_of_module(Swish(alpha=2.0))

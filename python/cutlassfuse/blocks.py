@@ -42,8 +42,21 @@ def activation_of_module(module: nn.Module) -> tuple[str, float, Tensor | None]:
         return ("gelu_tanh" if module.approximate == "tanh" else "gelu"), 0.0, None
     if isinstance(module, nn.ELU):
         return "elu", float(module.alpha), None
+    if _is_monai_silu(module):
+        return "silu", 0.0, None
     raise ValueError(f"cutlassfuse: the activation {module!r} is not one the fused blocks compute "
-                     f"(nn.Identity, ReLU, LeakyReLU, PReLU, SiLU, GELU, ELU)")
+                     f"(nn.Identity, ReLU, LeakyReLU, PReLU, SiLU, GELU, ELU; MONAI's Swish with alpha 1 "
+                     f"and MemoryEfficientSwish)")
+
+
+def _is_monai_silu(module: nn.Module) -> bool:
+    """MONAI's swish modules that compute SiLU (x * sigmoid(x)), recognized without
+    importing MONAI: MemoryEfficientSwish, and Swish with alpha 1."""
+    kind = type(module)
+    if not kind.__module__.startswith("monai."):
+        return False
+    return kind.__name__ == "MemoryEfficientSwish" or (kind.__name__ == "Swish" and
+                                                        float(getattr(module, "alpha", 0.0)) == 1.0)
 
 
 def _activation_arguments(activation: str, activation_parameter: float | None) -> tuple[str, float]:
