@@ -43,8 +43,8 @@ import cutlassfuse
 from cutlassfuse.__main__ import DTYPES, MEMORY_FORMATS, comma_list, positive_int
 from cutlassfuse.bench import rotating_tensors
 
-# benchmarks/blocks.py, beside this script: the same timing, errors and table rows.
-from blocks import Timed, max_abs_errors, medians_over_rounds, print_row, ratio
+# The block benchmark's timing, errors and table rows.
+from cutlassfuse.block_bench import Timed, max_abs_errors, medians_over_rounds, print_row, ratio
 
 try:
     from monai.networks import nets

@@ -96,3 +96,15 @@ def test_bench_rejects_bad_values(option):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", option])
     assert exit_info.value.code == 2
+
+
+def test_bench_runs_the_block_family_on_cpu(tmp_path, capsys):
+    path = tmp_path / "blocks.csv"
+    assert main(["bench", "--blocks", "unet_down,segres_norm", "--device", "cpu", "--tiny", "--no-compile",
+                 "--dtypes", "float32", "--memory-formats", "channels_last", "--repeats", "2", "--train",
+                 "--csv", str(path)]) == 0
+    rows = list(csv.DictReader(path.open()))
+    assert [r["block"] for r in rows] == ["unet_down-tiny", "segres_norm-tiny"]
+    assert all(float(r["cutlassfuse_ms"]) > 0 and float(r["cutlassfuse_train_ms"]) > 0 for r in rows)
+    with pytest.raises(SystemExit, match="unknown blocks"):
+        main(["bench", "--blocks", "resnet", "--device", "cpu", "--tiny"])

@@ -56,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--csv")
     bench.add_argument("--json")
     bench.add_argument("--plot", help="PNG of the speedups")
+    bench.add_argument("--blocks", help="instead of the op's shapes, the block family on real networks' blocks: "
+                                        "all, or comma-separated names (basicunet_conv, dynunet_conv, unet_down, "
+                                        "unet_up, segres_conv, upsampler_conv, segres_norm, kb61)")
+    bench.add_argument("--train", action="store_true", help="with --blocks: also time a training step")
     profile = commands.add_parser("profile", help="Nsight Compute table of one call's kernels")
     profile.add_argument("--shape", default="kb61")
     profile.add_argument("--dtype", default="float16", choices=DTYPES)
@@ -86,6 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import run_demo
 
         run_demo(torch.device("cpu") if args.cpu else None)
+    elif args.command == "bench" and args.blocks:
+        from .block_bench import run_block_bench
+
+        run_block_bench(args.blocks.split(","),
+                        [getattr(torch, d) for d in args.dtypes], args.memory_formats,
+                        with_compile=not args.no_compile, train=args.train, repeats=args.repeats, csv_path=args.csv,
+                        device=args.device, tiny=args.tiny)
     elif args.command == "bench":
         from .bench import parse_shape, run_bench
 
