@@ -67,6 +67,21 @@ def eager(x, conv, norm, act, before):
     return norm(act(conv(x))) if before else act(norm(conv(x)))
 
 
+def assert_block_no_further_from_float64_than_eager(x, modules, modules64, before, memory_format):
+    """The block on poisoned outputs: x's dtype, the memory format, every element written,
+    and no further from the float64 modules than eager's modules in x's dtype."""
+    with torch.no_grad():
+        expected = eager(x.double(), *modules64, before)
+        poison_cuda_allocator(16 * expected.numel() * x.element_size())
+        out = block(x, *modules, before)
+        reference = eager(x, *modules, before)
+    torch.cuda.synchronize()
+    assert out.dtype == x.dtype and out.shape == expected.shape
+    assert out.is_contiguous(memory_format=memory_format)
+    ours, theirs = errors(out, expected), errors(reference, expected)
+    assert ours.max_abs <= max(1.5 * theirs.max_abs, FLOOR[x.dtype]), f"cutlassfuse {ours}, eager {theirs}"
+
+
 def cast(modules, dtype):
     return [copy.deepcopy(m).to(dtype) for m in modules]
 
@@ -91,16 +106,7 @@ def test_block_against_float64(transposed, activation, before, variant, dtype, c
         **({"output_padding": modules[0].output_padding} if transposed else {}),
         stride=modules[0].stride, padding=modules[0].padding, activation=name,
         activation_weight=modules[2].weight if name == "prelu" else None).startswith("fallback:")
-    with torch.no_grad():
-        expected = eager(x.double(), *modules64, before)
-        poison_cuda_allocator(16 * expected.numel() * x.element_size())
-        out = block(x, *modules, before)
-        reference = eager(x, *modules, before)
-    torch.cuda.synchronize()
-    assert out.dtype == dtype and out.shape == expected.shape
-    assert out.is_contiguous(memory_format=memory_format)
-    ours, theirs = errors(out, expected), errors(reference, expected)
-    assert ours.max_abs <= max(1.5 * theirs.max_abs, FLOOR[dtype]), f"cutlassfuse {ours}, eager {theirs}"
+    assert_block_no_further_from_float64_than_eager(x, modules, modules64, before, memory_format)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
@@ -228,16 +234,7 @@ def test_channel_counts_against_float64(activation, before, channels, num_groups
                                      num_groups=num_groups, activation=name, activation_weight=weight)
     assert path.startswith("fallback:"), path
     assert ("channels-last operands" in path) == (dtype != torch.float32 and not channels_last), path
-    with torch.no_grad():
-        expected = eager(x.double(), *modules64, before)
-        poison_cuda_allocator(16 * expected.numel() * x.element_size())
-        out = block(x, *modules, before)
-        reference = eager(x, *modules, before)
-    torch.cuda.synchronize()
-    assert out.dtype == dtype and out.shape == expected.shape
-    assert out.is_contiguous(memory_format=memory_format)
-    ours, theirs = errors(out, expected), errors(reference, expected)
-    assert ours.max_abs <= max(1.5 * theirs.max_abs, FLOOR[dtype]), f"cutlassfuse {ours}, eager {theirs}"
+    assert_block_no_further_from_float64_than_eager(x, modules, modules64, before, memory_format)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda d: str(d)[6:])

@@ -36,7 +36,9 @@ struct ActivationArgs {
   const std::optional<at::Tensor>& weight;  // PReLU's slopes
 };
 
-struct ConvNormActivationArgs {
+// A convolution's operands and geometry as the ops take them (the original op's
+// convolution is transposed).
+struct ConvolutionArgs {
   const at::Tensor& input;
   const at::Tensor& weight;
   const std::optional<at::Tensor>& bias;
@@ -46,6 +48,10 @@ struct ConvNormActivationArgs {
   int64_t groups;
   at::IntArrayRef dilation;
   bool transposed;
+};
+
+// The block's arguments: its convolution's, then the norm's and the activation's.
+struct ConvNormActivationArgs : ConvolutionArgs {
   int64_t num_groups;
   const std::optional<at::Tensor>& norm_weight;
   const std::optional<at::Tensor>& norm_bias;

@@ -26,15 +26,7 @@ std::string schema(const char* name, const char* arguments, const char* result) 
 // Unpacks a schema's arguments for `Impl`: one signature per op for every kernel.
 template <class Result, Result (*Impl)(const ConvNormActivationArgs&)>
 Result block_kernel(CUTLASSFUSE_BLOCK_PARAMETERS) {
-  return Impl({input,
-               weight,
-               bias,
-               stride,
-               padding,
-               output_padding,
-               groups,
-               dilation,
-               transposed,
+  return Impl({{input, weight, bias, stride, padding, output_padding, groups, dilation, transposed},
                num_groups,
                norm_weight,
                norm_bias,

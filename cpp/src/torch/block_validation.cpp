@@ -78,8 +78,7 @@ void check_statistic(const at::Tensor& t, const char* name, int64_t batch, int64
 
 BlockProblem validate_block(const ConvNormActivationArgs& a) {
   BlockProblem block;
-  block.conv = validate_convolution(
-      {a.input, a.weight, a.bias, a.stride, a.padding, a.output_padding, a.groups, a.dilation, a.transposed});
+  block.conv = validate_convolution(a);
   block.transposed = a.transposed;
   validate_norm(a.num_groups, block.conv.out_channels, a.eps, a.norm_weight, a.norm_bias, a.input);
   block.conv.num_groups = a.num_groups;

@@ -8,6 +8,7 @@
 #include <array>
 #include <optional>
 
+#include "cutlassfuse/block.h"
 #include "cutlassfuse/plan/problem.h"
 
 namespace cutlassfuse {
@@ -26,19 +27,6 @@ void check_optional_vector(const std::optional<at::Tensor>& t, const char* name,
 // Whether an output of these (exact, positive) sizes fits PyTorch's bound on a tensor's
 // storage, 2^63 - 1 bytes, with at least one sample.
 bool output_fits(int64_t batch, int64_t channels, const std::array<__int128, 3>& spatial, int64_t element_size);
-
-// A convolution's operands and geometry as the ops take them.
-struct ConvolutionArgs {
-  const at::Tensor& input;
-  const at::Tensor& weight;
-  const std::optional<at::Tensor>& bias;
-  at::IntArrayRef stride;
-  at::IntArrayRef padding;
-  at::IntArrayRef output_padding;
-  int64_t groups;
-  at::IntArrayRef dilation;
-  bool transposed;
-};
 
 // Checks the convolution (PyTorch's rules for nn.Conv3d, or nn.ConvTranspose3d when
 // transposed) and resolves its sizes: Problem without the norm's fields.
