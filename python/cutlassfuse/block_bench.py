@@ -255,6 +255,7 @@ class Row:
     eager_max_abs: float | None  # against the float64 modules
     cutlassfuse_max_abs: float | None
     existing_op_max_abs: float | None
+    path: str  # the kernel path of cutlassfuse's call (explain()'s prefix)
     misses: str
     notes: str
 
@@ -276,6 +277,11 @@ def max_abs_errors(blocks: dict[str, nn.Module], x: torch.Tensor) -> dict[str, f
             except (RuntimeError, ValueError):  # medians_over_rounds reports why
                 errors[name] = None
     return errors
+
+
+def kernel_path(blocks: dict[str, nn.Module], x: torch.Tensor) -> str:
+    """The kernel path cutlassfuse's module takes for ``x`` under torch.no_grad()."""
+    return blocks["cutlassfuse"].explain(x).split(":")[0]
 
 
 def misses(block: Block, row: Row) -> str:
@@ -309,7 +315,8 @@ def run_case(block: Block, dtype: torch.dtype, memory_format: str, device: torch
               ratio(cutlassfuse_ms, floor), ratio(ms.get("eager"), cutlassfuse_ms),
               ratio(ms.get("compile"), cutlassfuse_ms), ms.get("eager train"), ms.get("cutlassfuse train"),
               ms.get("existing op train"), ratio(ms.get("eager train"), ms.get("cutlassfuse train")),
-              errors["eager"], errors["cutlassfuse"], errors.get("existing op"), misses="",
+              errors["eager"], errors["cutlassfuse"], errors.get("existing op"), kernel_path(blocks, inputs[0]),
+              misses="",
               notes="; ".join(f"{name} refused: {why}" for name, why in refused.items()))
     row.misses = misses(block, row)
     return row
@@ -321,7 +328,7 @@ COLUMNS = [  # heading, width, the row's field, its format
     ("compile", 8, "compile_ms", ".3f"), ("cf", 8, "cutlassfuse_ms", ".3f"), ("existing", 9, "existing_op_ms", ".3f"),
     ("cf/floor", 9, "over_floor", ".2f"), ("eager/cf", 9, "eager_over_cutlassfuse", ".2f"),
     ("comp/cf", 8, "compile_over_cutlassfuse", ".2f"), ("err eager", 10, "eager_max_abs", ".1e"),
-    ("err cf", 9, "cutlassfuse_max_abs", ".1e"),
+    ("err cf", 9, "cutlassfuse_max_abs", ".1e"), ("path", 11, "path", "s"),
 ]
 TRAIN_COLUMNS = [("eager trn", 10, "eager_train_ms", ".3f"), ("cf trn", 8, "cutlassfuse_train_ms", ".3f"),
                  ("trn e/cf", 9, "train_eager_over_cutlassfuse", ".2f")]

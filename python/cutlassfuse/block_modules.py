@@ -12,6 +12,8 @@ from .blocks import ACTIVATIONS, activation_of_module
 
 _CONV_OP = torch.ops.cutlassfuse.conv3d_norm_activation.default
 _NORM_OP = torch.ops.cutlassfuse.group_norm_activation.default
+_EXPLAIN_CONV_OP = torch.ops.cutlassfuse.explain_conv3d_norm_activation.default
+_EXPLAIN_NORM_OP = torch.ops.cutlassfuse.explain_group_norm_activation.default
 
 _Conv = nn.Conv3d | nn.ConvTranspose3d
 _Norm = nn.GroupNorm | nn.InstanceNorm3d
@@ -163,14 +165,19 @@ class _ConvNormActivation(nn.Module):
         block._set_modules(conv, norm, activation, activation_before_norm)
         return block
 
-    def _call(self, x: Tensor, output_padding: tuple[int, ...]) -> Tensor:
+    def _call(self, x: Tensor, output_padding: tuple[int, ...], op=_CONV_OP):
         conv, norm = self.conv, self.norm
         name, parameter, weight = activation_of_module(self.activation)
         # The op itself, not the functional wrapper: the modules already hold their
         # options as 3-tuples, and small calls are bound by the host's time per call.
-        return _CONV_OP(x, conv.weight, conv.bias, conv.stride, _conv_padding(conv), output_padding, conv.groups,
-                        conv.dilation, self._transposed, _norm_groups(norm), norm.weight, norm.bias, norm.eps, name,
-                        parameter, weight, self.activation_before_norm)
+        return op(x, conv.weight, conv.bias, conv.stride, _conv_padding(conv), output_padding, conv.groups,
+                  conv.dilation, self._transposed, _norm_groups(norm), norm.weight, norm.bias, norm.eps, name,
+                  parameter, weight, self.activation_before_norm)
+
+    def explain(self, x: Tensor) -> str:
+        """Which implementation ``self(x)`` runs (kernel path, or PyTorch's composite) and
+        why, for a call that keeps nothing for a backward (under ``torch.no_grad()``)."""
+        return self._call(x, tuple(getattr(self.conv, "output_padding", (0, 0, 0))), op=_EXPLAIN_CONV_OP)
 
     def extra_repr(self) -> str:
         """The constructor's arguments that give this block, defaults left out, with the
@@ -360,6 +367,14 @@ class GroupNormActivation(nn.Module):
                           *_activation_repr(self.activation)])
 
     def forward(self, x: Tensor) -> Tensor:
+        return self._call(x, _NORM_OP)
+
+    def explain(self, x: Tensor) -> str:
+        """Which implementation ``self(x)`` runs and why, for a call that keeps nothing
+        for a backward."""
+        return self._call(x, _EXPLAIN_NORM_OP)
+
+    def _call(self, x: Tensor, op):
         norm = self.norm
         name, parameter, weight = activation_of_module(self.activation)
-        return _NORM_OP(x, _norm_groups(norm), norm.weight, norm.bias, norm.eps, name, parameter, weight)
+        return op(x, _norm_groups(norm), norm.weight, norm.bias, norm.eps, name, parameter, weight)

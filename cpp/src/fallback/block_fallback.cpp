@@ -25,16 +25,13 @@
 #include "cutlassfuse/common/nvtx.h"
 #include "cutlassfuse/norm/group_norm_generic.h"
 #include "cutlassfuse/op.h"
+#include "dispatch/block_path.h"
 #include "dispatch/op_arguments.h"
 #include "fallback/fallback_path.h"
+#include "norm/block_norm.h"
 
 namespace cutlassfuse {
 namespace {
-
-// The tensors the kernels read besides the activation's input, kept alive for a call.
-struct KernelOperands {
-  std::optional<at::Tensor> bias, gamma, beta, slopes;
-};
 
 std::string activation_unsupported_reason(const ActivationArgs& a) {
   if (a.weight.has_value() && a.weight->defined() && !element_type(a.weight->scalar_type()))
@@ -59,51 +56,18 @@ std::string standalone_unsupported_reason(const NormActivationArgs& a, const Blo
   return norm_unsupported_reason(a.norm_weight, a.norm_bias, a.activation);
 }
 
-struct NormResult {
-  at::Tensor out, mean, rstd;
-};
-
 // Statistics, finalize and normalize of `y` (packed NCDHW or NDHWC): into `out` when
 // given (y's layout, or NCDHW), else in place; mean and rstd when `keep`.
-NormResult normalize(const at::Tensor& y, const std::optional<at::Tensor>& out, const PreNorm& pre,
-                     const ActivationParams& after, const Problem& p, const std::optional<at::Tensor>& gamma,
-                     const std::optional<at::Tensor>& beta, bool keep, KernelOperands& operands) {
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const ElementType element = *element_type(y.scalar_type());
+NormResult normalize(const at::Tensor& y, const std::optional<at::Tensor>& out, const NormEpilogue& norm,
+                     const Problem& p, bool keep, KernelOperands& operands) {
+  const NvtxRange range("cutlassfuse.norm_activation");
+  const GroupNormShape shape = group_norm_shape(p);
+  const StatisticsWorkspace stats(generic_stats_tiles(shape), shape, y.options());
   const ActivationLayout layout =
       y.is_contiguous() ? ActivationLayout::kChannelsFirst : ActivationLayout::kChannelsLast;
-  const GroupNormShape shape{p.batch, p.out_channels, p.output_spatial(), p.num_groups};
-  StatisticsSources sources;
-  sources.regions[0] = {generic_stats_tiles(shape), shape.spatial, 0};
-  sources.region_count = 1;
-  const auto options = y.options();
-  static_assert(sizeof(WelfordPartial) == 3 * sizeof(float));
-  const at::Tensor partials = at::empty({sources.regions[0].tiles.slots(shape), 3}, options.dtype(at::kFloat));
-  auto* partials_ptr = reinterpret_cast<WelfordPartial*>(partials.data_ptr<float>());
-  const at::Tensor scale_shift = at::empty({group_norm_scale_shift_bytes(shape)}, options.dtype(at::kByte));
-  const GroupNormAffine affine{data_or_null(gamma, operands.gamma), data_or_null(beta, operands.beta),
-                               *affine_element_type(gamma, beta)};
-  StatisticsFinalize finalize = statistics_finalize(partials_ptr, sources, element, shape, affine,
-                                                    static_cast<float>(p.eps), scale_shift.data_ptr());
-  NormResult result;
-  result.out = out.has_value() ? *out : y;
-  if (keep) {
-    result.mean = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
-    result.rstd = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
-    finalize.mean = result.mean.data_ptr<float>();
-    finalize.rstd = result.rstd.data_ptr<float>();
-  }
-  const NvtxRange range("cutlassfuse.norm_activation");
-  norm_activation_stats(element, y.data_ptr(), layout, pre, shape, partials_ptr, stream);
-  group_norm_finalize(finalize, stream);
-  NormalizeOutputs outputs;
-  if (out.has_value()) {
-    outputs.out = out->data_ptr();
-    outputs.out_channels_first = out->is_contiguous();
-  }
-  norm_activation_normalize(element, const_cast<void*>(y.const_data_ptr()), layout, pre, scale_shift.data_ptr(), after,
-                            shape, outputs, stream);
-  return result;
+  norm_activation_stats(*element_type(y.scalar_type()), y.data_ptr(), layout, norm.pre, shape, stats.data(),
+                        at::cuda::getCurrentCUDAStream());
+  return finish_norm(y, out, stats, norm, p, keep, operands);
 }
 
 // Whether the call convolves channels-last operands for an NCDHW output (see above).
@@ -113,30 +77,53 @@ bool convolves_channels_last(const ConvNormActivationArgs& a, bool keep) {
          block_output_memory_format(a) == at::MemoryFormat::Contiguous;
 }
 
-BlockForBackward run_block(const ConvNormActivationArgs& a, const BlockProblem& b, bool keep) {
-  const NvtxRange op_range("cutlassfuse.conv3d_norm_activation");
-  const c10::cuda::CUDAGuard device_guard(a.input.device());
-  const bool channels_last = convolves_channels_last(a, keep);
-  at::Tensor y;
-  {
-    const NvtxRange range("cutlassfuse.cudnn_convolution");
-    const at::Tensor input = channels_last ? convert_memory_format_cuda(a.input, /*channels_last=*/true) : a.input;
-    y = convolution_without_bias(input, a.weight, {a.stride, a.padding, a.output_padding, a.dilation, a.groups},
-                                 a.transposed)
-            .contiguous(channels_last ? at::MemoryFormat::ChannelsLast3d : block_output_memory_format(a));
+class FallbackBlock final : public PlannedBlock {
+ public:
+  explicit FallbackBlock(const BlockCall& call) : call_(call) {}
+
+  std::string description() const override {
+    return std::string(kBlockKernels) +
+           (convolves_channels_last(call_.args, call_.keep_for_backward) ? kChannelsLastConvolution : "");
   }
-  KernelOperands operands;
-  const ActivationParams act =
-      kernel_activation(b.activation, a.activation.parameter, a.activation.weight, operands.slopes);
-  const bool before = b.position == ActivationPosition::kBeforeNorm;
-  const PreNorm pre{data_or_null(a.bias, operands.bias), before ? act : ActivationParams{}};
-  std::optional<at::Tensor> out;
-  if (keep) out = at::empty_like(y);
-  if (channels_last) out = at::empty(y.sizes(), y.options());  // NCDHW
-  NormResult r =
-      normalize(y, out, pre, before ? ActivationParams{} : act, b.conv, a.norm_weight, a.norm_bias, keep, operands);
-  return {std::move(r.out), keep ? y : at::Tensor(), std::move(r.mean), std::move(r.rstd)};
-}
+
+  BlockForBackward run() const override {
+    const ConvNormActivationArgs& a = call_.args;
+    const BlockProblem& b = call_.problem;
+    const bool keep = call_.keep_for_backward;
+    const NvtxRange op_range("cutlassfuse.conv3d_norm_activation");
+    const c10::cuda::CUDAGuard device_guard(a.input.device());
+    const bool channels_last = convolves_channels_last(a, keep);
+    at::Tensor y;
+    {
+      const NvtxRange range("cutlassfuse.cudnn_convolution");
+      const at::Tensor input = channels_last ? convert_memory_format_cuda(a.input, /*channels_last=*/true) : a.input;
+      y = convolution_without_bias(input, a.weight, {a.stride, a.padding, a.output_padding, a.dilation, a.groups},
+                                   a.transposed)
+              .contiguous(channels_last ? at::MemoryFormat::ChannelsLast3d : block_output_memory_format(a));
+    }
+    KernelOperands operands;
+    const ActivationParams act =
+        kernel_activation(b.activation, a.activation.parameter, a.activation.weight, operands.slopes);
+    const bool before = b.position == ActivationPosition::kBeforeNorm;
+    const NormEpilogue norm{a.norm_weight, a.norm_bias,
+                            PreNorm{data_or_null(a.bias, operands.bias), before ? act : ActivationParams{}},
+                            before ? ActivationParams{} : act};
+    std::optional<at::Tensor> out;
+    if (keep) out = at::empty_like(y);
+    if (channels_last) out = at::empty(y.sizes(), y.options());  // NCDHW
+    NormResult r = normalize(y, out, norm, b.conv, keep, operands);
+    return {std::move(r.out), keep ? y : at::Tensor(), std::move(r.mean), std::move(r.rstd)};
+  }
+
+ private:
+  static constexpr const char* kBlockKernels =
+      "cuDNN convolution without bias (float32: PyTorch's, under its switches; float16/bfloat16: deterministic) + "
+      "cutlassfuse bias/activation/GroupNorm statistics, finalize and normalize kernels";
+  static constexpr const char* kChannelsLastConvolution =
+      "; keeping nothing for a backward, the convolution on channels-last operands (the input through cutlassfuse's "
+      "transpose) and the output written NCDHW by the normalize";
+  BlockCall call_;
+};
 
 NormForBackward run_standalone(const NormActivationArgs& a, const BlockProblem& b, bool keep) {
   const NvtxRange op_range("cutlassfuse.group_norm_activation");
@@ -145,40 +132,17 @@ NormForBackward run_standalone(const NormActivationArgs& a, const BlockProblem& 
   KernelOperands operands;
   const ActivationParams act =
       kernel_activation(b.activation, a.activation.parameter, a.activation.weight, operands.slopes);
-  NormResult r = normalize(x, at::empty_like(x), PreNorm{}, act, b.conv, a.norm_weight, a.norm_bias, keep, operands);
+  NormResult r =
+      normalize(x, at::empty_like(x), NormEpilogue{a.norm_weight, a.norm_bias, {}, act}, b.conv, keep, operands);
   return {std::move(r.out), std::move(r.mean), std::move(r.rstd)};
 }
 
-constexpr const char* kBlockKernels =
-    "cuDNN convolution without bias (float32: PyTorch's, under its switches; float16/bfloat16: deterministic) + "
-    "cutlassfuse bias/activation/GroupNorm statistics, finalize and normalize kernels";
 constexpr const char* kNormKernels = "cutlassfuse activation/GroupNorm statistics, finalize and normalize kernels";
-constexpr const char* kChannelsLastConvolution =
-    "; keeping nothing for a backward, the convolution on channels-last operands (the input through cutlassfuse's "
-    "transpose) and the output written NCDHW by the normalize";
-
 }  // namespace
 
-at::Tensor block_forward_cuda(const ConvNormActivationArgs& a) {
-  const BlockProblem b = validate_block(a);
-  const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  if (!block_unsupported_reason(a, b).empty()) return reference_block_forward(a);
-  return std::get<0>(run_block(a, b, /*keep=*/false));
-}
-
-BlockForBackward block_forward_for_backward_cuda(const ConvNormActivationArgs& a) {
-  const BlockProblem b = validate_block(a);
-  const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  if (!block_unsupported_reason(a, b).empty()) return reference_block_forward_for_backward(a);
-  return run_block(a, b, /*keep=*/true);
-}
-
-std::string explain_block_cuda(const ConvNormActivationArgs& a) {
-  const BlockProblem b = validate_block(a);
-  const std::string why = block_unsupported_reason(a, b);
-  if (!why.empty()) return std::string(kBlockReferenceDescription) + ", because " + why;
-  return std::string("fallback: ") + kBlockKernels +
-         (convolves_channels_last(a, /*keep=*/false) ? kChannelsLastConvolution : "");
+BlockRouting plan_fallback_block(const BlockCall& call) {
+  if (std::string why = block_unsupported_reason(call.args, call.problem); !why.empty()) return why;
+  return std::make_unique<FallbackBlock>(call);
 }
 
 at::Tensor norm_activation_forward_cuda(const NormActivationArgs& a) {

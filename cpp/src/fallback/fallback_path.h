@@ -7,11 +7,15 @@
 
 #include <string>
 
+#include "dispatch/block_path.h"
 #include "dispatch/kernel_path.h"
 
 namespace cutlassfuse {
 
 Routing plan_fallback_call(const Call& call);
+// The block family's: cuDNN's convolution without its bias, then the statistics,
+// finalize and normalize kernels.
+BlockRouting plan_fallback_block(const BlockCall& call);
 
 // The convolution (transposed or not) without its bias, in the layout cuDNN gives:
 // float32 as PyTorch runs it under its switches (ATen's convolution, the call nn.Conv3d

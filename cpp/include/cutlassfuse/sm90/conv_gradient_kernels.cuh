@@ -10,7 +10,6 @@
 #include <cutlass/conv/device/conv_universal_adapter.hpp>
 #include <cutlass/conv/kernel/conv_universal.hpp>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
-#include <cutlass/util/packed_stride.hpp>
 
 #include <algorithm>
 #include <stdexcept>
@@ -18,6 +17,7 @@
 #include <type_traits>
 
 #include "cutlassfuse/plan/problem.h"
+#include "cutlassfuse/sm90/conv_output_stride.cuh"
 
 namespace cutlassfuse::sm90 {
 
@@ -67,21 +67,6 @@ ProblemShape conv_gradient_problem_shape(const Problem& p) {
   }
   return ProblemShape(cutlass::conv::Mode::kCrossCorrelation, activation, filter, lower, upper, stride, dilation,
                       /*groups=*/1);
-}
-
-// The epilogue's stride of the packed output: the input gradient's M mode is
-// hierarchical ((W, H, D, N), C), filled mode by mode from the problem's strides; the
-// weight gradient's is CUTLASS's packed KTRSC stride.
-template <class StrideD, class ProblemShape>
-StrideD output_stride(const ProblemShape& shape) {
-  if constexpr (cute::rank<0>(StrideD{}) > 1) {
-    StrideD stride_d{};
-    cute::for_each(cute::make_seq<cute::rank<0>(StrideD{})>{},
-                   [&](auto i) { cute::get<0, i>(stride_d) = shape.stride_C[ProblemShape::RankT - 2 - i]; });
-    return stride_d;
-  } else {
-    return cutlass::make_cute_packed_stride(StrideD{}, shape.shape_C, shape.stride_C, ProblemShape::ConvOp);
-  }
 }
 
 inline void throw_conv_gradient_failure(const char* what, cutlass::Status status) {

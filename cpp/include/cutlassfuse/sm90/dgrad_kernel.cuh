@@ -1,4 +1,4 @@
-// Type assembly of the sm90 fused dgrad family: epilogue visitor tree, collective
+// Type assembly of the sm90 fused convolutions: epilogue visitor tree, collective
 // epilogue and mainloop from CUTLASS's builders, in the ping-pong kernel.
 #pragma once
 
@@ -21,17 +21,18 @@ namespace cutlassfuse::sm90 {
 
 // The tile and cluster of a configuration (dgrad_config.h) on the ping-pong kernel
 // (dgrad_pingpong.cuh).
-template <int TileM, int TileN, int ClusterM>
+template <int TileM, int TileN, int ClusterM, int TileK = 64>
 struct TileConfig {
   // The conv builders expect the K mode wrapped in its own tuple.
-  using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Shape<cute::_64>>;
+  using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Shape<cute::Int<TileK>>>;
   using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::_1, cute::_1>;
   // Epilogue subtile; its shared memory is carved out of the mainloop's stages. 64x64
   // in 16 bits, half the subtiles per tile of CUTLASS's choice (64x32); 64x32 for a
   // float32 activation, whose store buffers at 64x64 (with the statistics' 68 KB
-  // staging tile) would leave the mainloop 3 stages of 32 KB, at 64x32 4.
+  // staging tile) would leave the mainloop 3 stages of 32 KB, at 64x32 4. Never wider
+  // than the tile.
   template <class ElementOut>
-  using EpilogueTile = cute::Shape<cute::_64, cute::Int<sizeof(ElementOut) == 4 ? 32 : 64>>;
+  using EpilogueTile = cute::Shape<cute::_64, cute::Int<cute::min(TileN, sizeof(ElementOut) == 4 ? 32 : 64)>>;
 };
 
 // kDescaled: the accumulators hold the products of operands scaled by powers of two
@@ -63,37 +64,47 @@ struct FusedEpilogueTree {
   using Tree = EVT<Sm90GroupNormStats<Element, TileShape>, BiasRelu>;
 };
 
-// ElementIn: input and filter (the tensor-core operands); ElementOut: bias, the stored
-// activation and the statistics' staging tile. Equal for float16/bfloat16 calls;
-// float32 calls in bf16x3 run bfloat16 operands (three products; sm90/left_operand.h)
-// with a float32 activation, in TF32 float16 operands scaled by powers of two
-// (math_mode.h), descaled by the epilogue (kDescaled), with a float32 activation.
-template <class ElementIn, class ElementOut, class Config_, bool kDescaled = false>
-struct DgradFusedKernel {
+// The collectives of an implicit-GEMM convolution `Op` (NDHWC operands and output)
+// whose epilogue runs the visitor tree `Tree`, in the ping-pong kernel with up to
+// MaxPhases phases per launch. ElementIn: input and filter (the tensor-core operands);
+// ElementOut: the stored output and the tree's staging.
+template <cutlass::conv::Operator Op, class ElementIn, class ElementOut, class Config_, class Tree, int MaxPhases>
+struct PingpongConvKernel {
   using Config = Config_;
   using Layout = cutlass::layout::TensorNDHWC;
   using Accumulator = float;
   using TileShape = typename Config::TileShape;
   using ClusterShape = typename Config::ClusterShape;
-  using Trees = FusedEpilogueTree<ElementOut, TileShape, kDescaled>;
   static constexpr int kAlignmentIn = 128 / cutlass::sizeof_bits<ElementIn>::value;  // 16-byte vectors
-  static constexpr int kAlignmentOut = Trees::kAlignment;
+  static constexpr int kAlignmentOut = 128 / cutlass::sizeof_bits<ElementOut>::value;
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       typename Config::template EpilogueTile<ElementOut>, Accumulator, Accumulator, void, Layout, kAlignmentOut,
-      ElementOut, Layout, kAlignmentOut, cutlass::epilogue::TmaWarpSpecialized, typename Trees::Tree>::CollectiveOp;
+      ElementOut, Layout, kAlignmentOut, cutlass::epilogue::TmaWarpSpecialized, Tree>::CollectiveOp;
 
   // The ping-pong kernel runs epilogues while the mainloop loads: the epilogue's shared
   // memory is carved out of the mainloop's stages.
   using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kDgrad, ElementIn, Layout,
-      kAlignmentIn, ElementIn, Layout, kAlignmentIn, Accumulator, TileShape, ClusterShape,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Op, ElementIn, Layout, kAlignmentIn, ElementIn, Layout,
+      kAlignmentIn, Accumulator, TileShape, ClusterShape,
       cutlass::conv::collective::StageCountAutoCarveout<pingpong_carveout_bytes<Epilogue>()>,
       cutlass::conv::collective::KernelScheduleAuto>::CollectiveOp;
 
-  using Kernel = PingpongPhasesKernel<DgradShape, Mainloop, Epilogue, kMaxPhasesPerLaunch>;
+  using Kernel = PingpongPhasesKernel<cutlass::conv::ConvProblemShape<Op, 3>, Mainloop, Epilogue, MaxPhases>;
   static_assert(sizeof(typename Kernel::SharedStorage) <= 227 * 1024, "shared memory over the sm90 limit");
+};
+
+// The fused deconvolution: ElementIn and ElementOut equal for float16/bfloat16 calls;
+// float32 calls in bf16x3 run bfloat16 operands (three products; sm90/left_operand.h)
+// with a float32 activation, in TF32 float16 operands scaled by powers of two
+// (math_mode.h), descaled by the epilogue (kDescaled), with a float32 activation.
+template <class ElementIn, class ElementOut, class Config, bool kDescaled = false>
+struct DgradFusedKernel
+    : PingpongConvKernel<cutlass::conv::Operator::kDgrad, ElementIn, ElementOut, Config,
+                         typename FusedEpilogueTree<ElementOut, typename Config::TileShape, kDescaled>::Tree,
+                         kMaxPhasesPerLaunch> {
+  using Trees = FusedEpilogueTree<ElementOut, typename Config::TileShape, kDescaled>;
 };
 
 }  // namespace cutlassfuse::sm90

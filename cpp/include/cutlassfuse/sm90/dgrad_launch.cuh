@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cutlassfuse/sm90/conv_output_stride.cuh"
 #include "cutlassfuse/sm90/dgrad.h"
 #include "cutlassfuse/sm90/dgrad_kernel.cuh"
 
@@ -39,16 +40,6 @@ inline DgradShape make_problem_shape(const Problem& p, const PhaseProblem& phase
       strides(phase.filter), strides(phase.input), triple(phase.lower_padding), triple(phase.upper_padding),
       DgradShape::SpatialExtent{1, 1, 1}, triple(phase.dilation),
       /*groups=*/1);
-}
-
-// The output's M mode is hierarchical ((W, H, D, N), C): make_cute_packed_stride has no
-// overload for it, so copy the problem's strides (those of the phase's view) mode by mode.
-template <class StrideD>
-StrideD output_stride(const DgradShape& shape) {
-  StrideD stride_d{};
-  cute::for_each(cute::make_seq<cute::rank<0>(StrideD{})>{},
-                 [&](auto i) { cute::get<0, i>(stride_d) = shape.stride_C[DgradShape::RankT - 2 - i]; });
-  return stride_d;
 }
 
 // The phase's views applied to the whole tensors.

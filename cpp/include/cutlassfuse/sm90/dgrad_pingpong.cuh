@@ -1,6 +1,7 @@
 // A persistent ping-pong kernel for CUTLASS's sm90 collectives (the implicit-GEMM
-// dgrad's, or the batched GEMM's of the pixel-shuffle path), running the output tiles
-// of several sub-pixel phases in one launch.
+// dgrad's, the block family's implicit-GEMM fprop, or the batched GEMM's of the
+// pixel-shuffle path), running the output tiles of several sub-pixel phases in one
+// launch.
 //
 // Why it exists: CUTLASS's sm90 conv kernel is non-persistent with one consumer
 // warpgroup (its dispatch policy rejects the persistent schedules), so every tile's
@@ -104,11 +105,12 @@ struct PhaseTiles {
 };
 
 using DgradShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kDgrad, 3>;
+using FpropShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kFprop, 3>;
 using BatchedGemmShape = cute::Shape<int, int, int, int>;  // (M, N, K, L)
 
-// A problem's GEMM extents (M, N, K, L) as the collectives see them. A dgrad's come
-// from CUTLASS's conv helpers (the mainloop's M linear over the output pixels, the
-// epilogue's hierarchical); a batched GEMM's are the shape itself.
+// A problem's GEMM extents (M, N, K, L) as the collectives see them. A convolution's
+// come from CUTLASS's conv helpers (ConvGemmExtents); a batched GEMM's are the shape
+// itself.
 // The depth taps of its K blocks (tap_window.h): a GEMM's K has none, every K block runs.
 template <class ProblemShape>
 struct GemmExtents {
@@ -128,15 +130,33 @@ struct GemmExtents {
   }
 };
 
-template <>
-struct GemmExtents<DgradShape> {
+// A convolution's extents from CUTLASS's conv helpers: the mainloop's M linear over the
+// output pixels, the epilogue's hierarchical ((w, h, d, n)).
+template <class ConvShape>
+struct ConvGemmExtents {
   template <class CollectiveMainloop>
-  static auto mainloop(DgradShape const& shape) {
+  static auto mainloop(ConvShape const& shape) {
     return cute::append<4>(CollectiveMainloop::get_problem_shape_MNKL(shape), cute::Int<1>{});
   }
-  static auto epilogue(DgradShape const& shape) {
+  static auto epilogue(ConvShape const& shape) {
     return cutlass::conv::detail::get_transformed_problem_shape_MNKL(shape);
   }
+};
+
+// A forward convolution (Conv3d) runs every K block of every tile.
+template <>
+struct GemmExtents<FpropShape> : ConvGemmExtents<FpropShape> {
+  static TapWindow taps(FpropShape const& shape, int k_tiles, int tile_m, bool skip_border_taps) {
+    return GemmExtents<BatchedGemmShape>::taps(BatchedGemmShape{}, k_tiles, tile_m, skip_border_taps);
+  }
+  template <class KBlockShape>
+  CUTLASS_DEVICE static auto k_block_iterator(KBlockShape const& k_blocks, TapRange) {
+    return cute::make_coord_iterator(k_blocks);
+  }
+};
+
+template <>
+struct GemmExtents<DgradShape> : ConvGemmExtents<DgradShape> {
   // CUTLASS's shapes are (n, d, h, w, c) and its per-dimension arrays (d, h, w).
   static TapWindow taps(DgradShape const& shape, int k_tiles, int tile_m, bool skip_border_taps) {
     TapWindow w;

@@ -1,0 +1,71 @@
+// Host interface of the Hopper (sm90a) fused forward convolution of the block family
+// (block.h):
+//
+//     y = act(Conv3d(input, weight) + bias), stored NDHWC,
+//     plus GroupNorm partial statistics of the stored values (TilePartials layout),
+//
+// where act is the activation before the norm (identity when it follows the norm: the
+// normalize applies it). A CUTLASS 3.x implicit-GEMM fprop (TMA im2col loads with the
+// layer's stride, padding and dilation; wgmma) on the persistent ping-pong kernel
+// (dgrad_pingpong.cuh), whose epilogue visitor tree adds the bias, applies the
+// activation (block_activation_node.cuh), stores, and reduces the statistics
+// (group_norm_stats_visitor.cuh). GEMM view: M = batch * output pixels,
+// N = out_channels, K = in_channels * taps. float16 and bfloat16.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "cutlassfuse/norm/group_norm.h"
+#include "cutlassfuse/plan/activation.h"
+#include "cutlassfuse/plan/math_mode.h"
+#include "cutlassfuse/plan/problem.h"
+#include "cutlassfuse/sm90/dgrad_config.h"
+
+namespace cutlassfuse::sm90 {
+
+// CTA tile (M pixels x N channels x K channels of one tap). Narrow layers (MONAI's
+// 16 and 32 channels) take 32-wide tiles in N and K, so that the tensor cores do not
+// multiply padding channels; 64 and more output channels take 128x64x64.
+enum class FpropConfig { k128x32x32, k128x64x64 };
+
+inline FpropConfig choose_fprop_config(const Problem& p) {
+  return p.out_channels >= 64 ? FpropConfig::k128x64x64 : FpropConfig::k128x32x32;
+}
+
+inline TileExtent tile_extent(FpropConfig config) {
+  return config == FpropConfig::k128x64x64 ? TileExtent{128, 64} : TileExtent{128, 32};
+}
+
+inline const char* config_name(FpropConfig config) {
+  return config == FpropConfig::k128x64x64 ? "128x64x64 ping-pong" : "128x32x32 ping-pong";
+}
+
+struct FpropOperands {
+  const void* input;         // [N, D, H, W, Cin] (NDHWC, packed)
+  const void* filter;        // [Cout, T, R, S, Cin]: PyTorch's weight in channels-last order
+  const void* bias;          // [Cout] of the output's type, or nullptr
+  const float* slopes;       // [Cout] PReLU slopes, or nullptr (any other activation)
+  void* output;              // [N, Do, Ho, Wo, Cout] (NDHWC, packed)
+  WelfordPartial* partials;  // TilePartials::for_tiles(shape, tile_extent(config)) slots
+};
+
+// The activation the epilogue applies: kind and constant (PReLU's come from slopes).
+struct EpilogueActivation {
+  ActivationKind kind = ActivationKind::kIdentity;
+  float parameter = 0.f;
+};
+
+// Empty when the kernel can run `problem` (forward, ungrouped), else why not: this
+// kernel's rules and CUTLASS's can_implement (TMA im2col limits).
+template <MathMode M>
+std::string fprop_unsupported_reason(FpropConfig config, const Problem& problem);
+
+// Launches the kernel on `stream`. Throws std::runtime_error if CUTLASS refuses or the
+// launch fails.
+template <MathMode M>
+void fprop_fused(FpropConfig config, const Problem& problem, const FpropOperands& operands,
+                 const EpilogueActivation& activation, int sm_count, cudaStream_t stream);
+
+}  // namespace cutlassfuse::sm90

@@ -1,0 +1,47 @@
+// The block family's normalization on the host: what both kernel paths run after the
+// convolution's statistics are in a partials workspace (from the fused convolution's
+// epilogue, or from norm_activation_stats): the finalize (group_norm.h), then the
+// normalize with the activation after the norm (group_norm_generic.h).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+
+#include "cutlassfuse/norm/group_norm.h"
+#include "cutlassfuse/norm/group_norm_generic.h"
+
+namespace cutlassfuse {
+
+// The tensors the kernels read besides the activation's input, kept alive for a call.
+struct KernelOperands {
+  std::optional<at::Tensor> bias, gamma, beta, slopes;
+};
+
+struct NormResult {
+  at::Tensor out, mean, rstd;
+};
+
+// A call's partials, one region laid out as `tiles` over `shape`.
+struct StatisticsWorkspace {
+  at::Tensor partials;
+  StatisticsSources sources;
+
+  StatisticsWorkspace(const TilePartials& tiles, const GroupNormShape& shape, const at::TensorOptions& options);
+  WelfordPartial* data() const { return reinterpret_cast<WelfordPartial*>(partials.data_ptr<float>()); }
+};
+
+// The norm's affine parameters and the activations around it, as the kernels read them.
+struct NormEpilogue {
+  const std::optional<at::Tensor>& gamma;
+  const std::optional<at::Tensor>& beta;
+  PreNorm pre;  // what the normalize adds to y before normalizing (bias, activation before the norm)
+  ActivationParams after;
+};
+
+// Finalize and normalize `y` (packed NCDHW or NDHWC) whose partials are in `stats`:
+// into `out` when given (y's layout, or NCDHW), else in place; mean and rstd when `keep`.
+NormResult finish_norm(const at::Tensor& y, const std::optional<at::Tensor>& out, const StatisticsWorkspace& stats,
+                       const NormEpilogue& norm, const Problem& p, bool keep, KernelOperands& operands);
+
+}  // namespace cutlassfuse

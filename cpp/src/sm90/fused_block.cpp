@@ -1,0 +1,144 @@
+#include "sm90/fused_block.h"
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <cstdint>
+
+#include "cutlassfuse/common/nvtx.h"
+#include "cutlassfuse/norm/group_norm.h"
+#include "cutlassfuse/op.h"
+#include "cutlassfuse/plan/math_mode.h"
+#include "cutlassfuse/sm90/fprop.h"
+#include "dispatch/op_arguments.h"
+#include "norm/block_norm.h"
+
+namespace cutlassfuse::sm90 {
+namespace {
+
+bool aligned_for_tma(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0; }
+
+// The operands as the kernel reads them: NDHWC input (through cutlassfuse's transpose
+// from NCDHW), the weight in channels-last order (ATen's copy, a no-op for a weight
+// already channels-last).
+at::Tensor channels_last_input(const at::Tensor& input) {
+  return input.is_contiguous(at::MemoryFormat::ChannelsLast3d)
+             ? input
+             : convert_memory_format_cuda(input, /*channels_last=*/true);
+}
+
+class FusedBlock final : public PlannedBlock {
+ public:
+  FusedBlock(const BlockCall& call, MathMode math, FpropConfig config) : call_(call), math_(math), config_(config) {}
+
+  std::string description() const override {
+    const bool before = call_.problem.position == ActivationPosition::kBeforeNorm;
+    return std::string("CUTLASS sm90 implicit-GEMM Conv3d (") + config_name(config_) + ") with the bias" +
+           (before ? ", the activation" : "") +
+           " and GroupNorm statistics in its epilogue + cutlassfuse finalize and normalize kernels" +
+           (call_.args.input.is_contiguous(at::MemoryFormat::ChannelsLast3d)
+                ? ""
+                : "; the NCDHW input through cutlassfuse's transpose, the output written NCDHW by the normalize");
+  }
+
+  BlockForBackward run() const override {
+    const ConvNormActivationArgs& a = call_.args;
+    const BlockProblem& b = call_.problem;
+    const Problem& p = b.conv;
+    const NvtxRange op_range("cutlassfuse.conv3d_norm_activation");
+    const c10::cuda::CUDAGuard device_guard(a.input.device());
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    const at::Tensor input = channels_last_input(a.input);
+    const at::Tensor filter = a.weight.contiguous(at::MemoryFormat::ChannelsLast3d);
+    const at::Tensor y = at::empty({p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]},
+                                   input.options().memory_format(at::MemoryFormat::ChannelsLast3d));
+    const GroupNormShape shape = group_norm_shape(p);
+    const TileExtent tile = tile_extent(config_);
+    const StatisticsWorkspace stats(TilePartials::for_tiles(shape, tile.m, tile.n), shape, y.options());
+
+    KernelOperands operands;
+    const ActivationParams act =
+        kernel_activation(b.activation, a.activation.parameter, a.activation.weight, operands.slopes);
+    const bool before = b.position == ActivationPosition::kBeforeNorm;
+    // PReLU before the norm: the epilogue reads one float32 slope per output channel.
+    std::optional<at::Tensor> slopes;
+    if (before && b.activation == ActivationKind::kPReLU) {
+      slopes = a.activation.weight->to(at::kFloat).expand({p.out_channels}).contiguous();
+    }
+    const std::optional<at::Tensor> bias =
+        present(a.bias) ? std::optional<at::Tensor>(a.bias->contiguous().clone()) : std::nullopt;
+    const FpropOperands ops{input.const_data_ptr(),
+                            filter.const_data_ptr(),
+                            bias ? bias->const_data_ptr() : nullptr,
+                            slopes ? slopes->const_data_ptr<float>() : nullptr,
+                            y.data_ptr(),
+                            stats.data()};
+    const EpilogueActivation epilogue_activation =
+        before ? EpilogueActivation{act.kind, act.parameter} : EpilogueActivation{};
+    const int sm_count = at::cuda::getDeviceProperties(a.input.device().index())->multiProcessorCount;
+    {
+      const NvtxRange range("cutlassfuse.fused_convolution");
+      with_math(math_, [&](auto m) {
+        if constexpr (is_16_bit(decltype(m)::value)) {
+          fprop_fused<decltype(m)::value>(config_, p, ops, epilogue_activation, sm_count, stream);
+        }
+      });
+    }
+    std::optional<at::Tensor> out;
+    if (block_output_memory_format(a) == at::MemoryFormat::Contiguous) out = at::empty(y.sizes(), y.options());
+    const NormEpilogue norm{a.norm_weight, a.norm_bias, PreNorm{}, before ? ActivationParams{} : act};
+    NormResult r = finish_norm(y, out, stats, norm, p, /*keep=*/false, operands);
+    return {std::move(r.out), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+
+ private:
+  BlockCall call_;
+  MathMode math_;
+  FpropConfig config_;
+};
+
+std::string tensor_unsupported_reason(const ConvNormActivationArgs& a) {
+  const at::ScalarType type = a.input.scalar_type();
+  if (type != at::kHalf && type != at::kBFloat16) return "dtype is not float16 or bfloat16";
+  if (a.weight.scalar_type() != type || (present(a.bias) && a.bias->scalar_type() != type))
+    return "weight or bias of another dtype than the input";
+  if (!affine_element_type(a.norm_weight, a.norm_bias))
+    return "norm_weight/norm_bias are not both float32, float16 or bfloat16 of one dtype";
+  if (present(a.activation.weight) && !element_type(a.activation.weight->scalar_type()))
+    return "activation_weight is not float32, float16 or bfloat16";
+  // TMA reads the input and the filter at their own addresses when they are already
+  // channels-last (no copy is made); a misaligned address would make a faulting descriptor.
+  if (a.input.is_contiguous(at::MemoryFormat::ChannelsLast3d) && !aligned_for_tma(a.input))
+    return "input data not 16-byte aligned (a view at an offset; TMA needs aligned addresses)";
+  if (a.weight.is_contiguous(at::MemoryFormat::ChannelsLast3d) && !aligned_for_tma(a.weight))
+    return "weight data not 16-byte aligned (a view at an offset; TMA needs aligned addresses)";
+  return {};
+}
+
+}  // namespace
+
+BlockRouting plan_fused_block(const BlockCall& call) {
+  const ConvNormActivationArgs& a = call.args;
+  const Problem& p = call.problem.conv;
+  if (!call.options.backend.fused_path) return "the fused path is turned off (cutlassfuse.backends fused_path=False)";
+  if (call.keep_for_backward)
+    return "a call keeping tensors for its backward keeps the convolution's output without its bias (the fallback)";
+  if (call.problem.transposed) return "a ConvTranspose3d block (the fused kernel is a forward convolution)";
+  const cudaDeviceProp* props = at::cuda::getDeviceProperties(a.input.device().index());
+  if (props->major != 9 || props->minor != 0)
+    return "GPU is sm_" + std::to_string(props->major * 10 + props->minor) + ", the fused kernels need sm_90";
+  if (std::string why = tensor_unsupported_reason(a); !why.empty()) return why;
+  if (p.batch == 0 || p.output_spatial() == 0) return "empty output";
+  if (const char* why = group_norm_unsupported_reason(group_norm_shape(p)); *why != '\0') return why;
+  const MathMode math = a.input.scalar_type() == at::kHalf ? MathMode::kFloat16 : MathMode::kBFloat16;
+  const FpropConfig config = choose_fprop_config(p);
+  const std::string why = with_math(math, [&](auto m) -> std::string {
+    if constexpr (is_16_bit(decltype(m)::value)) return fprop_unsupported_reason<decltype(m)::value>(config, p);
+    return "float32";
+  });
+  if (!why.empty()) return why;
+  return std::make_unique<FusedBlock>(call, math, config);
+}
+
+}  // namespace cutlassfuse::sm90

@@ -1,0 +1,116 @@
+"""The block family's fused sm90 forward convolution (statistics in the epilogue, then the
+finalize and normalize kernels) on the shapes real 3D networks use and around the
+kernel's tile edges: both tile configurations (32 and 64 channels wide), more than one N
+tile with a partial last one, stride 2, padding 0 and 2, dilation, 1x1x1 and anisotropic
+kernels, samples that end inside a tile, GroupNorm and InstanceNorm, every activation
+position; against float64 and no further from it than eager's modules, poisoned outputs,
+NCDHW and channels-last, bitwise repeatable. Every case asserts that explain() names the
+fused path."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+from torch import nn
+
+import cutlassfuse
+from cutlassfuse.blocks import activation_of_module
+from cutlassfuse.testing import ACTIVATION_MODULES, errors, poison_cuda_allocator
+
+pytestmark = [pytest.mark.gpu, pytest.mark.requires_sm90]
+
+FLOOR = {torch.float16: 8e-3, torch.bfloat16: 6e-2}
+
+# (in, out, kernel, stride, padding, dilation, size, num_groups (0: InstanceNorm), bias,
+#  activation, before)
+CASES = [
+    (32, 32, 3, 1, 1, 1, (12, 13, 14), 0, True, "leaky_relu", False),
+    (64, 64, 3, 1, 1, 1, (10, 9, 11), 0, False, "leaky_relu", False),
+    (16, 32, 3, 2, 1, 1, (15, 16, 17), 0, True, "prelu_shared", False),
+    (256, 256, 3, 1, 1, 1, (4, 8, 8), 32, True, "silu", False),
+    (32, 32, 3, 1, 1, 1, (8, 8, 8), 8, True, "relu", True),
+    (24, 48, (1, 3, 3), 1, (0, 1, 1), 1, (5, 9, 10), 6, True, "gelu", False),
+    (16, 64, 3, 1, 2, 2, (9, 10, 11), 16, True, "prelu", True),
+    (8, 16, 1, 1, 0, 1, (7, 6, 5), 4, True, "elu", True),
+    (32, 96, 3, 2, 0, 1, (11, 12, 13), 12, True, "gelu_tanh", False),
+    (40, 8, 3, 1, 1, 1, (6, 6, 6), 1, True, "identity", False),
+]
+
+
+def build(case, seed: int):
+    cin, cout, kernel, stride, padding, dilation, _, groups, bias, activation, _ = case
+    torch.manual_seed(seed)
+    conv = nn.Conv3d(cin, cout, kernel, stride=stride, padding=padding, dilation=dilation, bias=bias)
+    norm = nn.InstanceNorm3d(cout, affine=True) if groups == 0 else nn.GroupNorm(groups, cout)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.5, 0.5)
+    act = ACTIVATION_MODULES[activation](cout)
+    if isinstance(act, nn.PReLU):
+        with torch.no_grad():
+            act.weight.uniform_(0.05, 0.5)
+    return [m.cuda().double() for m in (conv, norm, act)]
+
+
+def run_block(x, conv, norm, act, before):
+    name, parameter, weight = activation_of_module(act)
+    num_groups = norm.num_groups if isinstance(norm, nn.GroupNorm) else norm.num_features
+    return cutlassfuse.conv3d_norm_activation(
+        x, conv.weight, conv.bias, stride=conv.stride, padding=conv.padding, dilation=conv.dilation,
+        num_groups=num_groups, norm_weight=norm.weight, norm_bias=norm.bias, eps=norm.eps, activation=name,
+        activation_parameter=parameter, activation_weight=weight, activation_before_norm=before)
+
+
+def explain(x, conv, norm, act, before):
+    name, _, weight = activation_of_module(act)
+    num_groups = norm.num_groups if isinstance(norm, nn.GroupNorm) else norm.num_features
+    return cutlassfuse.explain_block(cutlassfuse.conv3d_norm_activation, x, conv.weight, stride=conv.stride,
+                                     padding=conv.padding, dilation=conv.dilation, num_groups=num_groups,
+                                     activation=name, activation_weight=weight, activation_before_norm=before)
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["ncdhw", "channels_last"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-k{c[2]}s{c[3]}p{c[4]}d{c[5]}-{c[9]}")
+def test_fused_block_against_float64(case, dtype, channels_last):
+    before = case[-1]
+    seed = zlib.crc32(repr(case).encode())
+    modules64 = build(case, seed)
+    modules = [m.to(dtype) for m in build(case, seed)]
+    memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
+    x = torch.randn(2, case[0], *case[6], device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
+    x = x.to(dtype).contiguous(memory_format=memory_format)
+    path = explain(x, *modules, before)
+    assert path.startswith("fused_sm90:"), path
+    conv64, norm64, act64 = modules64
+    conv, norm, act = modules
+    with torch.no_grad():
+        x64 = x.double()
+        expected = norm64(act64(conv64(x64))) if before else act64(norm64(conv64(x64)))
+        poison_cuda_allocator(16 * expected.numel() * x.element_size())
+        out = run_block(x, *modules, before)
+        again = run_block(x, *modules, before)
+        reference = norm(act(conv(x))) if before else act(norm(conv(x)))
+    assert out.shape == expected.shape and out.dtype == dtype
+    assert out.is_contiguous(memory_format=memory_format)
+    ours, theirs = errors(out, expected), errors(reference, expected)
+    assert ours.max_abs <= max(1.5 * theirs.max_abs, FLOOR[dtype]), f"cutlassfuse {ours}, eager {theirs}"
+    assert torch.equal(out, again), "two runs differ"
+
+
+def test_grad_mode_call_takes_the_fallback():
+    """A call keeping tensors for its backward keeps the convolution's output without its
+    bias, which the fused epilogue does not write: it runs the fallback's kernels."""
+    case = CASES[0]
+    conv, norm, act = [m.half() for m in build(case, 3)]
+    x = torch.randn(1, 32, 8, 8, 8, device="cuda", dtype=torch.float16).contiguous(
+        memory_format=torch.channels_last_3d)
+    assert explain(x, conv, norm, act, False).startswith("fused_sm90:")
+    with cutlassfuse.backends.flags(fused_path=False):
+        assert explain(x, conv, norm, act, False).startswith("fallback:")
+    out = run_block(x, conv, norm, act, False)
+    assert out.grad_fn is not None
+    with torch.no_grad(), cutlassfuse.backends.flags(fused_path=False):
+        assert torch.equal(out.detach(), run_block(x, conv, norm, act, False))
