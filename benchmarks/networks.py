@@ -1,280 +1,22 @@
-"""Whole MONAI networks through `cutlassfuse.fuse`: each network at MONAI's default
-arguments (those it requires as in NETWORKS) against the model fuse() makes of a deep
-copy of it, with and without torch.compile.
+"""Whole MONAI networks through `cutlassfuse.fuse` (cutlassfuse.network_bench, which
+`python -m cutlassfuse bench --networks` runs too): MONAI's UNet, BasicUNet, DynUNet and
+SegResNet against the model fuse() makes of each, with and without torch.compile, their
+errors against the float64 network, and with --train a training step and the parameter
+gradients' errors against the float64 network's. Needs MONAI.
 
     python benchmarks/networks.py [--networks unet,basicunet] [--dtypes float16,bfloat16] [--memory-formats ncdhw]
-                                  [--no-compile] [--train] [--csv networks.csv]
+                                  [--no-compile] [--train] [--repeats 10] [--rounds 5] [--csv networks.csv]
     python benchmarks/networks.py --device cpu --tiny --dtypes float32 --no-compile   # checks the script without a GPU
-
-Per network, dtype and memory format (NCDHW, or the model and its input in
-channels_last_3d), in eval mode under torch.no_grad(): the median ms of eager,
-torch.compile of the network, the fused model and torch.compile of the fused model, each
-the median over alternating rounds (so that clock and host drift fall on all of them)
-of one round's median of `--repeats` calls between CUDA events, every call reading the
-next of fresh torch.rand input copies (`bench.time_rotating`); the fused model's time
-over eager's and torch.compile's, and compile(fused)'s over the fused model's; how
-many chains fuse() replaced and left alone; the max abs error of eager and the fused
-model against a float64 copy of the network on one input; the kernel time per call of
-eager and the fused model split into convolutions, norms (the fused model's norm
-kernels apply its activations too) and everything else (torch.profiler; on the CPU
-each op's own time). ``--train`` adds a training step of eager and the fused model in
-train mode: forward, and backward of the output's mean to every parameter. MONAI's
-dropouts are p=0 at these arguments, so fuse() passes them through. Rows that miss a
-target are flagged: the fused model faster than torch.compile of the network,
-BasicUNet and SegResNet 3x faster than eager, compile(fused) no slower than the fused
-model.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
-import csv
-import itertools
-import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
 
 import torch
-from torch import nn
-from torch.profiler import ProfilerActivity, profile
 
-import cutlassfuse
 from cutlassfuse.__main__ import DTYPES, MEMORY_FORMATS, comma_list, positive_int
-from cutlassfuse.bench import rotating_tensors
-
-# The block benchmark's timing, errors and table rows.
-from cutlassfuse.block_bench import Timed, max_abs_errors, medians_over_rounds, print_row, ratio
-
-try:
-    from monai.networks import nets
-except ImportError as error:
-    raise SystemExit(f"networks.py needs MONAI (pip install monai): {error}") from error
-
-PROFILED_CALLS = 3
-# A kernel's class by its name (lower case): convolutions (cuDNN's, CUTLASS's), then norms
-# (ATen's GroupNorm and the batch norm that InstanceNorm3d runs, cuDNN's batch norm, the
-# cutlassfuse norm kernels), then cuDNN's other kernels (its layout transforms around a
-# convolution); everything else is "other".
-CONV_KEYS = ("conv", "xmma", "implicit_gemm", "dgrad", "fprop", "wgrad")
-NORM_KEYS = ("norm", "instance", "welford", "finalize", "moments", "fusedparams", "bn_fw", "bn_bw")
-KERNEL_CLASSES = ("conv", "norm", "other")
-
-
-@dataclass(frozen=True)
-class Network:
-    """A network of monai.networks.nets with its arguments, on input (batch,
-    in_channels, size, size, size); `tiny_arguments` override arguments in the tiny mode."""
-
-    name: str
-    monai_class: str
-    arguments: dict = field(hash=False)
-    batch: int
-    size: int
-    tiny_arguments: dict = field(hash=False)
-    tiny_size: int = 16
-    min_eager_over_fused: float | None = None  # eager's time over the fused model's, at least
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return (self.batch, self.arguments["in_channels"], self.size, self.size, self.size)
-
-    def build(self) -> nn.Module:
-        return getattr(nets, self.monai_class)(**self.arguments)
-
-    def tiny(self) -> Network:
-        """The same network with a few channels (and levels) on one small sample, for
-        checking the script (CPU, CI)."""
-        return replace(self, name=f"{self.name}-tiny", arguments={**self.arguments, **self.tiny_arguments}, batch=1,
-                       size=self.tiny_size)
-
-
-NETWORKS = [
-    Network("unet", "UNet", dict(spatial_dims=3, in_channels=1, out_channels=2, channels=(16, 32, 64, 128, 256),
-                                 strides=(2, 2, 2, 2), num_res_units=2), 2, 96,
-            dict(channels=(4, 8, 8, 16), strides=(2, 2, 2))),
-    # BasicUNet's four poolings are fixed: its tiny input is 32^3, so that the deepest
-    # InstanceNorm normalizes more than one voxel (which InstanceNorm3d requires).
-    Network("basicunet", "BasicUNet", dict(spatial_dims=3, in_channels=1, out_channels=2), 1, 128,
-            dict(features=(2, 2, 4, 4, 8, 2)), tiny_size=32, min_eager_over_fused=3.0),
-    Network("dynunet", "DynUNet", dict(spatial_dims=3, in_channels=1, out_channels=2, kernel_size=[3] * 5,
-                                       strides=[1, 2, 2, 2, 2], upsample_kernel_size=[2, 2, 2, 2]), 2, 96,
-            dict(kernel_size=[3] * 4, strides=[1, 2, 2, 2], upsample_kernel_size=[2, 2, 2], filters=[4, 8, 8, 16])),
-    Network("segresnet", "SegResNet", dict(spatial_dims=3, init_filters=16, in_channels=1, out_channels=2), 1, 128,
-            dict(init_filters=8), min_eager_over_fused=3.0),
-]
-NETWORK_NAMES = tuple(network.name for network in NETWORKS)
-
-
-def kernel_class(name: str) -> str:
-    lowered = name.lower()
-    if any(key in lowered for key in CONV_KEYS):
-        return "conv"
-    if any(key in lowered for key in NORM_KEYS):
-        return "norm"
-    return "conv" if "cudnn" in lowered else "other"
-
-
-def kernel_split_ms(model: nn.Module, inputs: list[torch.Tensor]) -> dict[str, float]:
-    """Per call under torch.no_grad(): the CUDA kernel time of each kernel class
-    (`kernel_class`); on the CPU each op's own time, by the op's name."""
-    cuda = inputs[0].is_cuda
-    rotation = itertools.cycle(inputs)
-    split = dict.fromkeys(KERNEL_CLASSES, 0.0)
-    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
-        for _ in range(PROFILED_CALLS):
-            model(next(rotation))
-        if cuda:
-            torch.cuda.synchronize()
-    device_type = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
-    for event in prof.events():
-        if event.device_type == device_type:
-            us = event.device_time if cuda else event.self_cpu_time_total
-            split[kernel_class(event.name)] += us / 1e3 / PROFILED_CALLS
-    return split
-
-
-def mean_backward_step(model: nn.Module) -> Callable[[torch.Tensor], None]:
-    """Forward, then backward of the output's mean to every parameter."""
-
-    def step(x: torch.Tensor) -> None:
-        model.zero_grad(set_to_none=True)
-        model(x).mean().backward()
-
-    return step
-
-
-@dataclass
-class Models:
-    """The network (eval mode), fuse()'s result on a deep copy of it, and with ``train``
-    train-mode copies of both."""
-
-    eager: nn.Module
-    fused: cutlassfuse.FuseResult
-    train: dict[str, nn.Module]
-
-
-def models(network: Network, dtype: torch.dtype, device: torch.device, layout: torch.memory_format, *,
-           train: bool) -> Models:
-    torch.manual_seed(0)
-    eager = network.build().to(device=device, dtype=dtype, memory_format=layout).eval()
-    fused = cutlassfuse.fuse(copy.deepcopy(eager))
-    trained = {}
-    if train:
-        trained["eager"] = copy.deepcopy(eager).train()
-        trained["fused"] = cutlassfuse.fuse(copy.deepcopy(trained["eager"])).model
-    return Models(eager, fused, trained)
-
-
-def timed_calls(built: Models, inputs: list[torch.Tensor], *, with_compile: bool) -> dict[str, Timed]:
-    """What one case times: eager, torch.compile of the network, the fused model and
-    torch.compile of it; the training steps of the train-mode copies."""
-    calls = {"eager": Timed(built.eager, inputs)}
-    if with_compile:
-        torch._dynamo.reset()  # every case compiles afresh instead of piling up recompilations
-        calls["compile"] = Timed(torch.compile(built.eager), inputs)
-    calls["fused"] = Timed(built.fused.model, inputs)
-    if with_compile:
-        calls["compile(fused)"] = Timed(torch.compile(built.fused.model), inputs)
-    for name, model in built.train.items():
-        calls[f"{name} train"] = Timed(mean_backward_step(model), inputs, grad_mode=True)
-    return calls
-
-
-@dataclass
-class Row:
-    """One case; times in ms, None where the implementation is not run or refused
-    (`notes` says which refused and why, and what fuse() left alone)."""
-
-    network: str
-    dtype: str
-    memory_format: str
-    chains_fused: int  # len(FuseResult.replaced)
-    chains_left_alone: int
-    eager_ms: float | None
-    compile_ms: float | None
-    fused_ms: float | None
-    compile_fused_ms: float | None
-    fused_over_eager: float | None
-    fused_over_compile: float | None
-    compile_fused_over_fused: float | None
-    eager_max_abs: float | None  # against the float64 network
-    fused_max_abs: float | None
-    eager_conv_ms: float | None  # kernel time per call by class
-    eager_norm_ms: float | None
-    eager_other_ms: float | None
-    fused_conv_ms: float | None
-    fused_norm_ms: float | None
-    fused_other_ms: float | None
-    eager_train_ms: float | None
-    fused_train_ms: float | None
-    train_fused_over_eager: float | None
-    misses: str
-    notes: str
-
-    @property
-    def eager_split(self) -> str | None:
-        return split_text(self.eager_conv_ms, self.eager_norm_ms, self.eager_other_ms)
-
-    @property
-    def fused_split(self) -> str | None:
-        return split_text(self.fused_conv_ms, self.fused_norm_ms, self.fused_other_ms)
-
-
-def split_text(*ms: float | None) -> str | None:
-    return None if None in ms else "/".join(f"{value:.2f}" for value in ms)
-
-
-def misses(network: Network, row: Row) -> str:
-    if row.fused_ms is None:
-        return "fused model refused"
-    found = []
-    if row.fused_over_compile is not None and row.fused_over_compile >= 1.0:
-        found.append("not faster than compile")
-    if network.min_eager_over_fused is not None and row.fused_over_eager is not None \
-            and row.fused_over_eager * network.min_eager_over_fused > 1.0:
-        found.append(f"fused/eager > 1/{network.min_eager_over_fused:g}")
-    if row.compile_fused_over_fused is not None and row.compile_fused_over_fused > 1.0:
-        found.append("compile(fused) slower than fused")
-    return "; ".join(found)
-
-
-def run_case(network: Network, dtype: torch.dtype, memory_format: str, device: torch.device, *, with_compile: bool,
-             train: bool, rounds: int, repeats: int) -> Row:
-    layout = torch.channels_last_3d if memory_format == "channels_last" else torch.contiguous_format
-    built = models(network, dtype, device, layout, train=train)
-    inputs = rotating_tensors(network.input_shape, dtype, device, layout)
-    ms, refused = medians_over_rounds(timed_calls(built, inputs, with_compile=with_compile), rounds, repeats)
-    fused = built.fused.model
-    errors = max_abs_errors({"eager": built.eager, "fused": fused}, inputs[0])
-    splits = {name: kernel_split_ms(model, inputs) if name in ms else dict.fromkeys(KERNEL_CLASSES)
-              for name, model in (("eager", built.eager), ("fused", fused))}
-    notes = [f"{name} refused: {why}" for name, why in refused.items()]
-    notes += [f"left alone: {line}" for line in built.fused.left_alone]
-    if built.fused.not_traced:
-        notes.append(f"forward() not traced: {built.fused.not_traced}")
-    row = Row(network.name, str(dtype).removeprefix("torch."), memory_format, len(built.fused.replaced),
-              len(built.fused.left_alone), ms.get("eager"), ms.get("compile"), ms.get("fused"),
-              ms.get("compile(fused)"), ratio(ms.get("fused"), ms.get("eager")),
-              ratio(ms.get("fused"), ms.get("compile")), ratio(ms.get("compile(fused)"), ms.get("fused")),
-              errors["eager"], errors["fused"], *splits["eager"].values(), *splits["fused"].values(),
-              ms.get("eager train"), ms.get("fused train"), ratio(ms.get("fused train"), ms.get("eager train")),
-              misses="", notes="; ".join(notes))
-    row.misses = misses(network, row)
-    return row
-
-
-COLUMNS = [  # heading, width, the row's field, its format
-    ("network", 16, "network", "s"), ("dtype", 9, "dtype", "s"), ("layout", 14, "memory_format", "s"),
-    ("chains", 7, "chains_fused", "d"), ("left", 5, "chains_left_alone", "d"), ("eager", 9, "eager_ms", ".2f"),
-    ("compile", 9, "compile_ms", ".2f"), ("fused", 9, "fused_ms", ".2f"), ("c(fused)", 9, "compile_fused_ms", ".2f"),
-    ("f/eager", 8, "fused_over_eager", ".2f"), ("f/comp", 7, "fused_over_compile", ".2f"),
-    ("c(f)/f", 7, "compile_fused_over_fused", ".2f"), ("err eager", 10, "eager_max_abs", ".1e"),
-    ("err fused", 10, "fused_max_abs", ".1e"), ("eager conv/norm/other", 23, "eager_split", ">"),
-    ("fused conv/norm/other", 23, "fused_split", ">"),
-]
-TRAIN_COLUMNS = [("eager trn", 10, "eager_train_ms", ".2f"), ("fused trn", 10, "fused_train_ms", ".2f"),
-                 ("trn f/e", 8, "train_fused_over_eager", ".2f")]
+from cutlassfuse.network_bench import NETWORK_NAMES, run_network_bench
 
 
 def main() -> None:
@@ -286,41 +28,17 @@ def main() -> None:
     parser.add_argument("--memory-formats", default="ncdhw,channels_last", type=comma_list(MEMORY_FORMATS),
                         help="the model's and input's: ncdhw, channels_last, or both comma-separated")
     parser.add_argument("--no-compile", action="store_true", help="leave out torch.compile (slow to compile)")
-    parser.add_argument("--train", action="store_true", help="also time a training step of eager and the fused model")
+    parser.add_argument("--train", action="store_true",
+                        help="also time a training step of eager and the fused model and compare their gradients")
     parser.add_argument("--repeats", type=positive_int, default=10, help="timed calls per implementation and round")
     parser.add_argument("--rounds", type=positive_int, default=5, help="alternating rounds per case")
     parser.add_argument("--csv", help="write the rows here")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--tiny", action="store_true", help="each network with a few channels on one small sample")
     args = parser.parse_args()
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("networks.py: no CUDA device (`--device cpu --tiny` checks the script on the CPU)")
-    networks = [network for network in NETWORKS if network.name in args.networks]
-    networks = [network.tiny() for network in networks] if args.tiny else networks
-    columns = COLUMNS + (TRAIN_COLUMNS if args.train else [])
-    where = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
-    training = "; trn: forward + backward of the output's mean in train mode" if args.train else ""
-    print(f"{where}, torch {torch.__version__}; median ms in eval mode under torch.no_grad(); chains fused and left "
-          "alone by fuse(); targets: f/comp < 1, f/eager <= 1/3 (basicunet, segresnet), c(f)/f <= 1; err: max abs "
-          f"against the float64 network; conv/norm/other: kernel ms per call{training}")
-    print("".join(heading.ljust(width) if spec == "s" else heading.rjust(width)
-                  for heading, width, _, spec in columns))
-    start = time.perf_counter()
-    rows = []
-    for network in networks:
-        for dtype in (getattr(torch, name) for name in args.dtypes):
-            for memory_format in args.memory_formats:
-                rows.append(run_case(network, dtype, memory_format, device, with_compile=not args.no_compile,
-                                     train=args.train, rounds=args.rounds, repeats=args.repeats))
-                print_row(rows[-1], columns)
-    missed = sum(bool(row.misses) for row in rows)
-    print(f"{missed} of {len(rows)} rows miss a target; {time.perf_counter() - start:.0f} s")
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
-            writer.writeheader()
-            writer.writerows(asdict(row) for row in rows)
+    run_network_bench(args.networks, [getattr(torch, name) for name in args.dtypes], args.memory_formats,
+                      with_compile=not args.no_compile, train=args.train, repeats=args.repeats, rounds=args.rounds,
+                      csv_path=args.csv, device=args.device, tiny=args.tiny)
 
 
 if __name__ == "__main__":

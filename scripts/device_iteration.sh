@@ -33,8 +33,8 @@
 #        blocks     benchmarks/blocks.py --train (the block family's modules on real networks'
 #                   blocks against eager, torch.compile and cuDNN's conv + one copy; CSV)
 #        networks   benchmarks/networks.py --train (MONAI's UNet, BasicUNet, DynUNet and SegResNet
-#                   through cutlassfuse.fuse against eager and torch.compile; needs MONAI's
-#                   wheel in .whl/; CSV)
+#                   through cutlassfuse.fuse against eager and torch.compile, fp16 and bf16, NCDHW;
+#                   output and gradient errors against float64; needs MONAI's wheel in .whl/; CSV)
 #        kernelbench benchmarks/kernelbench_harness.py (level2/61 judged by KernelBench's own
 #                   evaluation method: correctness trials, grad-mode timing; fp32, fp16, bf16)
 #        examples   examples/*.py
@@ -217,7 +217,8 @@ fi
 
 if wanted networks; then
   step "MONAI's networks through cutlassfuse.fuse"
-  "$PYTHON" benchmarks/networks.py --train --csv "$OUT/networks.csv" 2>&1 | tee "$LOGS/networks.log"
+  "$PYTHON" benchmarks/networks.py --dtypes float16,bfloat16 --memory-formats ncdhw --train --csv "$OUT/networks.csv" \
+    2>&1 | tee "$LOGS/networks.log"
 fi
 
 if wanted kernelbench; then

@@ -141,11 +141,16 @@ def blocks_table(path: Path) -> str:
             + "\n".join(lines) + "\n")
 
 
+def _optional_error(value: str | None) -> str:
+    return f"{float(value):.1e}" if value else "n/a"
+
+
 def networks_table(path: Path) -> str:
     rows = list(csv.DictReader(path.open()))
     lines = ["| network | dtype | input | blocks fused | eager | compile | fuse | fuse, then compile | vs eager "
-             "| vs compile | norm kernels eager / fuse | training step eager / fuse | error eager / fuse |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| vs compile | norm kernels eager / fuse | training step eager / fuse | error eager / fuse "
+             "| gradient error eager / fuse |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(" | ".join([
             f"| {r['network']}", r["dtype"], r["memory_format"], r["chains_fused"], _optional_ms(r["eager_ms"]),
@@ -154,11 +159,16 @@ def networks_table(path: Path) -> str:
             f"{float(r['compile_ms']) / float(r['fused_ms']):.2f}x" if r["compile_ms"] else "n/a",
             f"{_optional_ms(r['eager_norm_ms'])} / {_optional_ms(r['fused_norm_ms'])}",
             f"{_optional_ms(r['eager_train_ms'])} / {_optional_ms(r['fused_train_ms'])}",
-            f"{float(r['eager_max_abs']):.1e} / {float(r['fused_max_abs']):.1e} |"]))
-    return (f"`python benchmarks/networks.py --memory-formats ncdhw --train --csv {path.name}` (median ms of "
-            "alternating rounds, eval mode under `torch.no_grad()`; norm kernels: their GPU time per call; "
-            "training step: forward and backward in train mode; max abs error against the float64 network).\n\n"
-            + "\n".join(lines) + "\n")
+            f"{float(r['eager_max_abs']):.1e} / {float(r['fused_max_abs']):.1e}",
+            # Files written before the gradient errors were measured have no such columns.
+            f"{_optional_error(r.get('eager_grad_max_abs'))} / {_optional_error(r.get('fused_grad_max_abs'))} |"]))
+    dtypes = ",".join(dict.fromkeys(r["dtype"] for r in rows))
+    dtype_option = "" if dtypes == "float16" else f" --dtypes {dtypes}"
+    return (f"`python benchmarks/networks.py{dtype_option} --memory-formats ncdhw --train --csv {path.name}` (median "
+            "ms of alternating rounds, eval mode under `torch.no_grad()`; norm kernels: their GPU time per call; "
+            "training step: forward and backward in train mode; max abs error against the float64 network; "
+            "gradient error: the max abs error of all parameter gradients against the float64 network's, for one "
+            "output gradient).\n\n" + "\n".join(lines) + "\n")
 
 
 def render(name: str) -> str:

@@ -48,18 +48,29 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--memory-formats", default="ncdhw", type=comma_list(MEMORY_FORMATS),
                        help="ncdhw, channels_last, or both comma-separated")
     bench.add_argument("--no-compile", action="store_true", help="leave out torch.compile (slow to compile)")
-    bench.add_argument("--repeats", type=positive_int, default=50)
+    bench.add_argument("--repeats", type=positive_int,
+                       help="timed calls per implementation (with --blocks or --networks: per round); default 50, "
+                            "10 with --networks")
+    bench.add_argument("--rounds", type=positive_int, default=5,
+                       help="with --blocks or --networks: alternating rounds per case")
     bench.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                        help="cuda (default), or cpu to check the command where there is no GPU")
     bench.add_argument("--tiny", action="store_true",
-                       help="each shape at one sample, a quarter of the channels and an eighth of the extent")
+                       help="each shape at one sample, a quarter of the channels and an eighth of the extent "
+                            "(--networks: each network with a few channels on one small sample)")
     bench.add_argument("--csv")
     bench.add_argument("--json")
     bench.add_argument("--plot", help="PNG of the speedups")
     bench.add_argument("--blocks", help="instead of the op's shapes, the block family on real networks' blocks: "
                                         "all, or comma-separated names (basicunet_conv, dynunet_conv, unet_down, "
                                         "unet_up, segres_conv, upsampler_conv, segres_norm, kb61)")
-    bench.add_argument("--train", action="store_true", help="with --blocks: also time a training step")
+    bench.add_argument("--networks", nargs="?", const="all",
+                       help="instead of the op's shapes, whole MONAI networks through cutlassfuse.fuse (needs MONAI): "
+                            "all (also --networks alone), or comma-separated names (unet, basicunet, dynunet, "
+                            "segresnet)")
+    bench.add_argument("--train", action="store_true",
+                       help="with --blocks or --networks: also time a training step (--networks: and compare the "
+                            "parameter gradients' errors against float64)")
     profile = commands.add_parser("profile", help="Nsight Compute table of one call's kernels")
     profile.add_argument("--shape", default="kb61")
     profile.add_argument("--dtype", default="float16", choices=DTYPES)
@@ -76,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     data_parallel.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                                help="cuda (default): NCCL, one GPU per process; cpu: gloo")
     args = parser.parse_args(argv)
+    if args.command == "bench" and args.blocks and args.networks:
+        parser.error("bench takes --blocks or --networks, not both")
+    if args.command == "bench" and args.repeats is None:
+        args.repeats = 10 if args.networks else 50
     if args.command == "data-parallel" and "LOCAL_RANK" not in os.environ:
         parser.error("data-parallel runs in each process of torchrun: "
                      "torchrun --nproc-per-node 2 -m cutlassfuse data-parallel")
@@ -95,8 +110,14 @@ def main(argv: list[str] | None = None) -> int:
 
         run_block_bench(args.blocks.split(","),
                         [getattr(torch, d) for d in args.dtypes], args.memory_formats,
-                        with_compile=not args.no_compile, train=args.train, repeats=args.repeats, csv_path=args.csv,
-                        device=args.device, tiny=args.tiny)
+                        with_compile=not args.no_compile, train=args.train, repeats=args.repeats,
+                        rounds=args.rounds, csv_path=args.csv, device=args.device, tiny=args.tiny)
+    elif args.command == "bench" and args.networks:
+        from .network_bench import run_network_bench
+
+        run_network_bench(args.networks.split(","), [getattr(torch, d) for d in args.dtypes], args.memory_formats,
+                          with_compile=not args.no_compile, train=args.train, repeats=args.repeats,
+                          rounds=args.rounds, csv_path=args.csv, device=args.device, tiny=args.tiny)
     elif args.command == "bench":
         from .bench import parse_shape, run_bench
 
