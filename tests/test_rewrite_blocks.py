@@ -160,8 +160,6 @@ def hooked_conv():
 
 # Chains left alone: the layers, the report's line, the blocks fused all the same.
 LEFT_ALONE = {
-    "running_statistics": (lambda: [nn.Conv3d(4, C, 1), nn.InstanceNorm3d(C, track_running_stats=True), nn.ReLU()],
-                           "1: InstanceNorm3d with running statistics (track_running_stats=True)", []),
     "unsupported_activation_after_norm": (lambda: [nn.Conv3d(4, C, 1), nn.GroupNorm(2, C), nn.ReLU6()],
                                           "2: activation ReLU6 not supported", ["Conv3dNormActivation"]),
     "unsupported_activation_before_norm": (lambda: [nn.Conv3d(4, C, 1), nn.ReLU6(), nn.GroupNorm(2, C)],
@@ -169,7 +167,7 @@ LEFT_ALONE = {
     "padding_mode": (lambda: [nn.Conv3d(4, C, 3, padding=1, padding_mode="reflect"), nn.GroupNorm(2, C), nn.ReLU()],
                      "0: the conv's padding_mode must be 'zeros', got 'reflect'", ["GroupNormActivation"]),
     "forward_hooks": (lambda: [hooked_conv(), nn.GroupNorm(2, C), nn.ReLU()],
-                      "0: Conv3d has forward hooks, which a fused block would not run", ["GroupNormActivation"]),
+                      "0: Conv3d has forward hooks, which the rewritten model would not run", ["GroupNormActivation"]),
     "input_of_unknown_rank": (lambda: [nn.GroupNorm(2, 4), nn.ReLU(), nn.Conv3d(4, C, 1)],
                               "0: GroupNorm(2) -> ReLU: its input is not known to be 5-D (N, C, D, H, W)", []),
 }

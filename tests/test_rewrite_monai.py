@@ -1,5 +1,6 @@
 """cutlassfuse.fuse on MONAI's 3-D networks (skipped where MONAI is not installed): the
-blocks each becomes, float64 outputs equal to the original's, checkpoints both ways."""
+blocks each becomes, the BatchNorm3d folded in eval mode, float64 outputs equal to the
+original's, checkpoints both ways (of folded models: the original's into the folded)."""
 
 from collections import Counter
 
@@ -8,7 +9,7 @@ import torch
 
 import cutlassfuse
 
-from fuse_checks import assert_checkpoints_load_both_ways, randomized
+from fuse_checks import assert_checkpoints_load_both_ways, assert_folded_checkpoints_load, randomized
 
 nets = pytest.importorskip("monai.networks.nets")
 
@@ -50,6 +51,48 @@ def test_monai_network(name):
     assert result.left_alone == [], str(result)
     torch.testing.assert_close(result.model(x), expected, rtol=1e-10, atol=1e-10)
     assert_checkpoints_load_both_ways(lambda: make().double(), (x,))
+
+
+# MONAI's networks with BatchNorm3d: the network, its input's shape, the blocks fuse() makes of
+# it, and the norms it folds into their convolution in eval mode.
+BATCH_NORM_NETWORKS = {
+    # ConvBlock and UpConv: Convolution(conv, ADN(BatchNorm3d, Dropout(0), ReLU)); the attention gates'
+    # Convolution(conv) -> BatchNorm3d (-> Sigmoid); the merging Convolutions' InstanceNorm3d -> PReLU fuse.
+    "AttentionUnet": (lambda: nets.AttentionUnet(3, 1, 2, channels=(4, 8, 16), strides=(2, 2)), (1, 1, 16, 16, 16),
+                      {"Conv3dNormActivation": 2}, 14),
+    # LUConv: Convolution(conv, ADN(BatchNorm3d)), its activation in forward() code; the down and up
+    # transitions' conv -> BatchNorm3d -> ELU in forward() code. Its channels (16 to 256) are fixed.
+    "VNet": (lambda: nets.VNet(3, 1, 2), (1, 1, 16, 16, 16), {}, 24),
+}
+
+
+@pytest.mark.parametrize("name", BATCH_NORM_NETWORKS)
+def test_monai_batch_norm_folds_in_eval_mode(name):
+    make, shape, expected_blocks, folds = BATCH_NORM_NETWORKS[name]
+    model = randomized(make().double(), seed=0)
+    x = torch.rand(shape, dtype=torch.float64)
+    expected = model(x)
+    result = cutlassfuse.fuse(model)
+    assert fused_blocks(result.model) == expected_blocks, str(result)
+    assert len(result.folded) == folds and result.left_alone == [], str(result)
+    assert not any(isinstance(m, torch.nn.BatchNorm3d) for m in result.model.modules())
+    torch.testing.assert_close(result.model(x), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_monai_attention_unet_checkpoint_loads_into_the_folded_model():
+    """Its fused blocks' keys and its folded convs' at once (VNet's 45M parameters would
+    take seconds more)."""
+    make, shape, _, _ = BATCH_NORM_NETWORKS["AttentionUnet"]
+    assert_folded_checkpoints_load(lambda: make().double(), (torch.rand(shape, dtype=torch.float64),))
+
+
+@pytest.mark.parametrize("name", BATCH_NORM_NETWORKS)
+def test_monai_batch_norm_stays_in_training_mode(name):
+    make, _, expected_blocks, folds = BATCH_NORM_NETWORKS[name]
+    result = cutlassfuse.fuse(make().train())
+    assert fused_blocks(result.model) == expected_blocks and result.folded == []
+    assert len(result.left_alone) == folds, str(result)
+    assert all(line.endswith(": BatchNorm3d in training mode uses batch statistics") for line in result.left_alone)
 
 
 def test_monai_dropout_stays_between_norm_and_activation():

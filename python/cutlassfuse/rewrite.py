@@ -5,10 +5,13 @@ A chain is a Conv3d or ConvTranspose3d, then a GroupNorm or InstanceNorm3d with 
 activation after it, before it, or none (Conv3dNormActivation, ConvTranspose3dNormActivation;
 ConvTranspose3d -> ReLU -> GroupNorm stays ConvTranspose3dReLUGroupNorm), or a norm and
 its activation with no convolution in front (GroupNormActivation). nn.Identity and dropout
-with p=0 between the layers are passed through."""
+with p=0 between the layers are passed through. In eval mode a norm that normalizes by
+running statistics (BatchNorm3d, InstanceNorm3d with track_running_stats) folds into the
+Conv3d or ConvTranspose3d before it instead: a per-channel scale and shift there."""
 
 from __future__ import annotations
 
+import copy
 import operator
 import os
 from collections.abc import Iterator
@@ -18,7 +21,8 @@ from typing import Any
 import torch
 import torch.fx
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
+from torch.nn.utils.fusion import fuse_conv_bn_weights
 
 from .block_modules import (
     Conv3dNormActivation,
@@ -33,6 +37,8 @@ from .modules import ConvTranspose3dReLUGroupNorm
 
 _CONVS = (nn.Conv3d, nn.ConvTranspose3d)
 _NORMS = (nn.GroupNorm, nn.InstanceNorm3d)
+# The layer kinds by their name in the report's reasons.
+_KIND_TEXT = {"running_norm": "norm"}
 _DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
 _FUSED = (ConvTranspose3dReLUGroupNorm, _ConvNormActivation, GroupNormActivation)
 # Layers whose output is 5-D (N, C, D, H, W), given the batched input that 3-D layers take.
@@ -74,9 +80,13 @@ class FuseResult:
     replaced: list[str] = field(default_factory=list)  # one line per fused chain: where, what, what it became
     not_traced: str | None = None  # why the torch.fx pass could not run, if it could not
     left_alone: list[str] = field(default_factory=list)  # one line per chain not fused: where, and why
+    folded: list[str] = field(default_factory=list)  # one line per norm folded into its conv: where, what
 
     def __str__(self) -> str:
-        lines = [f"cutlassfuse.fuse: {len(self.replaced)} chain(s) fused"] + [f"  {r}" for r in self.replaced]
+        head = f"cutlassfuse.fuse: {len(self.replaced)} chain(s) fused"
+        if self.folded:
+            head += f", {len(self.folded)} norm(s) folded into their convolution"
+        lines = [head] + [f"  {line}" for line in self.replaced + self.folded]
         lines += [f"  left alone: {line}" for line in self.left_alone]
         if self.not_traced:
             lines.append(f"  (forward() not traced: {self.not_traced})")
@@ -87,7 +97,9 @@ class FuseResult:
 class _Layer:
     """One layer of a chain, as a fused block takes it."""
 
-    kind: str  # "conv", "norm", "activation", "noop" (nn.Identity, dropout with p=0), "dropout" (p > 0)
+    # "conv", "norm", "running_norm" (a norm with running statistics), "activation", "noop" (nn.Identity,
+    # dropout with p=0), "dropout" (p > 0)
+    kind: str
     path: str  # where it is: the module's path, or the function call's in forward()
     name: str  # dotted, for a fused module's name: the module's path, or the calling module's and the call's
     module: nn.Module | None  # the module computing it; a function call's holds the very tensors it reads
@@ -100,19 +112,32 @@ def _dropout_text(module: nn.Module) -> str:
     return f"{type(module).__name__}(p={module.p})"
 
 
+def _running_statistics_problem(norm: nn.Module) -> str | None:
+    """Why `norm` (BatchNorm3d, or InstanceNorm3d with track_running_stats) does not
+    normalize by fixed running statistics now, which folding it takes; None where it does."""
+    if isinstance(norm, nn.InstanceNorm3d):
+        return ("InstanceNorm3d with running statistics (track_running_stats=True) in training mode normalizes by "
+                "each sample's statistics and updates the running ones" if norm.training else None)
+    if norm.training:
+        return "BatchNorm3d in training mode uses batch statistics"
+    if norm.running_mean is None:
+        return "BatchNorm3d without running statistics (track_running_stats=False) uses batch statistics"
+    return None
+
+
 def _module_layer(module: nn.Module, path: str) -> _Layer | None:
     """What `module` (at `path`) is in a chain, or None for a layer that ends one."""
     hooked = bool(module._forward_hooks or module._forward_pre_hooks)
-    problem = f"{type(module).__name__} has forward hooks, which a fused block would not run" if hooked else None
+    problem = f"{type(module).__name__} has forward hooks, which the rewritten model would not run" if hooked else None
     if isinstance(module, nn.Identity) or (isinstance(module, _DROPOUTS) and module.p == 0):
         return None if hooked else _Layer("noop", path, path, module)
     if isinstance(module, _DROPOUTS):
         return _Layer("dropout", path, path, module, _dropout_text(module))
     if type(module) in _CONVS:
         return _Layer("conv", path, path, module, problem)
+    if type(module) is nn.BatchNorm3d or (type(module) is nn.InstanceNorm3d and module.track_running_stats):
+        return _Layer("running_norm", path, path, module, problem or _running_statistics_problem(module))
     if type(module) in _NORMS:
-        if getattr(module, "track_running_stats", False):
-            problem = "InstanceNorm3d with running statistics (track_running_stats=True)"
         return _Layer("norm", path, path, module, problem)
     try:
         activation_of_module(module)
@@ -136,8 +161,8 @@ def _describe_module(module: nn.Module) -> str:
                 f"stride={module.stride})")
     if isinstance(module, nn.GroupNorm):
         return f"GroupNorm({module.num_groups})"
-    if isinstance(module, nn.InstanceNorm3d):
-        return f"InstanceNorm3d({module.num_features})"
+    if isinstance(module, (nn.InstanceNorm3d, nn.BatchNorm3d)):
+        return f"{type(module).__name__}({module.num_features})"
     activation, parameter, _ = activation_of_module(module)
     if activation in ("leaky_relu", "elu"):
         return f"{type(module).__name__}({parameter:g})"
@@ -147,25 +172,39 @@ def _describe_module(module: nn.Module) -> str:
 @dataclass
 class _Match:
     """A chain to fuse: its layers (conv, norm, activation in their order) by position,
-    every position it covers (the no-ops between them too), and the fused block."""
+    every position it covers (the no-ops between them too), and the fused block; or a
+    conv and its norm with running statistics, and the conv they fold into (`kept`: the
+    activation after them, which stays)."""
 
     layers: dict[Any, _Layer]
     positions: list
     block: nn.Module
+    kept: str | None = None
+
+    @property
+    def folded(self) -> bool:
+        return isinstance(self.block, _CONVS)
 
 
 @dataclass
 class _Found:
-    """What the passes found: the chains fused (report lines) and the chains left alone
-    (by path: why)."""
+    """What the passes found: the chains fused and the norms folded (report lines, and
+    the folds' matches), and the chains left alone (by path: why)."""
 
     replaced: list[str] = field(default_factory=list)
+    folded: list[str] = field(default_factory=list)
+    folds: list[_Match] = field(default_factory=list)
     notes: dict[str, str] = field(default_factory=dict)
 
-    def fused(self, where: str, match: _Match) -> None:
+    def rewrote(self, where: str, match: _Match) -> None:
         layers = list(match.layers.values())
-        self.replaced.append(f"{where}: {' + '.join(_describe_module(layer.module) for layer in layers)} -> "
-                             f"{type(match.block).__name__}")
+        chain = " + ".join(_describe_module(layer.module) for layer in layers)
+        if match.folded:
+            kept = f", {match.kept} kept" if match.kept else ""
+            self.folded.append(f"{where}: {chain} folded into {type(match.block).__name__}{kept}")
+            self.folds.append(match)
+        else:
+            self.replaced.append(f"{where}: {chain} -> {type(match.block).__name__}")
         for layer in layers:
             self.notes.pop(layer.path, None)
 
@@ -196,7 +235,7 @@ def _next_of_kind(chain, at, channels: int | None, kind: str, after: str, notes:
     if layer is not None and layer.kind == "dropout":
         behind = _step(chain, step.positions[-1], channels).layer
         if behind is not None and behind.kind == kind:
-            notes[layer.path] = f"{layer.problem} between {after} and {kind}"
+            notes[layer.path] = f"{layer.problem} between {after} and {_KIND_TEXT.get(kind, kind)}"
         return None
     if layer is None or layer.kind != kind:
         return None
@@ -206,8 +245,48 @@ def _next_of_kind(chain, at, channels: int | None, kind: str, after: str, notes:
     return step
 
 
+def _fold_tensors(conv: nn.Module, norm: nn.Module) -> dict[str, Tensor | None]:
+    """The tensors a fold reads, by their argument of torch.nn.utils.fusion's
+    fuse_conv_bn_weights: the conv's weight and bias, the norm's running mean and
+    variance, its affine weight and bias (None where the module has none)."""
+    return {"conv_w": conv.weight, "conv_b": conv.bias, "bn_rm": norm.running_mean, "bn_rv": norm.running_var,
+            "bn_w": norm.weight, "bn_b": norm.bias}
+
+
+def _folded_weights(tensors: dict[str, Tensor | None], eps: float, transposed: bool,
+                    groups: int) -> tuple[Tensor, Tensor]:
+    """The weight and bias of the one convolution that computes a conv (`transposed`: a
+    ConvTranspose3d; `groups`: its groups) followed by a norm (`eps`) in eval mode, from
+    `tensors` (as `_fold_tensors` gives them: the modules' own, or a checkpoint's),
+    computed in float64 and returned in the conv weight's dtype. fuse_conv_bn_weights
+    scales a transposed weight's dim 1, which holds one group's output channels: a
+    grouped ConvTranspose3d folds group by group."""
+    groups = groups if transposed else 1
+    split = {name: [None] * groups if t is None else t.detach().double().chunk(groups) for name, t in tensors.items()}
+    with torch.no_grad():
+        pieces = [fuse_conv_bn_weights(**dict(zip(split, group, strict=True)), bn_eps=eps, transpose=transposed)
+                  for group in zip(*split.values(), strict=True)]
+    dtype = tensors["conv_w"].dtype
+    return torch.cat([w for w, _ in pieces]).to(dtype), torch.cat([b for _, b in pieces]).to(dtype)
+
+
+def _folded_conv(conv: nn.Module, norm: nn.Module) -> nn.Module:
+    """A copy of `conv` (a new module: the model's conv is left as it is) holding the
+    folded weight and bias, as new parameters."""
+    folded = copy.deepcopy(conv)
+    weight, bias = _folded_weights(_fold_tensors(conv, norm), norm.eps, isinstance(conv, nn.ConvTranspose3d),
+                                   conv.groups)
+    folded.weight = nn.Parameter(weight, requires_grad=conv.weight.requires_grad)
+    folded.bias = nn.Parameter(bias, requires_grad=conv.weight.requires_grad)
+    return folded
+
+
 def _fused_block(layers: list[_Layer]) -> nn.Module:
+    """The module computing the chain `layers`: a fused block, or for a conv and its norm
+    with running statistics the conv they fold into."""
     conv = layers[0].module if layers[0].kind == "conv" else None
+    if layers[-1].kind == "running_norm":
+        return _folded_conv(conv, layers[-1].module)
     norm = next(layer.module for layer in layers if layer.kind == "norm")
     activation = next((layer.module for layer in layers if layer.kind == "activation"), None)
     if conv is None:
@@ -275,14 +354,35 @@ def _match_norm(chain, at, norm: _Layer, notes: dict[str, str]) -> _Match | None
     return _matched([(at, _Step([at], norm)), (activation.positions[-1], activation)], notes)
 
 
+def _match_fold(chain, at, conv: _Layer, notes: dict[str, str]) -> _Match | None:
+    """conv -> a norm with running statistics (in eval mode) from `at`: the norm folds
+    into the conv; the activation after it, if any, stays where it is."""
+    channels = conv.module.out_channels
+    norm = _next_of_kind(chain, at, channels, "running_norm", "conv", notes)
+    if norm is None:
+        return None
+    match = _matched([(at, _Step([at], conv)), (norm.positions[-1], norm)], notes)
+    if match is not None:
+        after = _step(chain, norm.positions[-1], channels).layer
+        if after is not None and after.kind == "activation":
+            match.kept = type(after.module).__name__ if after.module is not None else after.name
+    return match
+
+
+def _match_chain(chain, at, layer: _Layer, notes: dict[str, str]) -> _Match | None:
+    if layer.kind == "norm":
+        return _match_norm(chain, at, layer, notes)
+    return _match_conv(chain, at, layer, notes) or _match_fold(chain, at, layer, notes)
+
+
 def _fuse_chains(chain, positions: list, found: _Found) -> None:
-    """Every chain that starts at one of `positions` (in order), fused in `chain`."""
+    """Every chain that starts at one of `positions` (in order), fused or folded in `chain`."""
     covered = set()
     for at in positions:
         layer = None if at in covered else chain.layer(at)
         if layer is None or layer.kind not in ("conv", "norm"):
             continue
-        match = (_match_conv if layer.kind == "conv" else _match_norm)(chain, at, layer, found.notes)
+        match = _match_chain(chain, at, layer, found.notes)
         if match is not None:
             covered.update(match.positions)
             chain.replace(match, found)
@@ -338,7 +438,7 @@ class _SequentialRun:
         for i, (at, layer) in enumerate(match.layers.items()):
             slot = self.slots[at]
             slot.parent._modules[slot.name] = match.block if i == 0 else nn.Identity().train(layer.module.training)
-        found.fused(self.slots[next(iter(match.layers))].path, match)
+        found.rewrote(self.slots[next(iter(match.layers))].path, match)
 
 
 def _fuse_sequentials(module: nn.Module, prefix: str, found: _Found) -> None:
@@ -549,7 +649,7 @@ class _TracedChain:
             if not node.users:
                 graph.erase_node(node)
         self.five_d.add(fused)
-        found.fused(target, match)
+        found.rewrote(target, match)
 
     def _fused_target(self, layers: list[_Layer]) -> str:
         """Where the fused block goes: in the innermost module holding all the chain's
@@ -591,9 +691,9 @@ def _fuse_graph(graph_module: torch.fx.GraphModule, model: nn.Module, found: _Fo
     """The same rewrite in a torch.fx trace of `model`'s forward(), for chains written in
     code: the modules, and the functional norms and activations, each intermediate used
     once. `model` where it has none."""
-    fused_before = len(found.replaced)
+    rewritten_before = len(found.replaced) + len(found.folded)
     _fuse_chains(_TracedChain(graph_module), list(graph_module.graph.nodes), found)
-    if len(found.replaced) == fused_before:
+    if len(found.replaced) + len(found.folded) == rewritten_before:
         return model
     graph_module.graph.lint()
     graph_module.delete_all_unused_submodules()
@@ -635,13 +735,72 @@ class _LoadOriginalKeys:
                     del state_dict[prefix + original]
 
 
-def _keep_original_keys(model: nn.Module, original: dict[str, torch.Tensor]) -> None:
+@dataclass
+class _FoldKeys:
+    """One fold, for loading checkpoints: the original model's keys of the tensors it
+    reads (by `_fold_tensors`' names, None where the module has none), the original keys
+    of the conv's and the norm's tensors that the rewritten model holds no more, the
+    keys of the folded conv's weight and bias, and `_folded_weights`' other arguments."""
+
+    sources: dict[str, str | None]
+    stale: list[str]
+    weight: list[str]
+    bias: list[str]
+    eps: float
+    transposed: bool
+    groups: int
+
+
+def _fold_keys(match: _Match, original: dict[str, Tensor], state: dict[str, Tensor]) -> _FoldKeys:
+    """`match`'s fold in `original` (before the rewrite) and `state` (after it), both
+    state_dict(keep_vars=True)."""
+    conv, norm = (layer.module for layer in match.layers.values())
+    originals: dict[int, list[str]] = {}
+    for key, tensor in original.items():
+        originals.setdefault(id(tensor), []).append(key)
+    held = {id(tensor) for tensor in state.values()}
+    gone = [tensor for tensor in [*conv.state_dict(keep_vars=True).values(), *norm.state_dict(keep_vars=True).values()]
+            if id(tensor) not in held]
+    return _FoldKeys({name: originals.get(id(tensor), [None])[0] for name, tensor in _fold_tensors(conv, norm).items()},
+                     [key for tensor in gone for key in originals.get(id(tensor), [])],
+                     [key for key, tensor in state.items() if tensor is match.block.weight],
+                     [key for key, tensor in state.items() if tensor is match.block.bias],
+                     norm.eps, isinstance(conv, nn.ConvTranspose3d), conv.groups)
+
+
+@dataclass
+class _RefoldOnLoad:
+    """load_state_dict pre-hook: a state_dict of the original model (each folded conv
+    and its norm under their own keys, running statistics included) loads into the
+    rewritten model, the folded convs' weights and biases folded anew from its tensors.
+    A state_dict of the rewritten model (the folded convs, no norm) loads as it is."""
+
+    folds: list[_FoldKeys]
+
+    def __call__(self, module: nn.Module, state_dict: dict, prefix: str, *_) -> None:
+        for fold in self.folds:
+            sources = {name: key and prefix + key for name, key in fold.sources.items()}
+            if sources["bn_rm"] is None or not all(key in state_dict for key in sources.values() if key):
+                continue
+            tensors = {name: key and state_dict[key] for name, key in sources.items()}
+            for key in fold.stale:
+                state_dict.pop(prefix + key, None)
+            weight, bias = _folded_weights(tensors, fold.eps, fold.transposed, fold.groups)
+            state_dict.update((prefix + key, weight) for key in fold.weight)
+            state_dict.update((prefix + key, bias) for key in fold.bias)
+
+
+def _keep_original_keys(model: nn.Module, original: dict[str, torch.Tensor], folds: list[_Match]) -> None:
     """Hooks the rewritten `model`'s state_dict() and load_state_dict() to the keys of
     `original` (the state_dict(keep_vars=True) of the model before the rewrite): each
     key's tensor is found by identity, wherever the rewrite put it (a fused block, a
-    module the model registers twice and a trace keeps once)."""
+    module the model registers twice and a trace keeps once). A checkpoint of the
+    original model refolds the `folds`' convs as it loads."""
+    state = model.state_dict(keep_vars=True)
+    if folds:
+        model.register_load_state_dict_pre_hook(_RefoldOnLoad([_fold_keys(match, original, state) for match in folds]))
     holders: dict[int, list[str]] = {}
-    for key, tensor in model.state_dict(keep_vars=True).items():
+    for key, tensor in state.items():
         holders.setdefault(id(tensor), []).append(key)
     keys = {key: holders[id(tensor)] for key, tensor in original.items() if id(tensor) in holders}
     if all(holder == [key] for key, holder in keys.items()) and len(keys) == sum(map(len, holders.values())):
@@ -650,11 +809,15 @@ def _keep_original_keys(model: nn.Module, original: dict[str, torch.Tensor]) -> 
     model.register_load_state_dict_pre_hook(_LoadOriginalKeys(keys))
 
 
-def _keep_unused_tensors(graph_module: nn.Module, model: nn.Module, original: dict[str, torch.Tensor]) -> None:
-    """The tensors of `original` that the trace dropped (of modules forward() does not
-    call), put back at their paths in plain modules, so that checkpoints keep them."""
+def _keep_unused_tensors(graph_module: nn.Module, model: nn.Module, folds: list[_Match]) -> None:
+    """The tensors of `model` (traced into `graph_module`) that the trace dropped (of
+    modules forward() does not call), put back at their paths in plain modules, so that
+    checkpoints keep them; not those of the convs and norms the trace folded (`folds`),
+    which the folded convs replace."""
     held = {id(tensor) for tensor in graph_module.state_dict(keep_vars=True).values()}
-    missing = {id(tensor) for tensor in original.values()} - held
+    folded = {id(tensor) for match in folds for layer in match.layers.values()
+              for tensor in layer.module.state_dict(keep_vars=True).values()}
+    missing = {id(tensor) for tensor in model.state_dict(keep_vars=True).values()} - held - folded
     for path, module in model.named_modules(remove_duplicate=False):
         for name, tensor in [*module._parameters.items(), *module._buffers.items()]:
             if tensor is None or id(tensor) not in missing:
@@ -686,6 +849,17 @@ def fuse(model: nn.Module, *, trace: bool = True) -> FuseResult:
     in either mode); a dropout with p > 0 randomizes in training, so no block spans
     it. The fused blocks take batched 5-D input, (N, C, D, H, W).
 
+    In eval mode a norm with running statistics after a Conv3d or ConvTranspose3d
+    (nn.BatchNorm3d, nn.InstanceNorm3d with track_running_stats=True: both then scale and
+    shift each channel by fixed numbers) folds into the conv instead: a new conv of the
+    same type holds the folded weight and bias (torch.nn.utils.fusion's
+    fuse_conv_bn_weights, in float64), the norm becomes nn.Identity (in a trace its call
+    goes), and the activation after it stays as it is. In training mode these norms use batch statistics and
+    nothing folds (the result says so). Folding is for inference: the folded model has
+    no norm left (train() on it trains the folded convs without one), and the folded
+    convs' parameters are new objects; the model's own convs and norms are left as they
+    are.
+
     nn.Sequential chains are replaced in place (model keeps its type), the first layer's
     slot taking the block and the others becoming nn.Identity; a chain may run on into
     nested nn.Sequentials (MONAI's Convolution: the conv, then its ADN's norm, dropout
@@ -695,7 +869,8 @@ def fuse(model: nn.Module, *, trace: bool = True) -> FuseResult:
     torch.fx cannot trace, or whose forward() branches on train/eval mode (a trace would
     freeze the branch taken), keep the Sequential rewrite, and the result says why. The
     fused blocks hold the original parameter objects. The result lists every chain fused
-    (where, what, what it became) and every candidate left alone, with the reason.
+    (where, what, what it became), every norm folded (``folded``: where, what, the
+    activation kept) and every candidate left alone, with the reason.
 
     Checkpoints move both ways: the fused model's ``state_dict()`` has the original
     model's keys (each fused block's tensors under the keys of the modules they came
@@ -710,12 +885,20 @@ def fuse(model: nn.Module, *, trace: bool = True) -> FuseResult:
     trace drops) stay in the traced model. The keys are kept by state_dict hooks, which
     ``copy.deepcopy`` keeps; a torch.fx.GraphModule pickled whole (``torch.save(model)``)
     comes back without them, with the fused keys.
+
+    A folded norm's running statistics cannot be told apart from the conv's weight
+    afterwards, so folded models load one way: a state_dict of the original model loads
+    into the folded one (its conv and norm tensors are folded anew as it loads), and one
+    of the folded model, which holds each folded conv's weight and bias under its own
+    keys (in an nn.Sequential the conv's, in a trace the new module's) and none of the
+    norm's, loads into a model folded the same way; the original model refuses it
+    (``strict=True``: the norm's keys are missing).
     """
     original = model.state_dict(keep_vars=True)
     found = _Found()
     _fuse_sequentials(model, "", found)
-    _keep_original_keys(model, original)
-    result = FuseResult(model, found.replaced)
+    _keep_original_keys(model, original, found.folds)
+    result = FuseResult(model, found.replaced, folded=found.folded)
     if trace:
         try:
             graph_module = torch.fx.GraphModule(model, _trace_in_either_mode(model), type(model).__name__)
@@ -724,8 +907,8 @@ def fuse(model: nn.Module, *, trace: bool = True) -> FuseResult:
         else:
             result.model = _fuse_graph(graph_module, model, found)
             if result.model is not model:
-                _keep_unused_tensors(result.model, model, original)
-                _keep_original_keys(result.model, original)
+                _keep_unused_tensors(result.model, model, found.folds)
+                _keep_original_keys(result.model, original, found.folds)
     result.left_alone = [f"{path}: {reason}" for path, reason in found.notes.items()]
     return result
 
