@@ -21,7 +21,6 @@ from cutlassfuse.blocks import ACTIVATIONS, activation_of_module
 from cutlassfuse.testing import (
     ACTIVATION_MODULES,
     errors,
-    fused_path_expected,
     norm_activation_backward_by_autograd,
     poison_cuda_allocator,
 )
@@ -64,22 +63,6 @@ def block(x, conv, norm, act, before):
                     activation_before_norm=before, **extra)
 
 
-def expected_path(transposed: bool, dtype: torch.dtype, in_channels: int, out_channels: int) -> str:
-    """explain()'s prefix for a block call keeping nothing for a backward: the fused sm90
-    forward convolution for float16/bfloat16 Conv3d blocks whose channels TMA can address
-    (multiples of 8), with the fused path on; the fallback otherwise."""
-    fused = (fused_path_expected() and cutlassfuse.backends.get_flags()["fused_path"] and not transposed
-             and dtype in (torch.float16, torch.bfloat16) and in_channels % 8 == 0 and out_channels % 8 == 0)
-    return "fused_sm90:" if fused else "fallback:"
-
-
-def kernel_paths(transposed: bool, dtype: torch.dtype):
-    """The settings under which a case runs each path it can take: the fused path (where it
-    applies) and the fallback."""
-    paths = [True, False] if fused_path_expected() and not transposed and dtype != torch.float32 else [False]
-    return [cutlassfuse.backends.flags(fused_path=fused) for fused in paths]
-
-
 def eager(x, conv, norm, act, before):
     return norm(act(conv(x))) if before else act(norm(conv(x)))
 
@@ -117,16 +100,13 @@ def test_block_against_float64(transposed, activation, before, variant, dtype, c
     x = torch.randn(2, 8, 6, 5, 7, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
     x = x.to(dtype).contiguous(memory_format=memory_format)
     name, *_ = activation_of_module(modules[2])
-    for path in kernel_paths(transposed, dtype):
-        with path:
-            explained = cutlassfuse.explain_block(
-                cutlassfuse.conv_transpose3d_norm_activation if transposed else cutlassfuse.conv3d_norm_activation,
-                x, modules[0].weight, num_groups=4,
-                **({"output_padding": modules[0].output_padding} if transposed else {}),
-                stride=modules[0].stride, padding=modules[0].padding, activation=name,
-                activation_weight=modules[2].weight if name == "prelu" else None)
-            assert explained.startswith(expected_path(transposed, dtype, 8, 16)), explained
-            assert_block_no_further_from_float64_than_eager(x, modules, modules64, before, memory_format)
+    assert cutlassfuse.explain_block(
+        cutlassfuse.conv_transpose3d_norm_activation if transposed else cutlassfuse.conv3d_norm_activation,
+        x, modules[0].weight, num_groups=4,
+        **({"output_padding": modules[0].output_padding} if transposed else {}),
+        stride=modules[0].stride, padding=modules[0].padding, activation=name,
+        activation_weight=modules[2].weight if name == "prelu" else None).startswith("fallback:")
+    assert_block_no_further_from_float64_than_eager(x, modules, modules64, before, memory_format)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
@@ -167,13 +147,10 @@ def test_repeatable_and_grad_mode_equal(transposed, activation, before, dtype):
     with torch.no_grad():
         first = block(x, *modules, before)
         second = block(x, *modules, before)
-        with cutlassfuse.backends.flags(fused_path=False):
-            fallback = block(x, *modules, before)
     tracked = block(x.requires_grad_(), *modules, before)
     assert tracked.grad_fn is not None
     assert torch.equal(first, second)
-    # A call keeping tensors for its backward runs the fallback's kernels.
-    assert torch.equal(fallback, tracked.detach())
+    assert torch.equal(first, tracked.detach())
 
 
 def away_from_kinks(grad: torch.Tensor, activation_input: torch.Tensor | None) -> torch.Tensor:
@@ -253,14 +230,11 @@ def test_channel_counts_against_float64(activation, before, channels, num_groups
     x = torch.randn(2, 8, *size, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
     x = x.to(dtype).contiguous(memory_format=memory_format)
     name, _, weight = activation_of_module(modules[2])
-    for kernel_path in kernel_paths(False, dtype):
-        with kernel_path:
-            path = cutlassfuse.explain_block(cutlassfuse.conv3d_norm_activation, x, modules[0].weight, padding=1,
-                                             num_groups=num_groups, activation=name, activation_weight=weight)
-            assert path.startswith(expected_path(False, dtype, 8, channels)), path
-            if path.startswith("fallback:"):
-                assert ("channels-last operands" in path) == (dtype != torch.float32 and not channels_last), path
-            assert_block_no_further_from_float64_than_eager(x, modules, modules64, before, memory_format)
+    path = cutlassfuse.explain_block(cutlassfuse.conv3d_norm_activation, x, modules[0].weight, padding=1,
+                                     num_groups=num_groups, activation=name, activation_weight=weight)
+    assert path.startswith("fallback:"), path
+    assert ("channels-last operands" in path) == (dtype != torch.float32 and not channels_last), path
+    assert_block_no_further_from_float64_than_eager(x, modules, modules64, before, memory_format)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda d: str(d)[6:])

@@ -1,11 +1,10 @@
 """The block family's fused sm90 forward convolution (statistics in the epilogue, then the
-finalize and normalize kernels) on the shapes real 3D networks use and around the
-kernel's tile edges: both tile configurations (32 and 64 channels wide), more than one N
-tile with a partial last one, stride 2, padding 0 and 2, dilation, 1x1x1 and anisotropic
-kernels, samples that end inside a tile, GroupNorm and InstanceNorm, every activation
-position; against float64 and no further from it than eager's modules, poisoned outputs,
-NCDHW and channels-last, bitwise repeatable. Every case asserts that explain() names the
-fused path."""
+finalize and normalize kernels) on the layers it takes (32 output channels, input
+channels in multiples of 32): stride 2, padding 0 and 2, dilation, 1x1x1 and
+anisotropic kernels, samples that end inside a tile, GroupNorm and InstanceNorm, every
+activation and position; against float64 and no further from it than eager's modules,
+poisoned outputs, NCDHW and channels-last, bitwise repeatable. Every case asserts that
+explain() names the fused path; layers it does not take name the fallback and why."""
 
 from __future__ import annotations
 
@@ -27,15 +26,15 @@ FLOOR = {torch.float16: 8e-3, torch.bfloat16: 6e-2}
 #  activation, before)
 CASES = [
     (32, 32, 3, 1, 1, 1, (12, 13, 14), 0, True, "leaky_relu", False),
-    (64, 64, 3, 1, 1, 1, (10, 9, 11), 0, False, "leaky_relu", False),
-    (16, 32, 3, 2, 1, 1, (15, 16, 17), 0, True, "prelu_shared", False),
-    (256, 256, 3, 1, 1, 1, (4, 8, 8), 32, True, "silu", False),
+    (64, 32, 3, 1, 1, 1, (10, 9, 11), 0, False, "leaky_relu", False),
+    (32, 32, 3, 2, 1, 1, (15, 16, 17), 0, True, "prelu_shared", False),
+    (96, 32, 3, 1, 1, 1, (4, 8, 8), 8, True, "silu", False),
     (32, 32, 3, 1, 1, 1, (8, 8, 8), 8, True, "relu", True),
-    (24, 48, (1, 3, 3), 1, (0, 1, 1), 1, (5, 9, 10), 6, True, "gelu", False),
-    (16, 64, 3, 1, 2, 2, (9, 10, 11), 16, True, "prelu", True),
-    (8, 16, 1, 1, 0, 1, (7, 6, 5), 4, True, "elu", True),
-    (32, 96, 3, 2, 0, 1, (11, 12, 13), 12, True, "gelu_tanh", False),
-    (40, 8, 3, 1, 1, 1, (6, 6, 6), 1, True, "identity", False),
+    (32, 32, (1, 3, 3), 1, (0, 1, 1), 1, (5, 9, 10), 4, True, "gelu", False),
+    (32, 32, 3, 1, 2, 2, (9, 10, 11), 16, True, "prelu", True),
+    (32, 32, 1, 1, 0, 1, (7, 6, 5), 2, True, "elu", True),
+    (64, 32, 3, 2, 0, 1, (11, 12, 13), 32, True, "gelu_tanh", False),
+    (32, 32, 3, 1, 1, 1, (6, 6, 6), 1, True, "identity", False),
 ]
 
 
@@ -98,6 +97,15 @@ def test_fused_block_against_float64(case, dtype, channels_last):
     ours, theirs = errors(out, expected), errors(reference, expected)
     assert ours.max_abs <= max(1.5 * theirs.max_abs, FLOOR[dtype]), f"cutlassfuse {ours}, eager {theirs}"
     assert torch.equal(out, again), "two runs differ"
+
+
+@pytest.mark.parametrize(("in_channels", "out_channels"), [(16, 32), (32, 64), (48, 32), (32, 16)])
+def test_layers_the_tile_does_not_fit_take_the_fallback(in_channels, out_channels):
+    case = (in_channels, out_channels, 3, 1, 1, 1, (6, 6, 6), 0, True, "relu", False)
+    conv, norm, act = [m.half() for m in build(case, 5)]
+    x = torch.randn(1, in_channels, 6, 6, 6, device="cuda", dtype=torch.float16)
+    path = explain(x, conv, norm, act, False)
+    assert path.startswith("fallback:") and "the fused convolution takes 32 output channels" in path, path
 
 
 def test_grad_mode_call_takes_the_fallback():

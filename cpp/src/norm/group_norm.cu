@@ -19,14 +19,21 @@ constexpr int64_t kMaxChannels = 1024;
 constexpr int kTile = 64;
 constexpr int kFinishBlocksPerSM = 4;  // group_norm_finish_kernel's register budget, see there
 
-// Block (g, n) finalizes (sample n, group g), all its warps merging segments: thousands
-// of resident threads per SM hide the loads' latency.
-__global__ void __launch_bounds__(kThreads)
+// Block (g, n) finalizes (sample n, group g), all its kFinalizeWarps warps merging
+// segments: thousands of resident threads per SM hide the loads' latency.
+template <int kFinalizeWarps>
+__global__ void __launch_bounds__(kFinalizeWarps * 32)
 group_norm_finalize_kernel(const __grid_constant__ StatisticsFinalize finalize) {
-  __shared__ FinalizeScratch<kWarps> scratch;
+  __shared__ FinalizeScratch<kFinalizeWarps> scratch;
   finalize_group(finalize, blockIdx.y, static_cast<int>(blockIdx.x), static_cast<int>(threadIdx.x / 32), scratch,
                  [] { __syncthreads(); });
 }
+
+// Below this many (sample, group) items the finalize runs 1024-thread blocks: with few
+// items (InstanceNorm of one sample over 32 channels) every SM holds at most one block,
+// and a block's rounds of 128-partial segments (8 warps: thousands of partials of
+// 256-pixel tiles take dozens of rounds) serialize on their latency.
+constexpr int64_t kWideFinalizeItems = 256;
 
 // --- normalize ---------------------------------------------------------------------------
 
@@ -292,7 +299,11 @@ const char* group_norm_unsupported_reason(const GroupNormShape& shape) {
 
 void group_norm_finalize(const StatisticsFinalize& finalize, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(finalize.num_groups), static_cast<unsigned>(finalize.batch));
-  group_norm_finalize_kernel<<<grid, kThreads, 0, stream>>>(finalize);
+  if (finalize.batch * finalize.num_groups < kWideFinalizeItems) {
+    group_norm_finalize_kernel<32><<<grid, 32 * 32, 0, stream>>>(finalize);
+  } else {
+    group_norm_finalize_kernel<kWarps><<<grid, kThreads, 0, stream>>>(finalize);
+  }
   check_launch("group_norm_finalize_kernel");
 }
 

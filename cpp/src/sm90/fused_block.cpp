@@ -30,11 +30,12 @@ at::Tensor channels_last_input(const at::Tensor& input) {
 
 class FusedBlock final : public PlannedBlock {
  public:
-  FusedBlock(const BlockCall& call, MathMode math, FpropConfig config) : call_(call), math_(math), config_(config) {}
+  FusedBlock(const BlockCall& call, MathMode math) : call_(call), math_(math) {}
 
   std::string description() const override {
     const bool before = call_.problem.position == ActivationPosition::kBeforeNorm;
-    return std::string("CUTLASS sm90 implicit-GEMM Conv3d (") + config_name(config_) + ") with the bias" +
+    return std::string("CUTLASS sm90 implicit-GEMM Conv3d (") + std::to_string(kFpropTile.m) + "x" +
+           std::to_string(kFpropTile.n) + "x" + std::to_string(kFpropTileK) + " ping-pong) with the bias" +
            (before ? ", the activation" : "") +
            " and GroupNorm statistics in its epilogue + cutlassfuse finalize and normalize kernels" +
            (call_.args.input.is_contiguous(at::MemoryFormat::ChannelsLast3d)
@@ -54,8 +55,7 @@ class FusedBlock final : public PlannedBlock {
     const at::Tensor y = at::empty({p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]},
                                    input.options().memory_format(at::MemoryFormat::ChannelsLast3d));
     const GroupNormShape shape = group_norm_shape(p);
-    const TileExtent tile = tile_extent(config_);
-    const StatisticsWorkspace stats(TilePartials::for_tiles(shape, tile.m, tile.n), shape, y.options());
+    const StatisticsWorkspace stats(TilePartials::for_tiles(shape, kFpropTile.m, kFpropTile.n), shape, y.options());
 
     KernelOperands operands;
     const ActivationParams act =
@@ -81,7 +81,7 @@ class FusedBlock final : public PlannedBlock {
       const NvtxRange range("cutlassfuse.fused_convolution");
       with_math(math_, [&](auto m) {
         if constexpr (is_16_bit(decltype(m)::value)) {
-          fprop_fused<decltype(m)::value>(config_, p, ops, epilogue_activation, sm_count, stream);
+          fprop_fused<decltype(m)::value>(p, ops, epilogue_activation, sm_count, stream);
         }
       });
     }
@@ -95,7 +95,6 @@ class FusedBlock final : public PlannedBlock {
  private:
   BlockCall call_;
   MathMode math_;
-  FpropConfig config_;
 };
 
 std::string tensor_unsupported_reason(const ConvNormActivationArgs& a) {
@@ -116,6 +115,19 @@ std::string tensor_unsupported_reason(const ConvNormActivationArgs& a) {
   return {};
 }
 
+// The layers the fused kernel takes: those whose channels fill its tile, where it
+// measured faster than cuDNN's convolution followed by the statistics pass. Elsewhere
+// (16-channel layers, 64 channels and more) cuDNN's mainloop is faster by more than the
+// statistics pass costs (docs/performance.md).
+std::string channels_rule_violation(const Problem& p) {
+  if (p.out_channels != kFpropTile.n || p.in_channels % kFpropTileK != 0) {
+    return "the fused convolution takes " + std::to_string(kFpropTile.n) + " output channels and input channels in " +
+           "multiples of " + std::to_string(kFpropTileK) +
+           " (its tile; cuDNN + the statistics pass is faster elsewhere)";
+  }
+  return {};
+}
+
 }  // namespace
 
 BlockRouting plan_fused_block(const BlockCall& call) {
@@ -131,14 +143,14 @@ BlockRouting plan_fused_block(const BlockCall& call) {
   if (std::string why = tensor_unsupported_reason(a); !why.empty()) return why;
   if (p.batch == 0 || p.output_spatial() == 0) return "empty output";
   if (const char* why = group_norm_unsupported_reason(group_norm_shape(p)); *why != '\0') return why;
+  if (std::string why = channels_rule_violation(p); !why.empty()) return why;
   const MathMode math = a.input.scalar_type() == at::kHalf ? MathMode::kFloat16 : MathMode::kBFloat16;
-  const FpropConfig config = choose_fprop_config(p);
   const std::string why = with_math(math, [&](auto m) -> std::string {
-    if constexpr (is_16_bit(decltype(m)::value)) return fprop_unsupported_reason<decltype(m)::value>(config, p);
+    if constexpr (is_16_bit(decltype(m)::value)) return fprop_unsupported_reason<decltype(m)::value>(p);
     return "float32";
   });
   if (!why.empty()) return why;
-  return std::make_unique<FusedBlock>(call, math, config);
+  return std::make_unique<FusedBlock>(call, math);
 }
 
 }  // namespace cutlassfuse::sm90

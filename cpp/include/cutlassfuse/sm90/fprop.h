@@ -21,26 +21,18 @@
 #include "cutlassfuse/plan/activation.h"
 #include "cutlassfuse/plan/math_mode.h"
 #include "cutlassfuse/plan/problem.h"
-#include "cutlassfuse/sm90/dgrad_config.h"
+#include "cutlassfuse/sm90/dgrad_config.h"  // TileExtent
 
 namespace cutlassfuse::sm90 {
 
-// CTA tile (M pixels x N channels x K channels of one tap). Narrow layers (MONAI's
-// 16 and 32 channels) take 32-wide tiles in N and K, so that the tensor cores do not
-// multiply padding channels; 64 and more output channels take 128x64x64.
-enum class FpropConfig { k128x32x32, k128x64x64 };
-
-inline FpropConfig choose_fprop_config(const Problem& p) {
-  return p.out_channels >= 64 ? FpropConfig::k128x64x64 : FpropConfig::k128x32x32;
-}
-
-inline TileExtent tile_extent(FpropConfig config) {
-  return config == FpropConfig::k128x64x64 ? TileExtent{128, 64} : TileExtent{128, 32};
-}
-
-inline const char* config_name(FpropConfig config) {
-  return config == FpropConfig::k128x64x64 ? "128x64x64 ping-pong" : "128x32x32 ping-pong";
-}
+// The CTA tile of the ping-pong kernel's consumer warpgroup: 256 output pixels x 32
+// channels, K blocks of 32 input channels of one filter tap. A K block's TMA loads and
+// barriers cost the producer about the same whatever the block's size, so the tile is
+// as tall as one warpgroup's accumulators allow at this width. Layers whose channels
+// the tile does not fit multiply padding channels (16 of 32 in a 16-channel layer):
+// plan_fused_block routes only those it fits (docs/performance.md has the data).
+inline constexpr TileExtent kFpropTile{256, 32};
+inline constexpr int kFpropTileK = 32;
 
 struct FpropOperands {
   const void* input;         // [N, D, H, W, Cin] (NDHWC, packed)
@@ -48,7 +40,7 @@ struct FpropOperands {
   const void* bias;          // [Cout] of the output's type, or nullptr
   const float* slopes;       // [Cout] PReLU slopes, or nullptr (any other activation)
   void* output;              // [N, Do, Ho, Wo, Cout] (NDHWC, packed)
-  WelfordPartial* partials;  // TilePartials::for_tiles(shape, tile_extent(config)) slots
+  WelfordPartial* partials;  // TilePartials::for_tiles(shape, kFpropTile.m, kFpropTile.n) slots
 };
 
 // The activation the epilogue applies: kind and constant (PReLU's come from slopes).
@@ -60,12 +52,12 @@ struct EpilogueActivation {
 // Empty when the kernel can run `problem` (forward, ungrouped), else why not: this
 // kernel's rules and CUTLASS's can_implement (TMA im2col limits).
 template <MathMode M>
-std::string fprop_unsupported_reason(FpropConfig config, const Problem& problem);
+std::string fprop_unsupported_reason(const Problem& problem);
 
 // Launches the kernel on `stream`. Throws std::runtime_error if CUTLASS refuses or the
 // launch fails.
 template <MathMode M>
-void fprop_fused(FpropConfig config, const Problem& problem, const FpropOperands& operands,
-                 const EpilogueActivation& activation, int sm_count, cudaStream_t stream);
+void fprop_fused(const Problem& problem, const FpropOperands& operands, const EpilogueActivation& activation,
+                 int sm_count, cudaStream_t stream);
 
 }  // namespace cutlassfuse::sm90

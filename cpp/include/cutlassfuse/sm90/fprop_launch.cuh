@@ -102,26 +102,21 @@ void run_fprop(const Problem& problem, const FpropOperands& ops, const EpilogueA
   throw_on_failure(e != cudaSuccess, "fprop launch", cudaGetErrorString(e));
 }
 
-template <class Element, class F>
-decltype(auto) with_fprop_kernel(FpropConfig config, F&& f) {
-  if (config == FpropConfig::k128x64x64) return f(FpropFusedKernel<Element, TileConfig<128, 64, 1>>{});
-  return f(FpropFusedKernel<Element, TileConfig<128, 32, 1, 32>>{});
-}
+template <class Element>
+using FpropKernelOf = FpropFusedKernel<Element, TileConfig<kFpropTile.m, kFpropTile.n, 1, kFpropTileK>>;
 
 }  // namespace cutlassfuse::sm90
 
 // Defines the kernel's two entry points for one math mode (MATH_MODE) on CUTLASS_ELEMENT.
-#define CUTLASSFUSE_DEFINE_FPROP_FAMILY(MATH_MODE, CUTLASS_ELEMENT)                                                   \
-  namespace cutlassfuse::sm90 {                                                                                       \
-  template <>                                                                                                         \
-  std::string fprop_unsupported_reason<MATH_MODE>(FpropConfig config, const Problem& problem) {                       \
-    return with_fprop_kernel<CUTLASS_ELEMENT>(config,                                                                 \
-                                              [&](auto fused) { return fprop_rejection<decltype(fused)>(problem); }); \
-  }                                                                                                                   \
-  template <>                                                                                                         \
-  void fprop_fused<MATH_MODE>(FpropConfig config, const Problem& problem, const FpropOperands& operands,              \
-                              const EpilogueActivation& activation, int sm_count, cudaStream_t stream) {              \
-    with_fprop_kernel<CUTLASS_ELEMENT>(                                                                               \
-        config, [&](auto fused) { run_fprop<decltype(fused)>(problem, operands, activation, sm_count, stream); });    \
-  }                                                                                                                   \
+#define CUTLASSFUSE_DEFINE_FPROP_FAMILY(MATH_MODE, CUTLASS_ELEMENT)                                      \
+  namespace cutlassfuse::sm90 {                                                                          \
+  template <>                                                                                            \
+  std::string fprop_unsupported_reason<MATH_MODE>(const Problem& problem) {                              \
+    return fprop_rejection<FpropKernelOf<CUTLASS_ELEMENT>>(problem);                                     \
+  }                                                                                                      \
+  template <>                                                                                            \
+  void fprop_fused<MATH_MODE>(const Problem& problem, const FpropOperands& operands,                     \
+                              const EpilogueActivation& activation, int sm_count, cudaStream_t stream) { \
+    run_fprop<FpropKernelOf<CUTLASS_ELEMENT>>(problem, operands, activation, sm_count, stream);          \
+  }                                                                                                      \
   }
