@@ -39,9 +39,11 @@ def main():
     parser.add_argument("--network", choices=NETWORKS, default="basicunet")
     parser.add_argument("--checkpoint", help="a state_dict saved from the MONAI network (torch.save)")
     parser.add_argument("--channels-last", action="store_true", help="model and input in channels_last_3d")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cuda: float16 at 128^3; cpu: float32 at 32^3")
     args = parser.parse_args()
 
-    cuda = torch.cuda.is_available()
+    cuda = args.device == "cuda"
     device, dtype, size = ("cuda", torch.float16, 128) if cuda else ("cpu", torch.float32, 32)
     layout = torch.channels_last_3d if args.channels_last else torch.contiguous_format
 

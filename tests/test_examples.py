@@ -41,7 +41,7 @@ def test_monai_example_loads_a_checkpoint_fuses_and_folds(tmp_path):
     checkpoint = tmp_path / "attention_unet.pt"
     torch.save(randomized(example.NETWORKS["attentionunet"](), seed=0).state_dict(), checkpoint)
     out = run_example("monai_unet.py", "--network", "attentionunet", "--checkpoint", str(checkpoint),
-                      "--channels-last")
+                      "--channels-last", "--device", "cpu")
     assert out.startswith("cutlassfuse.fuse: 3 chain(s) fused, 20 norm(s) folded into their convolution\n"), out
     difference, scale = map(float, re.search(r"max \|fused - eager\| = (\S+), max \|eager\| = (\S+) ", out).groups())
     # float32 through 20 layers of random weights: eager's own error against float64 is
