@@ -4,6 +4,7 @@ code (modules and functional forms), a norm -> activation with no conv in front,
 left alone and why; float64 outputs equal to the original model's, the very parameters,
 checkpoints loading both ways."""
 
+import copy
 from collections import OrderedDict
 
 import pytest
@@ -408,3 +409,43 @@ def test_checkpoints_of_shared_and_uncalled_modules():
     assert blocks(fused_model) == ["Conv3dNormActivation"] * 2
     assert "skip_layers.down.conv1.weight" in fused_model.state_dict()
     assert "unused_head.weight" in fused_model.state_dict()
+
+
+def _encoder_decoder() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv3d(2, 8, 3, padding=1), nn.InstanceNorm3d(8, affine=True), nn.LeakyReLU(0.1),
+        nn.Conv3d(8, 8, 3, stride=2, padding=1), nn.GroupNorm(4, 8), nn.PReLU(),
+        nn.ConvTranspose3d(8, 4, 2, stride=2), nn.InstanceNorm3d(4), nn.SiLU(),
+        nn.Conv3d(4, 3, 1))
+
+
+@pytest.mark.parametrize("input_channels_last", [False, True], ids=["ncdhw_input", "channels_last_input"])
+def test_activations_run_channels_last_and_outputs_keep_the_input_layout(input_channels_last):
+    """fuse() puts the convolutions' weights channels-last, so that every block after the
+    first reads and writes channels-last; the model's output has the original model's
+    layout."""
+    original = randomized(_encoder_decoder(), seed=3).double()
+    result = cutlassfuse.fuse(copy.deepcopy(original))
+    model = result.model
+    assert len(result.replaced) == 3
+    assert all(p.is_contiguous(memory_format=torch.channels_last_3d) for p in model.parameters() if p.dim() == 5)
+    block_inputs = []
+    hooks = [m.register_forward_pre_hook(lambda m, args: block_inputs.append(args[0]))
+             for m in model.modules() if isinstance(m, (Conv3dNormActivation, ConvTranspose3dNormActivation))]
+    x = torch.rand(2, 2, 6, 6, 6, dtype=torch.float64)
+    if input_channels_last:
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    with torch.no_grad():
+        out, expected = model(x), original(x)
+    for hook in hooks:
+        hook.remove()
+    assert len(block_inputs) == 3
+    assert all(t.is_contiguous(memory_format=torch.channels_last_3d) for t in block_inputs[1:])
+    assert out.stride() == expected.stride()  # the original model's output layout
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_channels_last_off_leaves_the_layouts():
+    model = cutlassfuse.fuse(_encoder_decoder(), channels_last=False).model
+    assert all(p.is_contiguous() for p in model.parameters())
+    assert not model._forward_hooks

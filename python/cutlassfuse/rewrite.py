@@ -834,7 +834,41 @@ def _keep_unused_tensors(graph_module: nn.Module, model: nn.Module, folds: list[
             missing.discard(id(tensor))
 
 
-def fuse(model: nn.Module, *, trace: bool = True) -> FuseResult:
+def _contiguous_outputs(output: Any) -> Any:
+    """The forward's outputs with their 5-D tensors NCDHW (tuples, lists and dicts kept)."""
+    if isinstance(output, Tensor):
+        return output.contiguous() if output.dim() == 5 else output
+    if isinstance(output, (tuple, list)):
+        return type(output)(_contiguous_outputs(item) for item in output)
+    if isinstance(output, dict):
+        return {key: _contiguous_outputs(value) for key, value in output.items()}
+    return output
+
+
+def _outputs_in_input_layout(module: nn.Module, args: tuple, output: Any) -> Any:
+    """Forward hook of a model whose activations run channels-last: an NCDHW input gives
+    NCDHW outputs, as the original model's."""
+    x = args[0] if args else None
+    if isinstance(x, Tensor) and x.dim() == 5 and not x.is_contiguous(memory_format=torch.channels_last_3d):
+        return _contiguous_outputs(output)
+    return None
+
+
+def _run_channels_last(model: nn.Module) -> None:
+    """Puts the model's 5-D parameters and buffers (the convolutions' weights) in
+    channels_last_3d, so that every convolution, fused or not, writes channels-last
+    (PyTorch's rule: the output is channels-last when the input or the weight is) and
+    the activations stay channels-last from the first layer on: one layout conversion at
+    the input instead of one per block (and none of the weights per call). A forward hook
+    returns NCDHW outputs for NCDHW inputs."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if tensor.dim() == 5:
+                tensor.data = tensor.data.contiguous(memory_format=torch.channels_last_3d)
+    model.register_forward_hook(_outputs_in_input_layout)
+
+
+def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool = True) -> FuseResult:
     """Fuses the chains of `model` that cutlassfuse's blocks compute.
 
     A chain is a Conv3d or ConvTranspose3d (padding_mode "zeros"), then an nn.GroupNorm
@@ -886,6 +920,13 @@ def fuse(model: nn.Module, *, trace: bool = True) -> FuseResult:
     ``copy.deepcopy`` keeps; a torch.fx.GraphModule pickled whole (``torch.save(model)``)
     comes back without them, with the fused keys.
 
+    With ``channels_last`` (and any chain fused) the model's 5-D parameters and buffers
+    (the convolutions' weights) move to channels_last_3d: every convolution then writes
+    channels-last, so the activations run channels-last from the first layer on, one
+    layout conversion at the input in place of one per block; a forward hook on the
+    returned model gives NCDHW outputs for NCDHW inputs, as the original model's. The
+    parameters stay the same objects with the same values.
+
     A folded norm's running statistics cannot be told apart from the conv's weight
     afterwards, so folded models load one way: a state_dict of the original model loads
     into the folded one (its conv and norm tensors are folded anew as it loads), and one
@@ -910,6 +951,8 @@ def fuse(model: nn.Module, *, trace: bool = True) -> FuseResult:
                 _keep_unused_tensors(result.model, model, found.folds)
                 _keep_original_keys(result.model, original, found.folds)
     result.left_alone = [f"{path}: {reason}" for path, reason in found.notes.items()]
+    if channels_last and result.replaced:
+        _run_channels_last(result.model)
     return result
 
 
