@@ -417,3 +417,29 @@ def test_training_step_runs_the_backward_kernels(activation, before, channels_la
                        f"norm_activation_backward_grad_{layout}_kernel", "parameter_grads_kernel"):
             assert sum(kernel in n for n in names) == 1, (kernel, names)
         assert not any("ComputeInternalGradients" in n or "GammaBetaBackward" in n for n in names), names
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["ncdhw", "channels_last"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("in_channels", [1, 3, 12])
+def test_input_channels_padded_for_the_tensor_cores(in_channels, dtype, channels_last):
+    """A 16-bit Conv3d whose input channels are not a multiple of 8 (a network's first
+    layer) convolves zero-padded copies: the path says so, the values are eager's within
+    its error against float64, in a call keeping nothing and in one keeping for its backward."""
+    torch.manual_seed(in_channels)
+    modules64 = [m.cuda().double() for m in (nn.Conv3d(in_channels, 16, 3, stride=2, padding=1),
+                                             nn.InstanceNorm3d(16), nn.PReLU())]
+    modules = cast(modules64, dtype)
+    memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
+    x = torch.randn(2, in_channels, 20, 18, 17, device="cuda").to(dtype).contiguous(memory_format=memory_format)
+    path = cutlassfuse.explain_block(cutlassfuse.conv3d_norm_activation, x, modules[0].weight, stride=2, padding=1,
+                                     num_groups=16, activation="prelu", activation_weight=modules[2].weight)
+    assert path.startswith("fallback:") and "zero-padded to a multiple of 8" in path, path
+    assert_block_no_further_from_float64_than_eager(x, modules, modules64, False, memory_format)
+    tracked = block(x, *modules, False)
+    assert tracked.grad_fn is not None
+    with torch.no_grad():
+        expected = eager(x.double(), *modules64, False)
+        reference = eager(x, *modules, False)
+    ours, theirs = errors(tracked.detach(), expected), errors(reference, expected)
+    assert ours.max_abs <= max(1.5 * theirs.max_abs, FLOOR[dtype]), f"cutlassfuse {ours}, eager {theirs}"

@@ -10,6 +10,10 @@
 // convolution's output, which it keeps as it is (no copy), and the finalize writes mean
 // and rstd. Calls the kernels do not take run the reference (ATen's kernels).
 //
+// A float16/bfloat16 Conv3d whose input channels are not a multiple of 8 convolves
+// copies of the input and the weight with zero channels appended (see
+// pads_input_channels).
+//
 // A float16/bfloat16 block with NCDHW input and output that keeps nothing convolves
 // channels-last operands: the input through this project's transpose (ATen's cuDNN
 // convolution then makes its own channels-last copy of the weight, which is small), so
@@ -20,6 +24,8 @@
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+
+#include <vector>
 
 #include "cutlassfuse/block.h"
 #include "cutlassfuse/common/nvtx.h"
@@ -77,13 +83,33 @@ bool convolves_channels_last(const ConvNormActivationArgs& a, bool keep) {
          block_output_memory_format(a) == at::MemoryFormat::Contiguous;
 }
 
+// cuDNN runs a float16/bfloat16 Conv3d whose input channels are not a multiple of 8
+// without tensor cores (implicit_convolveNd_sgemm: 0.55 ms for MONAI UNet's first layer,
+// one channel of 2x96^3, stride 2). Zero channels appended to the input and the weight
+// (channels-last copies) make it a tensor-core convolution with the same sums: the
+// products the padding adds are exact zeros.
+bool pads_input_channels(const ConvNormActivationArgs& a) {
+  const at::ScalarType type = a.input.scalar_type();
+  return !a.transposed && a.groups == 1 && (type == at::kHalf || type == at::kBFloat16) && a.input.size(1) % 8 != 0;
+}
+
+// `t` ([*, C, D, H, W]) with zero channels after its C, up to `channels`, channels-last.
+at::Tensor with_zero_channels(const at::Tensor& t, int64_t channels) {
+  std::vector<int64_t> sizes = t.sizes().vec();
+  sizes[1] = channels;
+  at::Tensor padded = at::zeros(sizes, t.options().memory_format(at::MemoryFormat::ChannelsLast3d));
+  padded.narrow(1, 0, t.size(1)).copy_(t);
+  return padded;
+}
+
 class FallbackBlock final : public PlannedBlock {
  public:
   explicit FallbackBlock(const BlockCall& call) : call_(call) {}
 
   std::string description() const override {
     return std::string(kBlockKernels) +
-           (convolves_channels_last(call_.args, call_.keep_for_backward) ? kChannelsLastConvolution : "");
+           (convolves_channels_last(call_.args, call_.keep_for_backward) ? kChannelsLastConvolution : "") +
+           (pads_input_channels(call_.args) ? kPaddedChannels : "");
   }
 
   BlockForBackward run() const override {
@@ -96,8 +122,16 @@ class FallbackBlock final : public PlannedBlock {
     at::Tensor y;
     {
       const NvtxRange range("cutlassfuse.cudnn_convolution");
-      const at::Tensor input = channels_last ? convert_memory_format_cuda(a.input, /*channels_last=*/true) : a.input;
-      y = convolution_without_bias(input, a.weight, {a.stride, a.padding, a.output_padding, a.dilation, a.groups},
+      at::Tensor input = a.input;
+      at::Tensor weight = a.weight;
+      if (pads_input_channels(a)) {
+        const int64_t channels = ceil_div(a.input.size(1), 8) * 8;
+        input = with_zero_channels(a.input, channels);
+        weight = with_zero_channels(a.weight, channels);
+      } else if (channels_last) {
+        input = convert_memory_format_cuda(a.input, /*channels_last=*/true);
+      }
+      y = convolution_without_bias(input, weight, {a.stride, a.padding, a.output_padding, a.dilation, a.groups},
                                    a.transposed)
               .contiguous(channels_last ? at::MemoryFormat::ChannelsLast3d : block_output_memory_format(a));
     }
@@ -119,6 +153,8 @@ class FallbackBlock final : public PlannedBlock {
   static constexpr const char* kBlockKernels =
       "cuDNN convolution without bias (float32: PyTorch's, under its switches; float16/bfloat16: deterministic) + "
       "cutlassfuse bias/activation/GroupNorm statistics, finalize and normalize kernels";
+  static constexpr const char* kPaddedChannels =
+      "; the input channels zero-padded to a multiple of 8 (cuDNN's tensor-core kernels)";
   static constexpr const char* kChannelsLastConvolution =
       "; keeping nothing for a backward, the convolution on channels-last operands (the input through cutlassfuse's "
       "transpose) and the output written NCDHW by the normalize";
