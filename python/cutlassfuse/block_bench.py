@@ -345,6 +345,30 @@ def print_row(row: Row, columns: list[tuple[str, int, str, str]]) -> None:
     print("".join(cells) + flags + notes, flush=True)
 
 
+def run_table(cases: list, dtypes: list[torch.dtype], memory_formats: list[str],
+              columns: list[tuple[str, int, str, str]], csv_path: str | None, run: Callable) -> list:
+    """Prints the columns' headings, then the row `run(case, dtype, memory_format)` gives for
+    each combination as it comes, then how many rows miss a target; writes the rows (those
+    of a dataclass with a ``misses`` field) to ``csv_path``."""
+    print("".join(heading.ljust(width) if spec == "s" else heading.rjust(width)
+                  for heading, width, _, spec in columns))
+    start = time.perf_counter()
+    rows = []
+    for case in cases:
+        for dtype in dtypes:
+            for memory_format in memory_formats:
+                rows.append(run(case, dtype, memory_format))
+                print_row(rows[-1], columns)
+    missed = sum(bool(row.misses) for row in rows)
+    print(f"{missed} of {len(rows)} rows miss a target; {time.perf_counter() - start:.0f} s")
+    if csv_path:
+        with open(csv_path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
+            writer.writeheader()
+            writer.writerows(asdict(row) for row in rows)
+    return rows
+
+
 def run_block_bench(block_names: list[str], dtypes: list[torch.dtype], memory_formats: list[str], *,
                     with_compile: bool = True, train: bool = False, repeats: int = 20, rounds: int = 5,
                     csv_path: str | None = None, device: str = "cuda", tiny: bool = False) -> list[Row]:
@@ -364,21 +388,6 @@ def run_block_bench(block_names: list[str], dtypes: list[torch.dtype], memory_fo
           f"alone: one copy); targets: cf/floor <= {CONV_TARGETS.max_over_floor} ({NORM_TARGETS.max_over_floor} for "
           f"the norm alone), eager/cf >= {CONV_TARGETS.min_over_eager} ({NORM_TARGETS.min_over_eager}), comp/cf > 1; "
           "err: max abs against the float64 modules")
-    print("".join(heading.ljust(width) if spec == "s" else heading.rjust(width)
-                  for heading, width, _, spec in columns))
-    start = time.perf_counter()
-    rows = []
-    for block in blocks:
-        for dtype in dtypes:
-            for memory_format in memory_formats:
-                rows.append(run_case(block, dtype, memory_format, where_to_run, with_compile=with_compile,
-                                     train=train, rounds=rounds, repeats=repeats))
-                print_row(rows[-1], columns)
-    missed = sum(bool(row.misses) for row in rows)
-    print(f"{missed} of {len(rows)} rows miss a target; {time.perf_counter() - start:.0f} s")
-    if csv_path:
-        with open(csv_path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
-            writer.writeheader()
-            writer.writerows(asdict(row) for row in rows)
-    return rows
+    return run_table(blocks, dtypes, memory_formats, columns, csv_path, lambda block, dtype, memory_format: run_case(
+        block, dtype, memory_format, where_to_run, with_compile=with_compile, train=train, rounds=rounds,
+        repeats=repeats))

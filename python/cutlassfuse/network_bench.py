@@ -45,12 +45,11 @@ eager's, its training step faster than eager's, its gradient error within 1.25x 
 from __future__ import annotations
 
 import copy
-import csv
 import itertools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 
 import torch
@@ -60,7 +59,7 @@ from torch.profiler import ProfilerActivity, profile
 from .bench import rotating_tensors
 
 # The block benchmark's timing, errors and table rows.
-from .block_bench import Timed, max_abs_errors, medians_over_rounds, print_row, ratio
+from .block_bench import Timed, max_abs_errors, medians_over_rounds, ratio, run_table
 from .rewrite import FuseResult, fuse
 
 PROFILED_CALLS = 3
@@ -408,21 +407,7 @@ def run_network_bench(network_names: list[str], dtypes: list[torch.dtype], memor
           "alone by fuse(); targets: f/comp < 1, f/eager <= 1/3 (basicunet, segresnet), c(f)/f <= 1, err fused <= "
           f"err eager; err: max abs against the float64 network; conv/norm/other: kernel ms per call{training}; "
           "s: the case's wall time")
-    print("".join(heading.ljust(width) if spec == "s" else heading.rjust(width)
-                  for heading, width, _, spec in columns))
-    start = time.perf_counter()
-    rows = []
-    for network in networks:
-        for dtype in dtypes:
-            for memory_format in memory_formats:
-                rows.append(run_case(network, dtype, memory_format, where_to_run, with_compile=with_compile,
-                                     train=train, rounds=rounds, repeats=repeats))
-                print_row(rows[-1], columns)
-    missed = sum(bool(row.misses) for row in rows)
-    print(f"{missed} of {len(rows)} rows miss a target; {time.perf_counter() - start:.0f} s")
-    if csv_path:
-        with open(csv_path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
-            writer.writeheader()
-            writer.writerows(asdict(row) for row in rows)
-    return rows
+    return run_table(networks, dtypes, memory_formats, columns, csv_path,
+                     lambda network, dtype, memory_format: run_case(
+                         network, dtype, memory_format, where_to_run, with_compile=with_compile, train=train,
+                         rounds=rounds, repeats=repeats))
