@@ -66,8 +66,12 @@ class FusedBlock final : public PlannedBlock {
     if (before && b.activation == ActivationKind::kPReLU) {
       slopes = a.activation.weight->to(at::kFloat).expand({p.out_channels}).contiguous();
     }
-    const std::optional<at::Tensor> bias =
-        present(a.bias) ? std::optional<at::Tensor>(a.bias->contiguous().clone()) : std::nullopt;
+    // The epilogue reads the bias in 16-byte vectors: a view at another offset is copied.
+    std::optional<at::Tensor> bias;
+    if (present(a.bias)) {
+      bias = a.bias->contiguous();
+      if (!aligned_for_tma(*bias)) bias = bias->clone();
+    }
     const FpropOperands ops{input.const_data_ptr(),
                             filter.const_data_ptr(),
                             bias ? bias->const_data_ptr() : nullptr,
