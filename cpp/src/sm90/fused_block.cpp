@@ -40,7 +40,10 @@ class FusedBlock final : public PlannedBlock {
            " and GroupNorm statistics in its epilogue + cutlassfuse finalize and normalize kernels" +
            (call_.args.input.is_contiguous(at::MemoryFormat::ChannelsLast3d)
                 ? ""
-                : "; the NCDHW input through cutlassfuse's transpose, the output written NCDHW by the normalize");
+                : "; the NCDHW input through cutlassfuse's transpose") +
+           (block_output_memory_format(call_.args) == at::MemoryFormat::Contiguous
+                ? "; the output written NCDHW by the normalize"
+                : "");
   }
 
   BlockForBackward run() const override {
