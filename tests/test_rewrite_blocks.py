@@ -449,3 +449,40 @@ def test_channels_last_off_leaves_the_layouts():
     model = cutlassfuse.fuse(_encoder_decoder(), channels_last=False).model
     assert all(p.is_contiguous() for p in model.parameters())
     assert not model._forward_hooks
+
+
+class _BranchesOnData(nn.Module):
+    """A model torch.fx cannot trace (its forward() branches on a tensor's values) whose
+    children hold chains: one in forward() code, one in an nn.Sequential."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv3d(2, 8, 3, padding=1), nn.GroupNorm(4, 8), nn.SiLU())
+        self.block = _PreActivationBody(8)
+
+    def forward(self, x):
+        x = self.stem(x)
+        return self.block(x) if x.mean() > -100 else x
+
+
+class _PreActivationBody(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.conv = nn.Conv3d(channels, channels, 3, padding=1)
+        self.norm = nn.GroupNorm(4, channels)
+        self.out = nn.Conv3d(channels, channels, 1)
+
+    def forward(self, x):
+        return x + self.out(F.leaky_relu(self.norm(self.conv(x)), 0.2))
+
+
+def test_children_of_an_untraceable_model_are_traced_one_by_one():
+    original = randomized(_BranchesOnData(), seed=4).double()
+    result = cutlassfuse.fuse(copy.deepcopy(original))
+    assert result.not_traced is not None and "fused in the traced forward() of block" in result.not_traced
+    assert len(result.replaced) == 2 and any(line.startswith("block.") for line in result.replaced), str(result)
+    assert isinstance(result.model.block, torch.fx.GraphModule)
+    x = torch.rand(2, 2, 5, 6, 7, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(result.model(x), original(x), rtol=1e-10, atol=1e-10)
+    assert_checkpoints_load_both_ways(_BranchesOnData, (torch.rand(1, 2, 4, 4, 4),))

@@ -498,8 +498,9 @@ class _TracedChain:
     """The chain positions of a torch.fx trace: its nodes. A layer's successor is the one
     user of its output, where that user reads it as its input."""
 
-    def __init__(self, graph_module: torch.fx.GraphModule) -> None:
+    def __init__(self, graph_module: torch.fx.GraphModule, prefix: str = "") -> None:
         self.graph_module = graph_module
+        self.prefix = prefix  # the traced module's path in the model, for the report
         self.modules = dict(graph_module.named_modules())
         self.layers: dict[tuple, _Layer | None] = {}
         self.five_d: set[torch.fx.Node] = set()
@@ -555,6 +556,7 @@ class _TracedChain:
         layer = _module_layer(self.modules[node.target], node.target)
         if layer is None:
             return None
+        layer.path = self.prefix + layer.path
         if layer.kind != "conv":
             if len(node.args) != 1 or node.kwargs:
                 return None
@@ -574,7 +576,7 @@ class _TracedChain:
         """A function call's layer, `module` computing it (with the tensors it reads)."""
         # torch.fx records the modules whose forward() the call is in: path, type.
         owner = next(reversed(node.meta.get("nn_module_stack", {}).values()), ("",))[0]
-        path = f"{owner}.forward(): {node.name}" if owner else f"forward(): {node.name}"
+        path = self.prefix + (f"{owner}.forward(): {node.name}" if owner else f"forward(): {node.name}")
         if module is not None:
             module.train(self.graph_module.training)
         input = node.args[0] if node.args else node.kwargs.get("input")
@@ -649,7 +651,7 @@ class _TracedChain:
             if not node.users:
                 graph.erase_node(node)
         self.five_d.add(fused)
-        found.rewrote(target, match)
+        found.rewrote(self.prefix + target, match)
 
     def _fused_target(self, layers: list[_Layer]) -> str:
         """Where the fused block goes: in the innermost module holding all the chain's
@@ -687,12 +689,12 @@ def _trace_in_either_mode(model: nn.Module) -> torch.fx.Graph:
     return graphs[0]
 
 
-def _fuse_graph(graph_module: torch.fx.GraphModule, model: nn.Module, found: _Found) -> nn.Module:
-    """The same rewrite in a torch.fx trace of `model`'s forward(), for chains written in
-    code: the modules, and the functional norms and activations, each intermediate used
-    once. `model` where it has none."""
+def _fuse_graph(graph_module: torch.fx.GraphModule, model: nn.Module, found: _Found, prefix: str = "") -> nn.Module:
+    """The same rewrite in a torch.fx trace of `model`'s forward() (`model` at `prefix` in
+    the model fuse() takes), for chains written in code: the modules, and the functional
+    norms and activations, each intermediate used once. `model` where it has none."""
     rewritten_before = len(found.replaced) + len(found.folded)
-    _fuse_chains(_TracedChain(graph_module), list(graph_module.graph.nodes), found)
+    _fuse_chains(_TracedChain(graph_module, prefix), list(graph_module.graph.nodes), found)
     if len(found.replaced) + len(found.folded) == rewritten_before:
         return model
     graph_module.graph.lint()
@@ -788,6 +790,30 @@ class _RefoldOnLoad:
             weight, bias = _folded_weights(tensors, fold.eps, fold.transposed, fold.groups)
             state_dict.update((prefix + key, weight) for key in fold.weight)
             state_dict.update((prefix + key, bias) for key in fold.bias)
+
+
+def _fuse_traced_children(module: nn.Module, prefix: str, found: _Found) -> list[str]:
+    """For a `module` torch.fx cannot trace: its children's forward() code, each traced on
+    its own (and in turn its children's where it cannot be), the chains found there fused
+    and the child replaced by its rewritten trace. torch.nn's own modules hold no chains in
+    code and are not traced. The paths of the children replaced."""
+    replaced = []
+    for name, child in list(module.named_children()):
+        path = f"{prefix}{name}"
+        if type(child).__module__.startswith("torch.nn"):
+            replaced += _fuse_traced_children(child, f"{path}.", found)
+            continue
+        try:
+            graph = _trace_in_either_mode(child)
+        except Exception:  # torch.fx raises many types for untraceable code
+            replaced += _fuse_traced_children(child, f"{path}.", found)
+            continue
+        fused = _fuse_graph(torch.fx.GraphModule(child, graph, type(child).__name__), child, found, f"{path}.")
+        if fused is not child:
+            _keep_unused_tensors(fused, child, found.folds)
+            setattr(module, name, fused)
+            replaced.append(path)
+    return replaced
 
 
 def _keep_original_keys(model: nn.Module, original: dict[str, torch.Tensor], folds: list[_Match]) -> None:
@@ -901,10 +927,13 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool = True) ->
     and chains written there (modules, F.group_norm and F.instance_norm, the functional
     activations) are fused too; the result is then a torch.fx.GraphModule. Models
     torch.fx cannot trace, or whose forward() branches on train/eval mode (a trace would
-    freeze the branch taken), keep the Sequential rewrite, and the result says why. The
-    fused blocks hold the original parameter objects. The result lists every chain fused
-    (where, what, what it became), every norm folded (``folded``: where, what, the
-    activation kept) and every candidate left alone, with the reason.
+    freeze the branch taken), keep the Sequential rewrite and the result says why; their
+    children's forward() code is then traced child by child (a child's children where the
+    child cannot be traced), and the chains found there are fused, each such child
+    becoming its rewritten trace (the result names them). The fused blocks hold the
+    original parameter objects. The result lists every chain fused (where, what, what it
+    became), every norm folded (``folded``: where, what, the activation kept) and every
+    candidate left alone, with the reason.
 
     Checkpoints move both ways: the fused model's ``state_dict()`` has the original
     model's keys (each fused block's tensors under the keys of the modules they came
@@ -938,18 +967,22 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool = True) ->
     original = model.state_dict(keep_vars=True)
     found = _Found()
     _fuse_sequentials(model, "", found)
-    _keep_original_keys(model, original, found.folds)
-    result = FuseResult(model, found.replaced, folded=found.folded)
+    graph_module, not_traced = None, None
     if trace:
         try:
             graph_module = torch.fx.GraphModule(model, _trace_in_either_mode(model), type(model).__name__)
         except Exception as error:  # torch.fx raises many types for untraceable code
-            result.not_traced = f"{type(error).__name__}: {error}"
-        else:
-            result.model = _fuse_graph(graph_module, model, found)
-            if result.model is not model:
-                _keep_unused_tensors(result.model, model, found.folds)
-                _keep_original_keys(result.model, original, found.folds)
+            not_traced = f"{type(error).__name__}: {error}"
+            traced_children = _fuse_traced_children(model, "", found)
+            if traced_children:
+                not_traced += f"; fused in the traced forward() of {', '.join(traced_children)}"
+    _keep_original_keys(model, original, found.folds)
+    result = FuseResult(model, found.replaced, not_traced=not_traced, folded=found.folded)
+    if graph_module is not None:
+        result.model = _fuse_graph(graph_module, model, found)
+        if result.model is not model:
+            _keep_unused_tensors(result.model, model, found.folds)
+            _keep_original_keys(result.model, original, found.folds)
     result.left_alone = [f"{path}: {reason}" for path, reason in found.notes.items()]
     if channels_last and result.replaced:
         _run_channels_last(result.model)
