@@ -81,8 +81,8 @@ class FusedBlock final : public PlannedBlock {
                             slopes ? slopes->const_data_ptr<float>() : nullptr,
                             y.data_ptr(),
                             stats.data()};
-    const EpilogueActivation epilogue_activation =
-        before ? EpilogueActivation{act.kind, act.parameter} : EpilogueActivation{};
+    const ActivationConstant epilogue_activation =
+        before ? ActivationConstant{act.kind, act.parameter} : ActivationConstant{};
     const int sm_count = at::cuda::getDeviceProperties(a.input.device().index())->multiProcessorCount;
     {
       const NvtxRange range("cutlassfuse.fused_convolution");

@@ -55,6 +55,13 @@ struct ActivationParams {
   int64_t slope_count = 0;  // 1, or the channels
 };
 
+// An activation's kind and its one constant (LeakyReLU's slope, ELU's alpha), as the
+// fused convolution's epilogue takes it (PReLU's per-channel slopes come as an operand).
+struct ActivationConstant {
+  ActivationKind kind = ActivationKind::kIdentity;
+  float parameter = 0.f;
+};
+
 // tanh through expf: the kernels build with fast math, where tanhf is the hardware's
 // approximation (about 2^-11 relative error), far coarser than PyTorch's tanh.
 CUTLASSFUSE_HOST_DEVICE float accurate_tanh(float x) {

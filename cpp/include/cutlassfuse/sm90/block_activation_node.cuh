@@ -19,19 +19,14 @@
 
 namespace cutlassfuse::sm90 {
 
-struct BlockActivationArguments {
-  ActivationKind kind = ActivationKind::kIdentity;
-  float parameter = 0.f;  // LeakyReLU's negative_slope, ELU's alpha
-};
-
 template <class T>
 struct BlockActivation {
-  using Arguments = BlockActivationArguments;
+  using Arguments = ActivationConstant;
 };
 
 template <int N>
 struct BlockActivation<cutlass::Array<float, N>> {
-  using Arguments = BlockActivationArguments;
+  using Arguments = ActivationConstant;
 
   CUTLASS_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& value,
                                                      cutlass::Array<float, N> const& slope,

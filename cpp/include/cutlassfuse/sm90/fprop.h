@@ -43,21 +43,16 @@ struct FpropOperands {
   WelfordPartial* partials;  // TilePartials::for_tiles(shape, kFpropTile.m, kFpropTile.n) slots
 };
 
-// The activation the epilogue applies: kind and constant (PReLU's come from slopes).
-struct EpilogueActivation {
-  ActivationKind kind = ActivationKind::kIdentity;
-  float parameter = 0.f;
-};
-
 // Empty when the kernel can run `problem` (forward, ungrouped), else why not: this
 // kernel's rules and CUTLASS's can_implement (TMA im2col limits).
 template <MathMode M>
 std::string fprop_unsupported_reason(const Problem& problem);
 
-// Launches the kernel on `stream`. Throws std::runtime_error if CUTLASS refuses or the
-// launch fails.
+// Launches the kernel on `stream`, the epilogue applying `activation` (the one before the
+// norm; identity when it follows the norm; PReLU's slopes from operands.slopes). Throws
+// std::runtime_error if CUTLASS refuses or the launch fails.
 template <MathMode M>
-void fprop_fused(const Problem& problem, const FpropOperands& operands, const EpilogueActivation& activation,
+void fprop_fused(const Problem& problem, const FpropOperands& operands, const ActivationConstant& activation,
                  int sm_count, cudaStream_t stream);
 
 }  // namespace cutlassfuse::sm90

@@ -49,7 +49,7 @@ inline FpropShape make_fprop_shape(const Problem& p) {
 
 template <class Fused>
 typename Fused::Epilogue::FusionCallbacks::Arguments block_tree_arguments(const Problem& p, const FpropOperands& ops,
-                                                                          const EpilogueActivation& activation) {
+                                                                          const ActivationConstant& activation) {
   using Element = typename Fused::Epilogue::ElementD;
   const GroupNormShape gn{p.batch, p.out_channels, p.output_spatial(), p.num_groups};
   const TilePartials tiles = TilePartials::for_tiles(gn, cute::size<0>(typename Fused::TileShape{}),
@@ -59,13 +59,12 @@ typename Fused::Epilogue::FusionCallbacks::Arguments block_tree_arguments(const 
       tiles.max_local_groups, tiles.tiles_n};
   const typename Fused::Trees::Bias::Arguments bias{static_cast<const Element*>(ops.bias), Element(0), {}};
   const typename Fused::Trees::Slopes::Arguments slopes{ops.slopes, 0.f, {}};
-  const BlockActivationArguments act{activation.kind, activation.parameter};
-  return {{{{}, bias, {}}, slopes, act}, stats};
+  return {{{{}, bias, {}}, slopes, activation}, stats};
 }
 
 template <class Fused>
 PhaseArguments<FpropShape, typename Fused::Mainloop, typename Fused::Epilogue> make_fprop_arguments(
-    const Problem& problem, const FpropOperands& ops, const EpilogueActivation& activation) {
+    const Problem& problem, const FpropOperands& ops, const ActivationConstant& activation) {
   using Element = typename Fused::Epilogue::ElementD;
   using StrideD = typename Fused::Epilogue::StrideD;
   const FpropShape shape = make_fprop_shape(problem);
@@ -92,7 +91,7 @@ std::string fprop_rejection(const Problem& problem) {
 }
 
 template <class Fused>
-void run_fprop(const Problem& problem, const FpropOperands& ops, const EpilogueActivation& activation, int sm_count,
+void run_fprop(const Problem& problem, const FpropOperands& ops, const ActivationConstant& activation, int sm_count,
                cudaStream_t stream) {
   using Kernel = typename Fused::Kernel;
   const auto args = make_fprop_arguments<Fused>(problem, ops, activation);
@@ -116,7 +115,7 @@ using FpropKernelOf = FpropFusedKernel<Element, TileConfig<kFpropTile.m, kFpropT
   }                                                                                                      \
   template <>                                                                                            \
   void fprop_fused<MATH_MODE>(const Problem& problem, const FpropOperands& operands,                     \
-                              const EpilogueActivation& activation, int sm_count, cudaStream_t stream) { \
+                              const ActivationConstant& activation, int sm_count, cudaStream_t stream) { \
     run_fprop<FpropKernelOf<CUTLASS_ELEMENT>>(problem, operands, activation, sm_count, stream);          \
   }                                                                                                      \
   }
