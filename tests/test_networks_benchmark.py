@@ -36,6 +36,8 @@ pytest.importorskip("monai")
 ROOT = Path(__file__).resolve().parents[1]
 # The chains fuse() replaces in each tiny network (tests/test_rewrite_monai.py says which).
 CHAINS = {"unet": 13, "basicunet": 18, "dynunet": 14, "segresnet": 25}
+UNTRACEABLE_NOTE = ("forward() not traced: TraceError: forward() asks the type of a traced value "
+                    "(torch.jit.isinstance), which a trace cannot answer")
 GRADIENT_NOTE = "fused gradient error largest at "
 
 
@@ -60,8 +62,13 @@ def test_network_benchmark_runs_every_network_on_cpu(tmp_path):
     assert [(r["network"], r["memory_format"]) for r in rows] == [(f"{name}-tiny", layout) for name in CHAINS
                                                                   for layout in ("ncdhw", "channels_last")]
     for r in rows:
-        # Nothing refused, nothing left alone, forward() traced: at most the gradient's note.
-        assert r["notes"] == "" or r["notes"].startswith(GRADIENT_NOTE), r
+        # Nothing refused, nothing left alone, forward() traced except BasicUNet's (its
+        # UpCat asks torch.jit.isinstance of a traced value): at most the gradient's note.
+        notes = r["notes"]
+        if r["network"] == "basicunet-tiny":
+            assert notes.startswith(UNTRACEABLE_NOTE), r
+            notes = notes.removeprefix(UNTRACEABLE_NOTE).removeprefix("; ")
+        assert notes == "" or notes.startswith(GRADIENT_NOTE), r
         assert int(r["chains_fused"]) == CHAINS[r["network"].removesuffix("-tiny")], r
         assert r["chains_left_alone"] == "0", r
         for key in ("compile_ms", "compile_fused_ms", "fused_over_compile", "compile_fused_over_fused"):
@@ -78,7 +85,7 @@ def test_network_benchmark_runs_every_network_on_cpu(tmp_path):
         grad_ratio = float(r["grad_fused_over_eager"])
         assert grad_ratio == float(r["fused_grad_max_abs"]) / float(r["eager_grad_max_abs"])
         assert ("gradient error > 1.25x eager's" in r["misses"]) == (grad_ratio > 1.25), r
-        assert r["notes"].startswith(GRADIENT_NOTE) == (grad_ratio > 1.25), r
+        assert notes.startswith(GRADIENT_NOTE) == (grad_ratio > 1.25), r
     assert f"of {len(rows)} rows miss a target" in result.stdout
     table = networks_table(out_csv).splitlines()
     assert len(table) == 4 + len(rows)  # the heading, a blank line, the header and its rule, a line per row

@@ -383,7 +383,10 @@ def test_mode_dependent_forward_keeps_its_sequential_chains():
     assert result.model is model and "train and eval mode" in result.not_traced
     assert result.replaced == ["block.0: Conv3d(4->8, kernel=(3, 3, 3), stride=(1, 1, 1)) + GroupNorm(2) + ReLU -> "
                                "Conv3dNormActivation"]
-    assert str(result).splitlines()[-1].startswith("  (forward() not traced: _ModeDependentForward: forward() takes")
+    report = str(result).splitlines()
+    assert report[-2].startswith("  (forward() not traced: _ModeDependentForward: forward() takes")
+    assert report[-1] == "  activations keep the input's layout (channels_last=True puts them channels-last)"
+    assert not result.channels_last
     x = inputs()[0]
     torch.testing.assert_close(model.train()(x), 2 * model.eval()(x))
 
@@ -427,7 +430,7 @@ def test_activations_run_channels_last_and_outputs_keep_the_input_layout(input_c
     original = randomized(_encoder_decoder(), seed=3).double()
     result = cutlassfuse.fuse(copy.deepcopy(original))
     model = result.model
-    assert len(result.replaced) == 3
+    assert len(result.replaced) == 3 and result.channels_last
     assert all(p.is_contiguous(memory_format=torch.channels_last_3d) for p in model.parameters() if p.dim() == 5)
     block_inputs = []
     hooks = [m.register_forward_pre_hook(lambda m, args: block_inputs.append(args[0]))
@@ -486,3 +489,49 @@ def test_children_of_an_untraceable_model_are_traced_one_by_one():
     with torch.no_grad():
         torch.testing.assert_close(result.model(x), original(x), rtol=1e-10, atol=1e-10)
     assert_checkpoints_load_both_ways(_BranchesOnData, (torch.rand(1, 2, 4, 4, 4),))
+
+
+class _OptionalSkip(nn.Module):
+    """As MONAI's UpCat: concatenates a skip connection given as a tensor, which
+    torch.jit.isinstance asks of a traced value (a trace would skip the cat)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Sequential(nn.Conv3d(2, 4, 3, padding=1), nn.InstanceNorm3d(4, affine=True), nn.LeakyReLU(0.1))
+        self.body = _PreActivationBody(8)
+
+    def forward(self, x, skip: torch.Tensor | None = None):
+        x = self.up(x)
+        if skip is not None and torch.jit.isinstance(skip, torch.Tensor):
+            x = torch.cat([skip, x], dim=1)
+        return self.body(x)
+
+
+class _WithOptionalSkip(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv3d(2, 4, 1)
+        self.decoder = _OptionalSkip()
+
+    def forward(self, x):
+        return self.decoder(x, self.stem(x))
+
+
+def test_a_type_check_of_a_traced_value_refuses_the_trace_and_keeps_the_layouts():
+    """A trace that asks torch.jit.isinstance of a traced value would drop the cat: the
+    model is traced child by child instead (the child asking it, by its children), and
+    with code left untraced the activations keep their layout."""
+    original = randomized(_WithOptionalSkip(), seed=5).double()
+    result = cutlassfuse.fuse(copy.deepcopy(original))
+    assert "torch.jit.isinstance" in result.not_traced, result.not_traced
+    assert len(result.replaced) == 2 and any(line.startswith("decoder.body.") for line in result.replaced), str(result)
+    assert isinstance(result.model.decoder.body, torch.fx.GraphModule)
+    assert torch.jit.isinstance(torch.zeros(1), torch.Tensor)  # restored after tracing
+    assert not result.channels_last and all(p.is_contiguous() for p in result.model.parameters())
+    x = torch.rand(2, 2, 5, 6, 7, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(result.model(x), original(x), rtol=1e-10, atol=1e-10)
+    forced = cutlassfuse.fuse(copy.deepcopy(original), channels_last=True)
+    assert forced.channels_last
+    assert all(p.is_contiguous(memory_format=torch.channels_last_3d) for p in forced.model.parameters()
+               if p.dim() == 5)

@@ -81,6 +81,7 @@ class FuseResult:
     not_traced: str | None = None  # why the torch.fx pass could not run, if it could not
     left_alone: list[str] = field(default_factory=list)  # one line per chain not fused: where, and why
     folded: list[str] = field(default_factory=list)  # one line per norm folded into its conv: where, what
+    channels_last: bool = False  # whether the model's activations run channels-last (fuse's channels_last)
 
     def __str__(self) -> str:
         head = f"cutlassfuse.fuse: {len(self.replaced)} chain(s) fused"
@@ -90,6 +91,9 @@ class FuseResult:
         lines += [f"  left alone: {line}" for line in self.left_alone]
         if self.not_traced:
             lines.append(f"  (forward() not traced: {self.not_traced})")
+        if self.replaced:
+            lines.append("  activations run channels-last" if self.channels_last else
+                         "  activations keep the input's layout (channels_last=True puts them channels-last)")
         return "\n".join(lines)
 
 
@@ -453,11 +457,34 @@ def _fuse_sequentials(module: nn.Module, prefix: str, found: _Found) -> None:
         _fuse_sequentials(slot.module, f"{slot.path}.", found)
 
 
+def _type_check_of_traced_values(check):
+    """torch.jit.isinstance while tracing: a traced value is a torch.fx.Proxy, not the
+    tensor it stands for, so asking its type would silently take the wrong branch (MONAI's
+    UpCat skips its skip connection's cat that way); such a forward() is refused."""
+
+    def checked(obj: Any, target_type: Any) -> bool:
+        if isinstance(obj, torch.fx.Proxy):
+            raise torch.fx.proxy.TraceError("forward() asks the type of a traced value (torch.jit.isinstance), "
+                                            "which a trace cannot answer")
+        return check(obj, target_type)
+
+    return checked
+
+
 class _Tracer(torch.fx.Tracer):
-    """Keeps already fused blocks (from the Sequential pass) opaque."""
+    """Keeps already fused blocks (from the Sequential pass) opaque, and refuses code that
+    asks the type of a traced value."""
 
     def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
         return isinstance(module, _FUSED) or super().is_leaf_module(module, qualified_name)
+
+    def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> torch.fx.Graph:
+        check = torch.jit.isinstance
+        torch.jit.isinstance = _type_check_of_traced_values(check)
+        try:
+            return super().trace(root, concrete_args)
+        finally:
+            torch.jit.isinstance = check
 
 
 def _unused_name(module: nn.Module, name: str) -> str:
@@ -894,7 +921,7 @@ def _run_channels_last(model: nn.Module) -> None:
     model.register_forward_hook(_outputs_in_input_layout)
 
 
-def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool = True) -> FuseResult:
+def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = None) -> FuseResult:
     """Fuses the chains of `model` that cutlassfuse's blocks compute.
 
     A chain is a Conv3d or ConvTranspose3d (padding_mode "zeros"), then an nn.GroupNorm
@@ -926,8 +953,9 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool = True) ->
     and activation). With ``trace=True`` the forward code is then traced with torch.fx
     and chains written there (modules, F.group_norm and F.instance_norm, the functional
     activations) are fused too; the result is then a torch.fx.GraphModule. Models
-    torch.fx cannot trace, or whose forward() branches on train/eval mode (a trace would
-    freeze the branch taken), keep the Sequential rewrite and the result says why; their
+    torch.fx cannot trace, whose forward() branches on train/eval mode (a trace would
+    freeze the branch taken) or asks a traced value's type (torch.jit.isinstance, which
+    a trace answers wrongly), keep the Sequential rewrite and the result says why; their
     children's forward() code is then traced child by child (a child's children where the
     child cannot be traced), and the chains found there are fused, each such child
     becoming its rewritten trace (the result names them). The fused blocks hold the
@@ -954,7 +982,13 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool = True) ->
     channels-last, so the activations run channels-last from the first layer on, one
     layout conversion at the input in place of one per block; a forward hook on the
     returned model gives NCDHW outputs for NCDHW inputs, as the original model's. The
-    parameters stay the same objects with the same values.
+    parameters stay the same objects with the same values. ``channels_last=None`` (the
+    default) chooses it where the whole forward() was traced, so that fuse() saw every op
+    between the blocks; code it could not trace keeps the layouts (each block then
+    converts its input and output), because PyTorch runs some ops slowly on
+    channels-last tensors or returns them NCDHW (a replicate pad, a concatenation of
+    mixed layouts: MONAI's BasicUNet decoder does both). ``result.channels_last`` says
+    which was chosen.
 
     A folded norm's running statistics cannot be told apart from the conv's weight
     afterwards, so folded models load one way: a state_dict of the original model loads
@@ -984,7 +1018,13 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool = True) ->
             _keep_unused_tensors(result.model, model, found.folds)
             _keep_original_keys(result.model, original, found.folds)
     result.left_alone = [f"{path}: {reason}" for path, reason in found.notes.items()]
-    if channels_last and result.replaced:
+    if channels_last is None:
+        # Channels-last pays where fuse() sees every op between the blocks; code it could not
+        # trace may run ops that are slow on channels-last tensors or mix layouts (MONAI's
+        # BasicUNet pads with mode="replicate" and concatenates its skip connections there).
+        channels_last = trace and not_traced is None
+    result.channels_last = channels_last and bool(result.replaced)
+    if result.channels_last:
         _run_channels_last(result.model)
     return result
 
