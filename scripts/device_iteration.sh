@@ -30,7 +30,7 @@
 #                   CUTLASS against cuDNN per layer: the conv_gradients rule's data)
 #        gradmode   benchmarks/grad_mode.py (eager and cutlassfuse in grad mode against no_grad,
 #                   every benchmark shape, dtype, float32 mode and the fallback; CSV)
-#        blocks     benchmarks/blocks.py --train (the block family's modules on real networks'
+#        blocks     benchmarks/blocks.py --train, fp16 and bf16 (the block family's modules on real networks'
 #                   blocks against eager, torch.compile and cuDNN's conv + one copy; CSV)
 #        networks   benchmarks/networks.py --train (MONAI's UNet, BasicUNet, DynUNet and SegResNet
 #                   through cutlassfuse.fuse against eager and torch.compile, fp16 and bf16, NCDHW;
@@ -212,7 +212,7 @@ fi
 
 if wanted blocks; then
   step "the block family on real networks' blocks"
-  "$PYTHON" benchmarks/blocks.py --train --csv "$OUT/blocks.csv" 2>&1 | tee "$LOGS/blocks.log"
+  "$PYTHON" benchmarks/blocks.py --dtypes float16,bfloat16 --train --csv "$OUT/blocks.csv" 2>&1 | tee "$LOGS/blocks.log"
 fi
 
 if wanted networks; then
