@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cutlassfuse import block_bench
+from cutlassfuse.block_bench import Row, misses
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "blocks.py"
 BLOCKS = ["basicunet_conv", "dynunet_conv", "unet_down", "unet_up", "segres_conv", "upsampler_conv", "segres_norm",
           "kb61"]
@@ -33,3 +36,20 @@ def test_block_benchmark_runs_every_block_on_cpu(tmp_path):
         assert float(r["over_floor"]) == float(r["cutlassfuse_ms"]) / floor
         assert float(r["eager_max_abs"]) <= 1e-4 and float(r["cutlassfuse_max_abs"]) <= 1e-4, r
     assert f"of {len(rows)} rows miss a target" in result.stdout
+
+
+def _row(**ratios) -> Row:
+    fields = {name: None for name in Row.__dataclass_fields__}
+    return Row(**{**fields, "block": "b", "dtype": "float16", "memory_format": "ncdhw", "cutlassfuse_ms": 1.0,
+                  "path": "fused_sm90", "misses": "", "notes": "", **ratios})
+
+
+def test_misses_name_each_target_and_basicunet_conv_may_be_within_1_1x_of_compile():
+    by_name = {block.name: block for block in block_bench.BLOCKS}
+    segres, basicunet = by_name["segres_conv"], by_name["basicunet_conv"]
+    assert misses(segres, _row(over_floor=1.0, eager_over_cutlassfuse=2.0, compile_over_cutlassfuse=1.01)) == ""
+    assert misses(segres, _row(over_floor=1.2, eager_over_cutlassfuse=1.5, compile_over_cutlassfuse=0.99)) == (
+        "over floor > 1.1; eager/cf < 1.75; not faster than compile")
+    # basicunet_conv is its convolution: within 1.1x of torch.compile (which calls cuDNN's) counts.
+    assert misses(basicunet, _row(compile_over_cutlassfuse=0.99)) == ""
+    assert misses(basicunet, _row(compile_over_cutlassfuse=1 / 1.12)) == "over compile >= 1.1"
