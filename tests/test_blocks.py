@@ -74,6 +74,24 @@ def test_standalone_norm_matches_modules(activation):
     torch.testing.assert_close(out, act(norm(x)))
 
 
+@pytest.mark.parametrize("shape", [(3, 6), (3, 6, 7), (3, 6, 4, 5)], ids=["0d", "1d", "2d"])
+def test_standalone_norm_takes_fewer_spatial_dimensions(shape):
+    """As F.group_norm: (N, C) with fewer than three spatial dimensions, the output in the
+    input's shape and (2-D) memory format; explain_block takes it too."""
+    norm = nn.GroupNorm(3, 6, dtype=torch.float64)
+    x = torch.randn(*shape, dtype=torch.float64)
+    formats = [torch.contiguous_format, torch.channels_last] if len(shape) == 4 else [torch.contiguous_format]
+    for memory_format in formats:
+        x = x.contiguous(memory_format=memory_format)
+        out = cutlassfuse.group_norm_activation(x, 3, norm.weight, norm.bias, activation="silu")
+        expected = F.silu(norm(x))
+        assert out.shape == expected.shape and out.stride() == expected.stride()
+        torch.testing.assert_close(out, expected)
+    assert cutlassfuse.explain_block(cutlassfuse.group_norm_activation, x, 3)
+    with pytest.raises(ValueError, match="up to three spatial dimensions"):
+        cutlassfuse.group_norm_activation(torch.randn(1, 6, 2, 2, 2, 2), 3)
+
+
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last_3d])
 def test_output_memory_format_follows_the_input(memory_format):
     conv, norm, act = make_block(False, "relu", num_groups=2, bias=True, affine=True, stride=1)

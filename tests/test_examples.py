@@ -47,3 +47,13 @@ def test_monai_example_loads_a_checkpoint_fuses_and_folds(tmp_path):
     # float32 through 20 layers of random weights: eager's own error against float64 is
     # 5e-6 of the output's largest value here, the fused model's as much.
     assert difference <= 5e-5 * scale, out
+
+
+def test_video_vae_example_fuses_every_resnet_block():
+    """diffusers' HunyuanVideo decoder (small, random weights) through the example: the
+    GroupNorm -> SiLU and Conv3d -> GroupNorm -> SiLU of each of its 10 resnet blocks
+    fused, the outputs the original's."""
+    out = run_example("video_vae.py", "--device", "cpu")
+    assert out.startswith("cutlassfuse.fuse: 20 chain(s) fused\n"), out
+    difference, scale = map(float, re.search(r"max \|fused - eager\| = (\S+), max \|eager\| = (\S+) ", out).groups())
+    assert difference <= 1e-5 * scale, out

@@ -169,8 +169,6 @@ LEFT_ALONE = {
                      "0: the conv's padding_mode must be 'zeros', got 'reflect'", ["GroupNormActivation"]),
     "forward_hooks": (lambda: [hooked_conv(), nn.GroupNorm(2, C), nn.ReLU()],
                       "0: Conv3d has forward hooks, which the rewritten model would not run", ["GroupNormActivation"]),
-    "input_of_unknown_rank": (lambda: [nn.GroupNorm(2, 4), nn.ReLU(), nn.Conv3d(4, C, 1)],
-                              "0: GroupNorm(2) -> ReLU: its input is not known to be 5-D (N, C, D, H, W)", []),
 }
 
 
@@ -342,196 +340,59 @@ class PreActivationNet(nn.Module):
 
 def test_norm_activation_with_no_conv_in_front():
     """The first norm reads the block's input, which the residual reads too: a norm ->
-    activation of its own, 5-D as the stem's (and the sum's) output. The head's
-    norm -> activation starts an nn.Sequential: the trace knows its input."""
+    activation of its own. The head's norm -> activation is an nn.Sequential's, fused
+    before the trace."""
     result = fused(PreActivationNet())
     assert result.left_alone == []
     assert [line.split(":")[0] for line in result.replaced] == [
-        "blocks.0.norm1_relu", "blocks.0.conv1_norm2_relu", "blocks.1.norm1_relu", "blocks.1.conv1_norm2_relu",
-        "head.0_silu"]
+        "head.0", "blocks.0.norm1_relu", "blocks.0.conv1_norm2_relu", "blocks.1.norm1_relu",
+        "blocks.1.conv1_norm2_relu"]
     assert blocks(result.model) == ["GroupNormActivation", "Conv3dNormActivation"] * 2 + ["GroupNormActivation"]
     assert_checkpoints_load_both_ways(lambda: PreActivationNet().double(), inputs())
 
 
-def test_norm_activation_on_the_model_input_is_left_alone():
-    """A GroupNorm takes any rank, the block only 5-D: on the model's own input the trace
-    cannot tell."""
+def test_norm_activation_on_the_model_input():
+    """A GroupNorm takes (N, C, *) input of any spatial rank, and so does the fused norm:
+    on the model's own input, whose rank the trace cannot tell, it fuses too."""
     block = randomized(PreActivationBlock().double(), seed=0)
     x = torch.rand(2, C, 4, 4, 4, dtype=torch.float64)
     expected = block(x)
     result = cutlassfuse.fuse(block)
     torch.testing.assert_close(result.model(x), expected, rtol=1e-10, atol=1e-10)
-    assert [line.split(":")[0] for line in result.replaced] == ["conv1_norm2_relu"]
-    assert result.left_alone == ["norm1: GroupNorm(2) -> ReLU: its input is not known to be 5-D (N, C, D, H, W)"]
+    assert [line.split(":")[0] for line in result.replaced] == ["norm1_relu", "conv1_norm2_relu"]
+    assert result.left_alone == []
 
 
-class ModeDependent(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.block = nn.Sequential(nn.Conv3d(4, C, 3, padding=1), nn.GroupNorm(2, C), nn.ReLU())
-        self.conv = nn.Conv3d(C, C, 1)
-        self.norm = nn.InstanceNorm3d(C)
-
-    def forward(self, x):
-        x = F.silu(self.norm(self.conv(self.block(x))))
-        return x * 2 if self.training else x
-
-
-def test_mode_dependent_forward_keeps_its_sequential_chains():
-    model = ModeDependent()
-    result = fused(model)
-    assert result.model is model and "train and eval mode" in result.not_traced
-    assert result.replaced == ["block.0: Conv3d(4->8, kernel=(3, 3, 3), stride=(1, 1, 1)) + GroupNorm(2) + ReLU -> "
-                               "Conv3dNormActivation"]
-    report = str(result).splitlines()
-    assert report[-2].startswith("  (forward() not traced: _ModeDependentForward: forward() takes")
-    assert report[-1] == "  activations keep the input's layout (channels_last=True puts them channels-last)"
-    assert not result.channels_last
-    x = inputs()[0]
-    torch.testing.assert_close(model.train()(x), 2 * model.eval()(x))
-
-
-class SharedBlocks(nn.Module):
-    """As DynUNet: the same block registered twice (as itself and inside skip_layers),
-    and a head forward() never calls."""
-
-    def __init__(self):
-        super().__init__()
-        self.down = BasicBlock(4, C)
-        self.skip_layers = nn.ModuleDict({"down": self.down})
-        self.unused_head = nn.Conv3d(C, 2, 1)
-
-    def forward(self, x):
-        return self.skip_layers["down"](x)
-
-
-def test_checkpoints_of_shared_and_uncalled_modules():
-    """The trace keeps one path of a module registered twice, and none of a module
-    forward() does not call: the fused model's checkpoints still have every key."""
-    fused_model = assert_checkpoints_load_both_ways(lambda: SharedBlocks().double(), inputs())
-    assert blocks(fused_model) == ["Conv3dNormActivation"] * 2
-    assert "skip_layers.down.conv1.weight" in fused_model.state_dict()
-    assert "unused_head.weight" in fused_model.state_dict()
-
-
-def _encoder_decoder() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv3d(2, 8, 3, padding=1), nn.InstanceNorm3d(8, affine=True), nn.LeakyReLU(0.1),
-        nn.Conv3d(8, 8, 3, stride=2, padding=1), nn.GroupNorm(4, 8), nn.PReLU(),
-        nn.ConvTranspose3d(8, 4, 2, stride=2), nn.InstanceNorm3d(4), nn.SiLU(),
-        nn.Conv3d(4, 3, 1))
-
-
-@pytest.mark.parametrize("input_channels_last", [False, True], ids=["ncdhw_input", "channels_last_input"])
-def test_activations_run_channels_last_and_outputs_keep_the_input_layout(input_channels_last):
-    """fuse() puts the convolutions' weights channels-last, so that every block after the
-    first reads and writes channels-last; the model's output has the original model's
-    layout."""
-    original = randomized(_encoder_decoder(), seed=3).double()
-    result = cutlassfuse.fuse(copy.deepcopy(original))
-    model = result.model
-    assert len(result.replaced) == 3 and result.channels_last
-    assert all(p.is_contiguous(memory_format=torch.channels_last_3d) for p in model.parameters() if p.dim() == 5)
-    block_inputs = []
-    hooks = [m.register_forward_pre_hook(lambda m, args: block_inputs.append(args[0]))
-             for m in model.modules() if isinstance(m, (Conv3dNormActivation, ConvTranspose3dNormActivation))]
-    x = torch.rand(2, 2, 6, 6, 6, dtype=torch.float64)
-    if input_channels_last:
-        x = x.contiguous(memory_format=torch.channels_last_3d)
-    with torch.no_grad():
-        out, expected = model(x), original(x)
-    for hook in hooks:
-        hook.remove()
-    assert len(block_inputs) == 3
-    assert all(t.is_contiguous(memory_format=torch.channels_last_3d) for t in block_inputs[1:])
-    assert out.stride() == expected.stride()  # the original model's output layout
+@pytest.mark.parametrize("shape", [(2, 4), (2, 4, 7), (2, 4, 5, 6), (2, 4, 3, 5, 6)], ids=["0d", "1d", "2d", "3d"])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["contiguous", "channels_last"])
+def test_group_norm_activation_of_any_spatial_rank(shape, channels_last):
+    """A GroupNorm -> SiLU in a 2-D network (as diffusers' 2-D autoencoders and UNets run
+    it) fuses, and the block computes it on (N, C, *) input in either layout."""
+    model = randomized(nn.Sequential(nn.GroupNorm(2, 4), nn.SiLU()).double(), seed=1)
+    x = torch.rand(*shape, dtype=torch.float64)
+    if channels_last and len(shape) in (4, 5):
+        x = x.contiguous(memory_format=torch.channels_last if len(shape) == 4 else torch.channels_last_3d)
+    expected = model(x)
+    result = cutlassfuse.fuse(copy.deepcopy(model))
+    assert blocks(result.model) == ["GroupNormActivation"], str(result)
+    out = result.model(x)
+    assert out.shape == expected.shape and out.stride() == expected.stride()
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
 
 
-def test_channels_last_off_leaves_the_layouts():
-    model = cutlassfuse.fuse(_encoder_decoder(), channels_last=False).model
-    assert all(p.is_contiguous() for p in model.parameters())
-    assert not model._forward_hooks
+def test_functional_instance_norm_of_unknown_rank_is_left_alone():
+    """F.instance_norm normalizes every (N, C) over the spatial positions of any rank; the
+    fused norm takes InstanceNorm3d's 5-D input only, which the trace cannot tell here."""
 
+    class InstanceNormFirst(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight, self.bias = nn.Parameter(torch.ones(4)), nn.Parameter(torch.zeros(4))
 
-class _BranchesOnData(nn.Module):
-    """A model torch.fx cannot trace (its forward() branches on a tensor's values) whose
-    children hold chains: one in forward() code, one in an nn.Sequential."""
+        def forward(self, x):
+            return F.relu(F.instance_norm(x, weight=self.weight, bias=self.bias))
 
-    def __init__(self):
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv3d(2, 8, 3, padding=1), nn.GroupNorm(4, 8), nn.SiLU())
-        self.block = _PreActivationBody(8)
-
-    def forward(self, x):
-        x = self.stem(x)
-        return self.block(x) if x.mean() > -100 else x
-
-
-class _PreActivationBody(nn.Module):
-    def __init__(self, channels):
-        super().__init__()
-        self.conv = nn.Conv3d(channels, channels, 3, padding=1)
-        self.norm = nn.GroupNorm(4, channels)
-        self.out = nn.Conv3d(channels, channels, 1)
-
-    def forward(self, x):
-        return x + self.out(F.leaky_relu(self.norm(self.conv(x)), 0.2))
-
-
-def test_children_of_an_untraceable_model_are_traced_one_by_one():
-    original = randomized(_BranchesOnData(), seed=4).double()
-    result = cutlassfuse.fuse(copy.deepcopy(original))
-    assert result.not_traced is not None and "fused in the traced forward() of block" in result.not_traced
-    assert len(result.replaced) == 2 and any(line.startswith("block.") for line in result.replaced), str(result)
-    assert isinstance(result.model.block, torch.fx.GraphModule)
-    x = torch.rand(2, 2, 5, 6, 7, dtype=torch.float64)
-    with torch.no_grad():
-        torch.testing.assert_close(result.model(x), original(x), rtol=1e-10, atol=1e-10)
-    assert_checkpoints_load_both_ways(_BranchesOnData, (torch.rand(1, 2, 4, 4, 4),))
-
-
-class _OptionalSkip(nn.Module):
-    """As MONAI's UpCat: concatenates a skip connection given as a tensor, which
-    torch.jit.isinstance asks of a traced value (a trace would skip the cat)."""
-
-    def __init__(self):
-        super().__init__()
-        self.up = nn.Sequential(nn.Conv3d(2, 4, 3, padding=1), nn.InstanceNorm3d(4, affine=True), nn.LeakyReLU(0.1))
-        self.body = _PreActivationBody(8)
-
-    def forward(self, x, skip: torch.Tensor | None = None):
-        x = self.up(x)
-        if skip is not None and torch.jit.isinstance(skip, torch.Tensor):
-            x = torch.cat([skip, x], dim=1)
-        return self.body(x)
-
-
-class _WithOptionalSkip(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.stem = nn.Conv3d(2, 4, 1)
-        self.decoder = _OptionalSkip()
-
-    def forward(self, x):
-        return self.decoder(x, self.stem(x))
-
-
-def test_a_type_check_of_a_traced_value_refuses_the_trace_and_keeps_the_layouts():
-    """A trace that asks torch.jit.isinstance of a traced value would drop the cat: the
-    model is traced child by child instead (the child asking it, by its children), and
-    with code left untraced the activations keep their layout."""
-    original = randomized(_WithOptionalSkip(), seed=5).double()
-    result = cutlassfuse.fuse(copy.deepcopy(original))
-    assert "torch.jit.isinstance" in result.not_traced, result.not_traced
-    assert len(result.replaced) == 2 and any(line.startswith("decoder.body.") for line in result.replaced), str(result)
-    assert isinstance(result.model.decoder.body, torch.fx.GraphModule)
-    assert torch.jit.isinstance(torch.zeros(1), torch.Tensor)  # restored after tracing
-    assert not result.channels_last and all(p.is_contiguous() for p in result.model.parameters())
-    x = torch.rand(2, 2, 5, 6, 7, dtype=torch.float64)
-    with torch.no_grad():
-        torch.testing.assert_close(result.model(x), original(x), rtol=1e-10, atol=1e-10)
-    forced = cutlassfuse.fuse(copy.deepcopy(original), channels_last=True)
-    assert forced.channels_last
-    assert all(p.is_contiguous(memory_format=torch.channels_last_3d) for p in forced.model.parameters()
-               if p.dim() == 5)
+    result = cutlassfuse.fuse(InstanceNormFirst())
+    assert result.replaced == []
+    assert result.left_alone == ["forward(): instance_norm: InstanceNorm3d(4) -> ReLU: its input is not known to be "
+                                 "5-D (N, C, D, H, W)"]

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.common_types import _size_3_t
 
-from .blocks import ACTIVATIONS, activation_of_module
+from .blocks import ACTIVATIONS, activation_of_module, as_five_d
 
 _CONV_OP = torch.ops.cutlassfuse.conv3d_norm_activation.default
 _NORM_OP = torch.ops.cutlassfuse.group_norm_activation.default
@@ -321,7 +321,8 @@ class GroupNormActivation(nn.Module):
     Conv3dNormActivation's. The parameters live in ``norm`` (nn.GroupNorm) and
     ``activation``, created in that order: state_dict keys ``norm.weight``,
     ``norm.bias`` (with affine) and ``activation.weight`` (PReLU). ``from_modules`` also
-    takes an nn.InstanceNorm3d without running statistics (one channel per group).
+    takes an nn.InstanceNorm3d without running statistics (one channel per group). The
+    input is (N, C, D, H, W), or with nn.GroupNorm (N, C) with fewer spatial dimensions.
     """
 
     def __init__(
@@ -367,12 +368,16 @@ class GroupNormActivation(nn.Module):
                           *_activation_repr(self.activation)])
 
     def forward(self, x: Tensor) -> Tensor:
+        """``x``: (N, C, D, H, W); with an nn.GroupNorm also (N, C) with fewer spatial
+        dimensions, as nn.GroupNorm takes it."""
+        if isinstance(self.norm, nn.GroupNorm):
+            return self._call(as_five_d(x), _NORM_OP).view(x.shape)
         return self._call(x, _NORM_OP)
 
     def explain(self, x: Tensor) -> str:
         """Which implementation ``self(x)`` runs and why, for a call that keeps nothing
         for a backward."""
-        return self._call(x, _EXPLAIN_NORM_OP)
+        return self._call(as_five_d(x) if isinstance(self.norm, nn.GroupNorm) else x, _EXPLAIN_NORM_OP)
 
     def _call(self, x: Tensor, op):
         norm = self.norm

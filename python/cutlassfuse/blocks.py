@@ -147,6 +147,15 @@ def conv_transpose3d_norm_activation(
         activation_before_norm=activation_before_norm)))
 
 
+def as_five_d(input: Tensor) -> Tensor:
+    """An (N, C, *) tensor of up to three spatial dimensions as (N, C, D, H, W), its
+    missing spatial dimensions of size one: a view, channels-last where the input is
+    (GroupNorm's statistics do not depend on how the spatial positions are arranged)."""
+    torch._check_value(2 <= input.dim() <= 5, lambda: f"cutlassfuse: input must be (N, C) with up to three spatial "
+                                                     f"dimensions, got shape {tuple(input.shape)}")
+    return input.view(*input.shape, *[1] * (5 - input.dim()))
+
+
 def group_norm_activation(
     input: Tensor,
     num_groups: int,
@@ -159,12 +168,13 @@ def group_norm_activation(
     activation_weight: Tensor | None = None,
 ) -> Tensor:
     """``act(F.group_norm(input, num_groups, weight, bias, eps))`` in one op, for a norm
-    no convolution precedes. Statistics are split over many thread blocks per (sample,
-    group), so batch 1 with few groups fills the GPU. The output has the input's memory
-    format (NCDHW or channels_last_3d)."""
+    no convolution precedes; ``input`` is (N, C) with up to three spatial dimensions, as
+    F.group_norm takes it (2-D and 1-D layers too). Statistics are split over many thread
+    blocks per (sample, group), so batch 1 with few groups fills the GPU. The output has
+    the input's memory format (contiguous or channels-last)."""
     return torch.ops.cutlassfuse.group_norm_activation(*_norm_arguments(dict(
-        input=input, num_groups=num_groups, weight=weight, bias=bias, eps=eps, activation=activation,
-        activation_parameter=activation_parameter, activation_weight=activation_weight)))
+        input=as_five_d(input), num_groups=num_groups, weight=weight, bias=bias, eps=eps, activation=activation,
+        activation_parameter=activation_parameter, activation_weight=activation_weight))).view(input.shape)
 
 
 def explain_block(function, *args, **kwargs) -> str:
@@ -174,7 +184,8 @@ def explain_block(function, *args, **kwargs) -> str:
     bound = inspect.signature(function).bind(*args, **kwargs)
     bound.apply_defaults()
     if function is group_norm_activation:
-        return torch.ops.cutlassfuse.explain_group_norm_activation(*_norm_arguments(bound.arguments))
+        arguments = {**bound.arguments, "input": as_five_d(bound.arguments["input"])}
+        return torch.ops.cutlassfuse.explain_group_norm_activation(*_norm_arguments(arguments))
     transposed = function is conv_transpose3d_norm_activation
     if not transposed and function is not conv3d_norm_activation:
         raise ValueError(f"cutlassfuse: explain_block explains the block functions, got {function!r}")

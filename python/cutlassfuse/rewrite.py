@@ -110,6 +110,7 @@ class _Layer:
     problem: str | None = None  # why it cannot join a fused block, where it cannot
     input: Any = None  # in a trace: the node it reads
     call: tuple[tuple, dict] | None = None  # in a trace: the arguments a fused block in its place takes
+    function: bool = False  # a function call in a trace (F.group_norm, F.silu, ...), not a module
 
 
 def _dropout_text(module: nn.Module) -> str:
@@ -343,15 +344,17 @@ def _match_conv(chain, at, conv: _Layer, notes: dict[str, str]) -> _Match | None
 
 
 def _match_norm(chain, at, norm: _Layer, notes: dict[str, str]) -> _Match | None:
-    """A norm -> activation that no convolution takes: the norm's input must be known to
-    be 5-D, as the op takes it."""
+    """A norm -> activation that no convolution takes. GroupNormActivation takes a
+    GroupNorm's (N, C, *) input of any spatial rank, and nn.InstanceNorm3d's input is 5-D
+    (or unbatched, which the op refuses); F.instance_norm's must be known to be 5-D."""
     activation = _next_of_kind(chain, at, None, "activation", "norm", notes)
     if activation is None:
         return None
     if norm.problem:
         notes[norm.path] = norm.problem
         return None
-    if type(norm.module) is not nn.InstanceNorm3d and not chain.five_d_input(at):
+    any_rank = isinstance(norm.module, nn.GroupNorm) or (type(norm.module) is nn.InstanceNorm3d and not norm.function)
+    if not any_rank and not chain.five_d_input(at):
         notes[norm.path] = (f"{_describe_module(norm.module)} -> {_describe_module(activation.layer.module)}: its "
                             "input is not known to be 5-D (N, C, D, H, W)")
         return None
@@ -608,7 +611,7 @@ class _TracedChain:
             module.train(self.graph_module.training)
         input = node.args[0] if node.args else node.kwargs.get("input")
         return _Layer(kind, path, f"{owner}.{node.name}" if owner else node.name, module, problem, input,
-                      ((input,), {}))
+                      ((input,), {}), function=True)
 
     def _activation_function(self, node: torch.fx.Node) -> _Layer | None:
         activation, defaults = _ACTIVATION_FUNCTIONS[node.target]
@@ -928,8 +931,9 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = N
     or nn.InstanceNorm3d without running statistics, with an activation after the norm,
     before it, or none: Conv3dNormActivation, ConvTranspose3dNormActivation, and
     ConvTranspose3dReLUGroupNorm for ConvTranspose3d -> ReLU -> GroupNorm. A norm and
-    its activation that no convolution takes become GroupNormActivation, where the
-    norm's input is known to be 5-D (an InstanceNorm3d's, or one a 3-D layer gives).
+    its activation that no convolution takes become GroupNormActivation: a GroupNorm's
+    on (N, C, *) input of any spatial rank (2-D networks' too), an InstanceNorm's where
+    its input is 5-D (nn.InstanceNorm3d's, or F.instance_norm's after a 3-D layer).
     Activations: nn.ReLU, LeakyReLU, PReLU, SiLU, GELU, ELU (and in forward() code
     F.relu, torch.relu, .relu(), F.leaky_relu, F.silu, F.gelu, F.elu, F.prelu). Between
     the layers nn.Identity and dropout with p=0 are passed through (they change nothing,

@@ -14,9 +14,11 @@ import zlib
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import cutlassfuse
+from cutlassfuse import GroupNormActivation
 from cutlassfuse.blocks import ACTIVATIONS, activation_of_module
 from cutlassfuse.testing import (
     ACTIVATION_MODULES,
@@ -136,6 +138,28 @@ def test_standalone_norm_against_float64(activation, channels_last, dtype):
     again = cutlassfuse.group_norm_activation(x, 8, norm.weight, norm.bias, norm.eps, activation=name,
                                               activation_parameter=parameter, activation_weight=weight)
     assert torch.equal(out, again)
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_standalone_norm_of_a_2d_layer_runs_the_kernels(channels_last):
+    """GroupNorm -> SiLU of a 2-D network (N, C, H, W) runs this project's kernels, as a
+    5-D view, in both layouts, against float64."""
+    norm64 = nn.GroupNorm(8, 32).cuda().double()
+    with torch.no_grad():
+        norm64.weight.uniform_(0.5, 1.5)
+        norm64.bias.uniform_(-0.5, 0.5)
+    x = (torch.randn(2, 32, 48, 40, device="cuda") * 3 + 1).half()
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    block = GroupNormActivation.from_modules(cast([norm64], torch.float16)[0], nn.SiLU())
+    assert block.explain(x).startswith("norm:")
+    with torch.no_grad():
+        expected = F.silu(norm64(x.double()))
+        out = block(x)
+        reference = F.silu(F.group_norm(x, 8, block.norm.weight, block.norm.bias))
+    assert out.shape == x.shape and out.stride() == reference.stride()
+    ours, theirs = errors(out, expected), errors(reference, expected)
+    assert ours.max_abs <= max(1.5 * theirs.max_abs, FLOOR[torch.float16]), f"cutlassfuse {ours}, eager {theirs}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

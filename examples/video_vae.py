@@ -1,0 +1,65 @@
+"""A video autoencoder's decoder accelerated with `cutlassfuse.fuse`: load it, fuse, decode.
+
+    python examples/video_vae.py [--checkpoint hunyuanvideo-community/HunyuanVideo] [--device cpu]
+
+diffusers' AutoencoderKLHunyuanVideo, from a checkpoint (a diffusers model directory or
+hub id, its "vae" subfolder; without one randomly initialized: the model's own
+configuration on a GPU, a small one on the CPU). torch.fx cannot trace the decoder whole
+(its causal convolutions pad by sizes it branches on), so fuse() traces it child by child:
+every resnet block's GroupNorm -> SiLU and Conv3d -> GroupNorm -> SiLU become cutlassfuse
+blocks. Prints fuse()'s report, then decodes one latent with the decoder and its fused
+copy under torch.no_grad() (GPU: bfloat16, a 16x5x32x32 latent, 17 frames of 256x256;
+CPU: float32, a 16x2x8x8 latent): the largest difference between their outputs, and
+their times.
+"""
+
+import argparse
+import copy
+
+import torch
+
+import cutlassfuse
+from cutlassfuse.benchmarking import median_ms
+
+try:
+    from diffusers import AutoencoderKLHunyuanVideo
+except ImportError as error:
+    raise SystemExit(f"video_vae.py needs diffusers (pip install diffusers): {error}") from error
+
+# On the CPU: the same architecture with fewer channels and one resnet per block.
+SMALL = dict(block_out_channels=(32, 32, 64, 64), norm_num_groups=8, layers_per_block=1)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", help="a diffusers model directory or hub id holding the autoencoder")
+    parser.add_argument("--subfolder", default="vae", help="the autoencoder's folder in the checkpoint")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cuda: bfloat16, 17 frames of 256x256; cpu: float32, small")
+    args = parser.parse_args()
+
+    cuda = args.device == "cuda"
+    device, dtype, latent_size = ("cuda", torch.bfloat16, (5, 32, 32)) if cuda else ("cpu", torch.float32, (2, 8, 8))
+    torch.manual_seed(0)
+    if args.checkpoint:
+        vae = AutoencoderKLHunyuanVideo.from_pretrained(args.checkpoint, subfolder=args.subfolder)
+    else:
+        vae = AutoencoderKLHunyuanVideo(**({} if cuda else SMALL))
+    decoder = vae.decoder.eval()
+    result = cutlassfuse.fuse(copy.deepcopy(decoder))
+    print(result)
+
+    eager = decoder.to(device, dtype)
+    fused = result.model.to(device, dtype)
+    z = torch.randn(1, vae.config.latent_channels, *latent_size).to(device, dtype)
+    with torch.no_grad():
+        a, b = eager(z), fused(z)
+        print(f"max |fused - eager| = {(a.float() - b.float()).abs().max().item():.3e}, max |eager| = "
+              f"{a.float().abs().max().item():.3e} (output {tuple(b.shape)}, {dtype})")
+        for name, net in (("eager", eager), ("fused", fused)):
+            ms = median_ms(lambda net=net: net(z), cuda=cuda, warmup=2 if cuda else 1, repeats=10 if cuda else 2)
+            print(f"{name}: {ms:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
