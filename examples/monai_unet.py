@@ -19,7 +19,7 @@ import copy
 import torch
 
 import cutlassfuse
-from cutlassfuse.benchmarking import median_ms
+from cutlassfuse.benchmarking import print_fused_against_eager
 
 try:
     from monai.networks import nets
@@ -58,15 +58,7 @@ def main():
     eager = model.to(device, dtype, memory_format=layout)
     fused = result.model.to(device, dtype, memory_format=layout)
     x = torch.rand(1, 1, size, size, size).to(device, dtype, memory_format=layout)
-    with torch.no_grad():
-        a, b = eager(x), fused(x)
-        print(f"max |fused - eager| = {(a.float() - b.float()).abs().max().item():.3e}, max |eager| = "
-              f"{a.float().abs().max().item():.3e} (output {tuple(b.shape)}, {dtype}, "
-              f"{'channels_last_3d' if args.channels_last else 'NCDHW'})")
-        for name, net in (("eager", eager), ("fused", fused)):
-            ms = median_ms(lambda net=net: net(x), cuda=cuda, warmup=3 if cuda else 1, repeats=20 if cuda else 2)
-            print(f"{name}: {ms:.3f} ms")
-
+    print_fused_against_eager(eager, fused, x, f"{dtype}, {'channels_last_3d' if args.channels_last else 'NCDHW'}")
 
 if __name__ == "__main__":
     main()

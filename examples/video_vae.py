@@ -19,7 +19,7 @@ import copy
 import torch
 
 import cutlassfuse
-from cutlassfuse.benchmarking import median_ms
+from cutlassfuse.benchmarking import print_fused_against_eager
 
 try:
     from diffusers import AutoencoderKLHunyuanVideo
@@ -52,14 +52,7 @@ def main():
     eager = decoder.to(device, dtype)
     fused = result.model.to(device, dtype)
     z = torch.randn(1, vae.config.latent_channels, *latent_size).to(device, dtype)
-    with torch.no_grad():
-        a, b = eager(z), fused(z)
-        print(f"max |fused - eager| = {(a.float() - b.float()).abs().max().item():.3e}, max |eager| = "
-              f"{a.float().abs().max().item():.3e} (output {tuple(b.shape)}, {dtype})")
-        for name, net in (("eager", eager), ("fused", fused)):
-            ms = median_ms(lambda net=net: net(z), cuda=cuda, warmup=2 if cuda else 1, repeats=10 if cuda else 2)
-            print(f"{name}: {ms:.3f} ms")
-
+    print_fused_against_eager(eager, fused, z, str(dtype))
 
 if __name__ == "__main__":
     main()

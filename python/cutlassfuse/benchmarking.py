@@ -57,3 +57,18 @@ def loop_ms(fn: Callable[[], object], *, cuda: bool, warmup: int = 3, repeats: i
 def median_ms(fn: Callable[[], object], *, cuda: bool, warmup: int = 10, repeats: int = 50) -> float:
     """Median of `times_ms`."""
     return statistics.median(times_ms(fn, cuda=cuda, warmup=warmup, repeats=repeats))
+
+
+def print_fused_against_eager(eager: Callable[[torch.Tensor], torch.Tensor],
+                              fused: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, what: str) -> None:
+    """The examples' last lines, under torch.no_grad(): the largest difference between
+    the two models' outputs on `x` (``what`` describes them), then each model's median
+    time (a few calls on the CPU)."""
+    cuda = x.is_cuda
+    with torch.no_grad():
+        a, b = eager(x), fused(x)
+        print(f"max |fused - eager| = {(a.float() - b.float()).abs().max().item():.3e}, max |eager| = "
+              f"{a.float().abs().max().item():.3e} (output {tuple(b.shape)}, {what})")
+        for name, model in (("eager", eager), ("fused", fused)):
+            ms = median_ms(lambda model=model: model(x), cuda=cuda, warmup=3 if cuda else 1, repeats=20 if cuda else 2)
+            print(f"{name}: {ms:.3f} ms")
