@@ -363,7 +363,8 @@ def test_norm_activation_on_the_model_input():
     assert result.left_alone == []
 
 
-@pytest.mark.parametrize("shape", [(2, 4), (2, 4, 7), (2, 4, 5, 6), (2, 4, 3, 5, 6)], ids=["0d", "1d", "2d", "3d"])
+@pytest.mark.parametrize("shape", [(2, 4), (2, 4, 7), (2, 4, 5, 6), (2, 4, 3, 5, 6), (2, 4, 2, 3, 2, 3)],
+                         ids=["0d", "1d", "2d", "3d", "4d"])
 @pytest.mark.parametrize("channels_last", [False, True], ids=["contiguous", "channels_last"])
 def test_group_norm_activation_of_any_spatial_rank(shape, channels_last):
     """A GroupNorm -> SiLU in a 2-D network (as diffusers' 2-D autoencoders and UNets run

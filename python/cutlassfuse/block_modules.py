@@ -322,7 +322,7 @@ class GroupNormActivation(nn.Module):
     ``activation``, created in that order: state_dict keys ``norm.weight``,
     ``norm.bias`` (with affine) and ``activation.weight`` (PReLU). ``from_modules`` also
     takes an nn.InstanceNorm3d without running statistics (one channel per group). The
-    input is (N, C, D, H, W), or with nn.GroupNorm (N, C) with fewer spatial dimensions.
+    input is (N, C, D, H, W), with nn.GroupNorm (N, C, *) of any spatial rank.
     """
 
     def __init__(
@@ -368,8 +368,8 @@ class GroupNormActivation(nn.Module):
                           *_activation_repr(self.activation)])
 
     def forward(self, x: Tensor) -> Tensor:
-        """``x``: (N, C, D, H, W); with an nn.GroupNorm also (N, C) with fewer spatial
-        dimensions, as nn.GroupNorm takes it."""
+        """``x``: (N, C, D, H, W); with an nn.GroupNorm (N, C, *) of any spatial rank, as
+        nn.GroupNorm takes it."""
         if isinstance(self.norm, nn.GroupNorm):
             return self._call(as_five_d(x), _NORM_OP).view(x.shape)
         return self._call(x, _NORM_OP)

@@ -148,11 +148,14 @@ def conv_transpose3d_norm_activation(
 
 
 def as_five_d(input: Tensor) -> Tensor:
-    """An (N, C, *) tensor of up to three spatial dimensions as (N, C, D, H, W), its
-    missing spatial dimensions of size one: a view, channels-last where the input is
-    (GroupNorm's statistics do not depend on how the spatial positions are arranged)."""
-    torch._check_value(2 <= input.dim() <= 5, lambda: f"cutlassfuse: input must be (N, C) with up to three spatial "
-                                                     f"dimensions, got shape {tuple(input.shape)}")
+    """An (N, C, *) tensor as (N, C, D, H, W), for GroupNorm, whose statistics do not
+    depend on how the spatial positions are arranged: fewer spatial dimensions get
+    dimensions of size one (a view, channels-last where the input is), more are merged
+    into the last (a view where the strides allow it, else a copy)."""
+    torch._check_value(input.dim() >= 2, lambda: f"cutlassfuse: input must be (N, C, *), got shape "
+                                                 f"{tuple(input.shape)}")
+    if input.dim() > 5:
+        return input.reshape(*input.shape[:4], -1)
     return input.view(*input.shape, *[1] * (5 - input.dim()))
 
 
@@ -168,8 +171,8 @@ def group_norm_activation(
     activation_weight: Tensor | None = None,
 ) -> Tensor:
     """``act(F.group_norm(input, num_groups, weight, bias, eps))`` in one op, for a norm
-    no convolution precedes; ``input`` is (N, C) with up to three spatial dimensions, as
-    F.group_norm takes it (2-D and 1-D layers too). Statistics are split over many thread
+    no convolution precedes; ``input`` is (N, C, *) as F.group_norm takes it (2-D and
+    1-D layers too). Statistics are split over many thread
     blocks per (sample, group), so batch 1 with few groups fills the GPU. The output has
     the input's memory format (contiguous or channels-last)."""
     return torch.ops.cutlassfuse.group_norm_activation(*_norm_arguments(dict(
