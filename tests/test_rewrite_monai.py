@@ -49,6 +49,11 @@ def test_monai_network(name):
     result = cutlassfuse.fuse(model)
     assert fused_blocks(result.model) == expected_blocks, str(result)
     assert result.left_alone == [], str(result)
+    # BasicUNet's UpCat asks torch.jit.isinstance of its skip input: not traced, and so its
+    # activations keep their layout; the others are traced whole and run channels-last.
+    traced_whole = name != "BasicUNet"
+    assert (result.not_traced is None) == traced_whole, result.not_traced
+    assert result.channels_last == traced_whole
     torch.testing.assert_close(result.model(x), expected, rtol=1e-10, atol=1e-10)
     assert_checkpoints_load_both_ways(lambda: make().double(), (x,))
 
