@@ -8,6 +8,7 @@ from collections import OrderedDict
 import pytest
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from cutlassfuse import Conv3dNormActivation, ConvTranspose3dNormActivation, GroupNormActivation
 
@@ -316,3 +317,26 @@ def test_repr_shows_the_constructor_arguments():
         "8, 32, eps=1e-05, affine=True, activation='elu', activation_parameter=1.0")
     instance = GroupNormActivation.from_modules(nn.InstanceNorm3d(32), nn.Identity())
     assert instance.extra_repr() == "32, 32, eps=1e-05, affine=False, activation='identity'"
+
+
+def test_parametrized_parameters_are_read_as_their_attribute():
+    """A parameter under torch.nn.utils.parametrize is computed on every read; the block
+    reads it as the attribute it became, not the stored original."""
+
+    class Doubled(nn.Module):
+        def forward(self, tensor):
+            return 2 * tensor
+
+    conv = nn.Conv3d(4, 8, 3, padding=1, dtype=torch.float64)
+    norm = nn.GroupNorm(2, 8, dtype=torch.float64)
+    with torch.no_grad():
+        norm.bias.uniform_(-1, 1)
+    parametrize.register_parametrization(conv, "weight", Doubled())
+    parametrize.register_parametrization(norm, "bias", Doubled())
+    act = nn.PReLU(dtype=torch.float64)
+    parametrize.register_parametrization(act, "weight", Doubled())
+    block = Conv3dNormActivation.from_modules(conv, norm, act)
+    x = torch.randn(2, 4, 5, 5, 5, dtype=torch.float64)
+    torch.testing.assert_close(block(x), act(norm(conv(x))))
+    standalone = GroupNormActivation.from_modules(norm, act)
+    torch.testing.assert_close(standalone(x[:, :2].repeat(1, 4, 1, 1, 1)), act(norm(x[:, :2].repeat(1, 4, 1, 1, 1))))

@@ -73,6 +73,15 @@ def _norm_module(norm: str, channels: int, num_groups: int | None, eps: float, a
     raise ValueError(f"cutlassfuse: norm must be 'group' or 'instance', got {norm!r}")
 
 
+def _tensor(module: nn.Module, name: str) -> Tensor | None:
+    """``module.<name>`` for a parameter, read from the module's parameter dict: the
+    attribute goes through nn.Module.__getattr__'s Python fallback, about a microsecond a
+    read, which the host-bound calls of small layers feel. A parameter moved out of the
+    dict (torch.nn.utils.parametrize, weight_norm) is read as the attribute it became."""
+    parameters = module._parameters
+    return parameters[name] if name in parameters else getattr(module, name)
+
+
 def _norm_groups(norm: nn.Module) -> int:
     """The op's num_groups of the norm: GroupNorm's, or one channel per group for
     InstanceNorm3d, whose statistics are then those of every sample's channel alone."""
@@ -166,13 +175,14 @@ class _ConvNormActivation(nn.Module):
         return block
 
     def _call(self, x: Tensor, output_padding: tuple[int, ...], op=_CONV_OP):
-        conv, norm = self.conv, self.norm
-        name, parameter, weight = activation_of_module(self.activation)
+        children = self._modules
+        conv, norm = children["conv"], children["norm"]
+        name, parameter, weight = activation_of_module(children["activation"])
         # The op itself, not the functional wrapper: the modules already hold their
         # options as 3-tuples, and small calls are bound by the host's time per call.
-        return op(x, conv.weight, conv.bias, conv.stride, _conv_padding(conv), output_padding, conv.groups,
-                  conv.dilation, self._transposed, _norm_groups(norm), norm.weight, norm.bias, norm.eps, name,
-                  parameter, weight, self.activation_before_norm)
+        return op(x, _tensor(conv, "weight"), _tensor(conv, "bias"), conv.stride, _conv_padding(conv), output_padding,
+                  conv.groups, conv.dilation, self._transposed, _norm_groups(norm), _tensor(norm, "weight"),
+                  _tensor(norm, "bias"), norm.eps, name, parameter, weight, self.activation_before_norm)
 
     def explain(self, x: Tensor) -> str:
         """Which implementation ``self(x)`` runs (kernel path, or PyTorch's composite) and
@@ -380,6 +390,8 @@ class GroupNormActivation(nn.Module):
         return self._call(as_five_d(x) if isinstance(self.norm, nn.GroupNorm) else x, _EXPLAIN_NORM_OP)
 
     def _call(self, x: Tensor, op):
-        norm = self.norm
-        name, parameter, weight = activation_of_module(self.activation)
-        return op(x, _norm_groups(norm), norm.weight, norm.bias, norm.eps, name, parameter, weight)
+        children = self._modules
+        norm = children["norm"]
+        name, parameter, weight = activation_of_module(children["activation"])
+        return op(x, _norm_groups(norm), _tensor(norm, "weight"), _tensor(norm, "bias"), norm.eps, name, parameter,
+                  weight)
