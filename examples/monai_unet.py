@@ -60,5 +60,6 @@ def main():
     x = torch.rand(1, 1, size, size, size).to(device, dtype, memory_format=layout)
     print_fused_against_eager(eager, fused, x, f"{dtype}, {'channels_last_3d' if args.channels_last else 'NCDHW'}")
 
+
 if __name__ == "__main__":
     main()

@@ -54,5 +54,6 @@ def main():
     z = torch.randn(1, vae.config.latent_channels, *latent_size).to(device, dtype)
     print_fused_against_eager(eager, fused, z, str(dtype))
 
+
 if __name__ == "__main__":
     main()

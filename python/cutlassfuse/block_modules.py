@@ -380,18 +380,19 @@ class GroupNormActivation(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``x``: (N, C, D, H, W); with an nn.GroupNorm (N, C, *) of any spatial rank, as
         nn.GroupNorm takes it."""
-        if isinstance(self.norm, nn.GroupNorm):
-            return self._call(as_five_d(x), _NORM_OP).view(x.shape)
-        return self._call(x, _NORM_OP)
+        return self._call(x, _NORM_OP).view(x.shape)
 
     def explain(self, x: Tensor) -> str:
         """Which implementation ``self(x)`` runs and why, for a call that keeps nothing
         for a backward."""
-        return self._call(as_five_d(x) if isinstance(self.norm, nn.GroupNorm) else x, _EXPLAIN_NORM_OP)
+        return self._call(x, _EXPLAIN_NORM_OP)
 
     def _call(self, x: Tensor, op):
         children = self._modules
         norm = children["norm"]
         name, parameter, weight = activation_of_module(children["activation"])
-        return op(x, _norm_groups(norm), _tensor(norm, "weight"), _tensor(norm, "bias"), norm.eps, name, parameter,
-                  weight)
+        # GroupNorm's input of another spatial rank as the op's 5-D view; InstanceNorm3d's
+        # as it is (a 4-D input is unbatched, which the op refuses).
+        five_d = as_five_d(x) if isinstance(norm, nn.GroupNorm) else x
+        return op(five_d, _norm_groups(norm), _tensor(norm, "weight"), _tensor(norm, "bias"), norm.eps, name,
+                  parameter, weight)
