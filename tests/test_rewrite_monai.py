@@ -58,6 +58,21 @@ def test_monai_network(name):
     assert_checkpoints_load_both_ways(lambda: make().double(), (x,))
 
 
+@pytest.mark.parametrize("name", NETWORKS)
+def test_monai_network_fused_compiles_with_the_original_graph_breaks(name):
+    """torch.compile traces the fused model in as many graphs as the original: the fused
+    blocks' Python adds no graph break (BasicUNet's UpCat breaks both, at its
+    torch.jit.isinstance)."""
+    make, shape, _ = NETWORKS[name]
+    model = make().eval()
+    x = torch.rand(shape)
+    with torch.no_grad():
+        original = torch._dynamo.explain(model)(x)
+        fused = torch._dynamo.explain(cutlassfuse.fuse(model).model)(x)
+    assert fused.graph_break_count == original.graph_break_count, [str(b.reason)[:200] for b in fused.break_reasons]
+    assert (original.graph_break_count == 0) == (name != "BasicUNet")
+
+
 # MONAI's networks with BatchNorm3d: the network, its input's shape, the blocks fuse() makes of
 # it, and the norms it folds into their convolution in eval mode.
 BATCH_NORM_NETWORKS = {

@@ -152,8 +152,10 @@ def as_five_d(input: Tensor) -> Tensor:
     depend on how the spatial positions are arranged: fewer spatial dimensions get
     dimensions of size one (a view, channels-last where the input is), more are merged
     into the last (a view where the strides allow it, else a copy)."""
-    torch._check_value(input.dim() >= 2, lambda: f"cutlassfuse: input must be (N, C, *), got shape "
-                                                 f"{tuple(input.shape)}")
+    # A plain raise: torch.compile traces this function, and a message closure over the
+    # input would break its graph at every call.
+    if input.dim() < 2:
+        raise ValueError(f"cutlassfuse: input must be (N, C, *), got shape {tuple(input.shape)}")
     if input.dim() > 5:
         return input.reshape(*input.shape[:4], -1)
     return input.view(*input.shape, *[1] * (5 - input.dim()))
