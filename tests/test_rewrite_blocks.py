@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._prims_common import suggest_memory_format
 
 import cutlassfuse
 from cutlassfuse import (
@@ -397,3 +398,18 @@ def test_functional_instance_norm_of_unknown_rank_is_left_alone():
     assert result.replaced == []
     assert result.left_alone == ["forward(): instance_norm: InstanceNorm3d(4) -> ReLU: its input is not known to be "
                                  "5-D (N, C, D, H, W)"]
+
+
+def test_channels_last_model_of_one_channel_input_returns_the_original_layout():
+    """A one-channel input is contiguous in both layouts: PyTorch reads NCDHW strides as
+    NCDHW, and so the original model returns NCDHW outputs, as the fused model must; its
+    first convolution's weight takes channels-last strides, so that it writes channels-last."""
+    model = randomized(nn.Sequential(nn.Conv3d(1, 4, 3), nn.GroupNorm(2, 4), nn.ReLU()).double(), seed=0)
+    result = cutlassfuse.fuse(model, channels_last=True)
+    assert suggest_memory_format(result.model[0].conv.weight) == torch.channels_last_3d
+    x = torch.rand(1, 1, 6, 6, 6, dtype=torch.float64)
+    out = result.model(x)
+    assert out.is_contiguous()
+    torch.testing.assert_close(out, model(x))
+    x_channels_last = torch.empty_like(x, memory_format=torch.channels_last_3d).copy_(x)
+    assert result.model(x_channels_last).is_contiguous(memory_format=torch.channels_last_3d)

@@ -902,12 +902,28 @@ def _contiguous_outputs(output: Any) -> Any:
 
 
 def _outputs_in_input_layout(module: nn.Module, args: tuple, output: Any) -> Any:
-    """Forward hook of a model whose activations run channels-last: an NCDHW input gives
-    NCDHW outputs, as the original model's."""
+    """Forward hook of a model whose activations run channels-last: an input PyTorch reads
+    as NCDHW gives NCDHW outputs, as the original model's (a one-channel input is
+    contiguous in both layouts, and read as NCDHW unless its strides are channels-last's)."""
     x = args[0] if args else None
-    if isinstance(x, Tensor) and x.dim() == 5 and not x.is_contiguous(memory_format=torch.channels_last_3d):
+    if isinstance(x, Tensor) and x.dim() == 5 and not _reads_as_channels_last(x):
         return _contiguous_outputs(output)
     return None
+
+
+def _reads_as_channels_last(x: Tensor) -> bool:
+    """Whether PyTorch's convolutions read ``x`` (5-D, dense) as channels_last_3d: it is
+    contiguous in that layout, and where NCDHW too (one channel), has its channel stride."""
+    return x.is_contiguous(memory_format=torch.channels_last_3d) and (not x.is_contiguous() or x.stride(1) == 1)
+
+
+def _channels_last_strides(tensor: Tensor) -> Tensor:
+    """``tensor`` with channels_last_3d's strides exactly. ``Tensor.contiguous`` keeps a
+    one-channel tensor as it is (both layouts at once), and PyTorch reads its layout as
+    NCDHW: a first layer's weight (C_out, 1, k, k, k) would make its convolution write
+    NCDHW."""
+    channels_last = torch.empty_like(tensor, memory_format=torch.channels_last_3d)
+    return tensor if tensor.stride() == channels_last.stride() else channels_last.copy_(tensor)
 
 
 def _run_channels_last(model: nn.Module) -> None:
@@ -920,7 +936,7 @@ def _run_channels_last(model: nn.Module) -> None:
     with torch.no_grad():
         for tensor in [*model.parameters(), *model.buffers()]:
             if tensor.dim() == 5:
-                tensor.data = tensor.data.contiguous(memory_format=torch.channels_last_3d)
+                tensor.data = _channels_last_strides(tensor.data)
     model.register_forward_hook(_outputs_in_input_layout)
 
 
