@@ -10,9 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._prims_common import suggest_memory_format
 
 import cutlassfuse
-from cutlassfuse.blocks import ACTIVATIONS, activation_of_module
+from cutlassfuse.blocks import ACTIVATIONS, activation_of_module, as_five_d
 from cutlassfuse.testing import ACTIVATION_MODULES, norm_activation_backward_by_autograd
 
 
@@ -90,6 +91,13 @@ def test_standalone_norm_takes_any_spatial_rank(shape):
     assert cutlassfuse.explain_block(cutlassfuse.group_norm_activation, x, 3)
     with pytest.raises(ValueError, match=r"input must be \(N, C, \*\)"):
         cutlassfuse.group_norm_activation(torch.randn(6), 3)
+
+
+def test_standalone_norm_keeps_a_batch_of_one_in_its_layout():
+    """A 5-D input reaches the op as it is: a view restrides a batch of one, after which
+    PyTorch reads a channels-last tensor as NCDHW (and the op would convert it)."""
+    x = torch.randn(1, 4, 3, 4, 5).contiguous(memory_format=torch.channels_last_3d)
+    assert suggest_memory_format(as_five_d(x)) == torch.channels_last_3d
 
 
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last_3d])

@@ -156,6 +156,10 @@ def as_five_d(input: Tensor) -> Tensor:
     # input would break its graph at every call.
     if input.dim() < 2:
         raise ValueError(f"cutlassfuse: input must be (N, C, *), got shape {tuple(input.shape)}")
+    if input.dim() == 5:
+        # As it is: a view would restride a batch of one, which PyTorch then reads as
+        # another layout than the input's (the op would convert it).
+        return input
     if input.dim() > 5:
         return input.reshape(*input.shape[:4], -1)
     return input.view(*input.shape, *[1] * (5 - input.dim()))

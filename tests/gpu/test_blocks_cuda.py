@@ -157,7 +157,8 @@ def test_standalone_norm_of_a_2d_layer_runs_the_kernels(channels_last):
         expected = F.silu(norm64(x.double()))
         out = block(x)
         reference = F.silu(F.group_norm(x, 8, block.norm.weight, block.norm.bias))
-    assert out.shape == x.shape and out.stride() == reference.stride()
+    # In the input's layout (ATen's CUDA GroupNorm returns NCHW for both).
+    assert out.shape == x.shape and out.stride() == x.stride()
     ours, theirs = errors(out, expected), errors(reference, expected)
     assert ours.max_abs <= max(1.5 * theirs.max_abs, FLOOR[torch.float16]), f"cutlassfuse {ours}, eager {theirs}"
 
