@@ -41,6 +41,20 @@ def fused_blocks(model: torch.nn.Module) -> Counter:
     return Counter(type(m).__name__ for m in model.modules() if type(m).__module__.startswith("cutlassfuse."))
 
 
+def assert_fused_convolutions_write_channels_last(model: torch.nn.Module, x: torch.Tensor) -> None:
+    """Every fused convolution of the channels-last model writes channels-last, the first
+    layers on the one-channel input too (a 1x1x1 one's weight has no channels-last strides)."""
+    written = {}
+    hooks = [module.register_forward_hook(lambda module, args, out, path=path: written.update({path: out}))
+             for path, module in model.named_modules() if type(module).__name__.startswith("Conv")
+             and type(module).__module__.startswith("cutlassfuse.")]
+    model(x)
+    for hook in hooks:
+        hook.remove()
+    assert written
+    assert [path for path, out in written.items() if suggest_memory_format(out) != torch.channels_last_3d] == []
+
+
 @pytest.mark.parametrize("name", NETWORKS)
 def test_monai_network(name):
     make, shape, expected_blocks = NETWORKS[name]
@@ -61,6 +75,8 @@ def test_monai_network(name):
     weights = [p for p in result.model.parameters() if p.dim() == 5 and p[0].numel() > 1]
     assert weights and all(suggest_memory_format(w) == (torch.channels_last_3d if traced_whole else
                                                         torch.contiguous_format) for w in weights)
+    if traced_whole:
+        assert_fused_convolutions_write_channels_last(result.model, x)
     torch.testing.assert_close(result.model(x), expected, rtol=1e-10, atol=1e-10)
     assert_checkpoints_load_both_ways(lambda: make().double(), (x,))
 

@@ -926,17 +926,45 @@ def _channels_last_strides(tensor: Tensor) -> Tensor:
     return tensor if tensor.stride() == channels_last.stride() else channels_last.copy_(tensor)
 
 
+def _one_channel_input_as_channels_last(x: Any) -> Any:
+    """A one-channel NCDHW input with channels_last_3d's strides, a view: both layouts
+    order its elements alike. A convolution writes channels-last when its input or its
+    weight reads as such, and a first layer's 1x1x1 weight (C_out, 1, 1, 1, 1) has no
+    channels-last strides. Anything else as it is."""
+    if (not isinstance(x, Tensor) or x.dim() != 5 or x.shape[1] != 1 or not x.is_contiguous()
+            or _reads_as_channels_last(x)):
+        return x
+    _, _, d, h, w = x.shape
+    return x.as_strided(x.shape, (d * h * w, 1, h * w, w, 1), x.storage_offset())
+
+
+def _inputs_through(graph_module: torch.fx.GraphModule, function) -> None:
+    """Every input of the traced model passes through ``function`` before its first use."""
+    graph = graph_module.graph
+    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    if not placeholders:
+        return
+    with graph.inserting_after(placeholders[-1]):
+        for placeholder in placeholders:
+            view = graph.call_function(function, (placeholder,))
+            placeholder.replace_all_uses_with(view, delete_user_cb=lambda user, view=view: user is not view)
+    graph_module.recompile()
+
+
 def _run_channels_last(model: nn.Module) -> None:
     """Puts the model's 5-D parameters and buffers (the convolutions' weights) in
     channels_last_3d, so that every convolution, fused or not, writes channels-last
     (PyTorch's rule: the output is channels-last when the input or the weight is) and
     the activations stay channels-last from the first layer on: one layout conversion at
-    the input instead of one per block (and none of the weights per call). A forward hook
-    returns NCDHW outputs for NCDHW inputs."""
+    the input instead of one per block (and none of the weights per call). A traced
+    model's one-channel inputs take channels-last strides too. A forward hook returns
+    NCDHW outputs for NCDHW inputs."""
     with torch.no_grad():
         for tensor in [*model.parameters(), *model.buffers()]:
             if tensor.dim() == 5:
                 tensor.data = _channels_last_strides(tensor.data)
+    if isinstance(model, torch.fx.GraphModule):
+        _inputs_through(model, _one_channel_input_as_channels_last)
     model.register_forward_hook(_outputs_in_input_layout)
 
 
