@@ -934,8 +934,8 @@ def _one_channel_input_as_channels_last(x: Any) -> Any:
     if (not isinstance(x, Tensor) or x.dim() != 5 or x.shape[1] != 1 or not x.is_contiguous()
             or _reads_as_channels_last(x)):
         return x
-    _, _, d, h, w = x.shape
-    return x.as_strided(x.shape, (d * h * w, 1, h * w, w, 1), x.storage_offset())
+    n, _, d, h, w = x.shape
+    return x.view(n, d, h, w, 1).permute(0, 4, 1, 2, 3)
 
 
 def _inputs_through(graph_module: torch.fx.GraphModule, function) -> None:
