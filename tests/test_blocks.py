@@ -94,10 +94,14 @@ def test_standalone_norm_takes_any_spatial_rank(shape):
 
 
 def test_standalone_norm_keeps_a_batch_of_one_in_its_layout():
-    """A 5-D input reaches the op as it is: a view restrides a batch of one, after which
-    PyTorch reads a channels-last tensor as NCDHW (and the op would convert it)."""
+    """A 5-D input reaches the op, and its output the caller, as they are: a view restrides
+    a batch of one, after which PyTorch reads a channels-last tensor as NCDHW (the op
+    would convert the input; the next layers would read the output as NCDHW)."""
     x = torch.randn(1, 4, 3, 4, 5).contiguous(memory_format=torch.channels_last_3d)
     assert suggest_memory_format(as_five_d(x)) == torch.channels_last_3d
+    assert suggest_memory_format(cutlassfuse.group_norm_activation(x, 2)) == torch.channels_last_3d
+    block = cutlassfuse.GroupNormActivation.from_modules(nn.GroupNorm(2, 4), nn.SiLU())
+    assert suggest_memory_format(block(x)) == torch.channels_last_3d
 
 
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last_3d])

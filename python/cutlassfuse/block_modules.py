@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.common_types import _size_3_t
 
-from .blocks import ACTIVATIONS, activation_of_module, as_five_d
+from .blocks import ACTIVATIONS, activation_of_module, as_five_d, in_shape_of
 
 _CONV_OP = torch.ops.cutlassfuse.conv3d_norm_activation.default
 _NORM_OP = torch.ops.cutlassfuse.group_norm_activation.default
@@ -380,7 +380,7 @@ class GroupNormActivation(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``x``: (N, C, D, H, W); with an nn.GroupNorm (N, C, *) of any spatial rank, as
         nn.GroupNorm takes it."""
-        return self._call(x, _NORM_OP).view(x.shape)
+        return in_shape_of(self._call(x, _NORM_OP), x)
 
     def explain(self, x: Tensor) -> str:
         """Which implementation ``self(x)`` runs and why, for a call that keeps nothing

@@ -157,12 +157,18 @@ def as_five_d(input: Tensor) -> Tensor:
     if input.dim() < 2:
         raise ValueError(f"cutlassfuse: input must be (N, C, *), got shape {tuple(input.shape)}")
     if input.dim() == 5:
-        # As it is: a view would restride a batch of one, which PyTorch then reads as
-        # another layout than the input's (the op would convert it).
+        # As it is: a view restrides a batch of one, which PyTorch then reads as NCDHW
+        # however its elements lie (the op would convert it).
         return input
     if input.dim() > 5:
         return input.reshape(*input.shape[:4], -1)
     return input.view(*input.shape, *[1] * (5 - input.dim()))
+
+
+def in_shape_of(output: Tensor, input: Tensor) -> Tensor:
+    """The op's 5-D output of ``as_five_d(input)`` in ``input``'s shape: as it is for a
+    5-D input (for the reason ``as_five_d`` gives), else a view."""
+    return output if input.dim() == 5 else output.view(input.shape)
 
 
 def group_norm_activation(
@@ -181,9 +187,9 @@ def group_norm_activation(
     1-D layers too). Statistics are split over many thread
     blocks per (sample, group), so batch 1 with few groups fills the GPU. The output has
     the input's memory format (contiguous or channels-last)."""
-    return torch.ops.cutlassfuse.group_norm_activation(*_norm_arguments(dict(
+    return in_shape_of(torch.ops.cutlassfuse.group_norm_activation(*_norm_arguments(dict(
         input=as_five_d(input), num_groups=num_groups, weight=weight, bias=bias, eps=eps, activation=activation,
-        activation_parameter=activation_parameter, activation_weight=activation_weight))).view(input.shape)
+        activation_parameter=activation_parameter, activation_weight=activation_weight))), input)
 
 
 def explain_block(function, *args, **kwargs) -> str:
