@@ -22,6 +22,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch._prims_common import suggest_memory_format
 from torch.nn.utils.fusion import fuse_conv_bn_weights
 
 from .block_modules import (
@@ -912,9 +913,9 @@ def _outputs_in_input_layout(module: nn.Module, args: tuple, output: Any) -> Any
 
 
 def _reads_as_channels_last(x: Tensor) -> bool:
-    """Whether PyTorch's convolutions read ``x`` (5-D, dense) as channels_last_3d: it is
-    contiguous in that layout, and where NCDHW too (one channel), has its channel stride."""
-    return x.is_contiguous(memory_format=torch.channels_last_3d) and (not x.is_contiguous() or x.stride(1) == 1)
+    """Whether PyTorch's convolutions read ``x`` as channels_last_3d (a one-channel tensor
+    is contiguous in both layouts, and read as such only with channels-last's strides)."""
+    return suggest_memory_format(x) == torch.channels_last_3d
 
 
 def _channels_last_strides(tensor: Tensor) -> Tensor:
