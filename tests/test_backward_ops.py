@@ -45,6 +45,31 @@ def test_forward_keeps_the_activation_and_statistics(config):
     torch.testing.assert_close(rstd, (grouped.var(-1, unbiased=False) + a["eps"]).rsqrt(), rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("channels_last", [False, True], ids=["ncdhw", "channels_last"])
+@pytest.mark.parametrize("config", CONFIGS, ids=range(len(CONFIGS)))
+def test_forward_keeping_the_conv_output(config, channels_last):
+    """keep_conv_output: the convolution's output without bias, in the output's layout,
+    from which the block family's backward recomputes ReLU(y + bias) and gives eager's
+    gradients."""
+    a = call(config, channels_last=channels_last)
+    out, kept, mean, rstd = FOR_BACKWARD(*op_arguments(a), True)
+    torch.testing.assert_close(out, OP(*op_arguments(a)), rtol=1e-12, atol=1e-12)
+    assert kept.is_contiguous(memory_format=torch.channels_last_3d if channels_last else torch.contiguous_format)
+    conv = F.conv_transpose3d(a["input"], a["weight"], None, a["stride"], a["padding"], a["output_padding"],
+                              a["groups"], a["dilation"])
+    torch.testing.assert_close(kept, conv, rtol=1e-12, atol=1e-12)
+    _, _, expected_mean, expected_rstd = FOR_BACKWARD(*op_arguments(a))
+    torch.testing.assert_close(mean, expected_mean, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(rstd, expected_rstd, rtol=1e-10, atol=1e-10)
+    grad = torch.randn(out.shape, dtype=torch.float64)
+    from_conv_output = torch.ops.cutlassfuse.norm_activation_backward(
+        grad, kept, a["bias"], mean, rstd, a["norm_weight"], a["norm_bias"], a["num_groups"], "relu", 0.0, None, True)
+    _, activation, _, _ = FOR_BACKWARD(*op_arguments(a))
+    from_activation = BACKWARD(grad, activation, mean, rstd, a["norm_weight"], a["num_groups"])
+    for got, expected in zip(from_conv_output[:4], from_activation, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=range(len(CONFIGS)))
 def test_backward_matches_eager_autograd(config):
     a = call(config)
@@ -68,6 +93,7 @@ def test_backward_matches_eager_autograd(config):
 def test_opcheck(config):
     a = call(config, torch.float32)
     torch.library.opcheck(FOR_BACKWARD, op_arguments(a))
+    torch.library.opcheck(FOR_BACKWARD, (*op_arguments(a), True))
     _, activation, mean, rstd = FOR_BACKWARD(*op_arguments(a))
     grad = torch.randn(activation.shape)
     torch.library.opcheck(BACKWARD, (grad, activation, mean, rstd, a["norm_weight"], a["num_groups"]))

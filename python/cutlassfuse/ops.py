@@ -268,16 +268,18 @@ def _conv_transpose3d_relu_group_norm_fake(input, weight, bias, norm_weight, nor
 
 @torch.library.register_fake(_OP_FOR_BACKWARD)
 def _for_backward_fake(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding,
-                       output_padding, groups, dilation, packed_weight=None, packed_bias=None):
+                       output_padding, groups, dilation, packed_weight=None, packed_bias=None, keep_conv_output=False):
     """The op's output, and what its backward reads: the activation (channels_last_3d, the
-    op's dtype) and GroupNorm's mean and rstd ([batch, num_groups], float64 for float64
-    calls, else float32)."""
+    op's dtype), or with ``keep_conv_output`` the convolution's output without bias (the
+    output's memory format), and GroupNorm's mean and rstd ([batch, num_groups], float64
+    for float64 calls, else float32)."""
     out = _conv_transpose3d_relu_group_norm_fake(input, weight, bias, norm_weight, norm_bias, num_groups, eps,
                                                  stride, padding, output_padding, groups, dilation, packed_weight,
                                                  packed_bias)
-    activation = torch.empty(out.shape, dtype=out.dtype, device=out.device, memory_format=torch.channels_last_3d)
+    kept = torch.empty_like(out) if keep_conv_output else torch.empty(
+        out.shape, dtype=out.dtype, device=out.device, memory_format=torch.channels_last_3d)
     statistics = out.new_empty((out.shape[0], num_groups), dtype=_statistics_dtype(out.dtype))
-    return out, activation, statistics, statistics.clone()
+    return out, kept, statistics, statistics.clone()
 
 
 @torch.library.register_fake(_BACKWARD)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 
 TENSORS = ("input", "weight", "bias", "norm_weight", "norm_bias")
 # A gradient's max abs may exceed eager's by one rounding of the gradient itself.
-FLOOR = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+FLOOR = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7, torch.float32: 2.0**-23}
 
 
 def layers() -> list[dict]:
@@ -78,9 +78,12 @@ def check_against_float64(layer: dict, dtype: torch.dtype) -> None:
         assert error <= 1.25 * eager_error + floor, f"{name}: {error:.3e} against eager's {eager_error:.3e}"
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["float16", "bfloat16",
+                                                                                     "float32"])
 @pytest.mark.parametrize("layer", LAYERS, ids=range(len(LAYERS)))
 def test_gradients_no_further_from_float64_than_eager(layer: dict, dtype: torch.dtype):
+    """float32 in float32 mode "pytorch" keeps the convolution's output, from which the
+    backward recomputes the activation."""
     check_against_float64(layer, dtype)
 
 

@@ -2,7 +2,8 @@
 path: it runs this project's kernels, not ATen's composite (explain() says what it keeps
 and no path named "reference"), its output equals the same call's under no_grad bit for
 bit, and what it keeps for the backward, written into poisoned memory, equals ReLU(conv)
-and GroupNorm's statistics computed in float64 within the dtype's rounding."""
+(float32 in mode "pytorch": the convolution's output without bias, in the output's
+layout) and GroupNorm's statistics computed in float64 within the dtype's rounding."""
 
 import pytest
 import torch
@@ -39,10 +40,14 @@ def expected_path(layer: str, dtype: torch.dtype, mode: str, fused: bool) -> str
     return "fused_sm90" if takes_fused else "fallback"
 
 
+def float64_conv_output(a: dict, with_bias: bool) -> torch.Tensor:
+    bias = None if a["bias"] is None or not with_bias else a["bias"].double()
+    return F.conv_transpose3d(a["input"].double(), a["weight"].double(), bias, a["stride"], a["padding"],
+                              a["output_padding"], a["groups"], a["dilation"])
+
+
 def float64_activation_and_statistics(a: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    y = F.relu(F.conv_transpose3d(a["input"].double(), a["weight"].double(),
-                                  None if a["bias"] is None else a["bias"].double(), a["stride"], a["padding"],
-                                  a["output_padding"], a["groups"], a["dilation"]))
+    y = F.relu(float64_conv_output(a, with_bias=True))
     grouped = y.reshape(y.shape[0], a["num_groups"], -1)
     mean = grouped.mean(-1)
     rstd = (grouped.var(-1, unbiased=False) + a["eps"]).rsqrt()
@@ -66,17 +71,24 @@ def test_grad_mode_forward_runs_the_kernels_and_keeps_the_backward_tensors(layer
         path = cutlassfuse.explain(**a)
         assert path.startswith(expected_path(layer, dtype, mode, fused)), path
         assert "keeping for the backward" in path, path
+        keep_conv_output = dtype == torch.float32 and mode == "pytorch"
+        assert ("the convolution's output without bias" in path) == keep_conv_output, path
         poison_cuda_allocator(4 * untracked.numel() * untracked.element_size())
-        out, activation, mean, rstd = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm_for_backward(
-            *op_arguments(a))
+        out, kept, mean, rstd = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm_for_backward(
+            *op_arguments(a), keep_conv_output)
         tracked = cutlassfuse.conv_transpose3d_relu_group_norm(**a)
     assert tracked.requires_grad
     assert torch.equal(out, untracked) and torch.equal(tracked.detach(), untracked)
-    assert out.is_contiguous(memory_format=torch.channels_last_3d if channels_last else torch.contiguous_format)
-    assert activation.is_contiguous(memory_format=torch.channels_last_3d)
+    layout = torch.channels_last_3d if channels_last else torch.contiguous_format
+    assert out.is_contiguous(memory_format=layout)
     exact, exact_mean, exact_rstd = float64_activation_and_statistics(a)
     scale = exact.abs().max().item()
-    assert (activation.double() - exact).abs().max().item() <= TOLERANCE[dtype] * scale
+    if keep_conv_output:
+        assert kept.is_contiguous(memory_format=layout)
+        assert (kept.double() - float64_conv_output(a, with_bias=False)).abs().max().item() <= TOLERANCE[dtype] * scale
+    else:
+        assert kept.is_contiguous(memory_format=torch.channels_last_3d)
+        assert (kept.double() - exact).abs().max().item() <= TOLERANCE[dtype] * scale
     assert (mean.double() - exact_mean).abs().max().item() <= TOLERANCE[dtype] * scale
     assert ((rstd.double() - exact_rstd) / exact_rstd).abs().max().item() <= TOLERANCE[dtype]
 

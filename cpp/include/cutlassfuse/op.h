@@ -48,13 +48,22 @@ at::MemoryFormat output_memory_format(const at::Tensor& input, const at::Tensor&
 // GroupNorm(ReLU(ConvTranspose3d(...))) through ATen's own kernels on any device.
 at::Tensor reference_forward(const OpArgs& args);
 
-// The op's output and what its backward reads: the activation ReLU(ConvTranspose3d(...)),
-// channels_last_3d in the op's dtype, and its GroupNorm mean and rstd, [batch,
-// num_groups] in statistics_type().
+// The op's output and what its backward reads: the kept tensor, and the GroupNorm mean
+// and rstd of the activation, [batch, num_groups] in statistics_type(). The kept tensor
+// is the activation ReLU(ConvTranspose3d(...)), channels_last_3d in the op's dtype, or,
+// with keep_conv_output, the convolution's output without its bias in the output's
+// memory format (the backward recomputes the activation from it and the bias).
 using ForwardForBackward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 // GroupNorm's accumulation type: float64 for float64, else float32.
 inline at::ScalarType statistics_type(at::ScalarType type) { return type == at::kDouble ? at::kDouble : at::kFloat; }
-ForwardForBackward reference_forward_for_backward(const OpArgs& args);
+ForwardForBackward reference_forward_for_backward(const OpArgs& args, bool keep_conv_output);
+
+// Whether a call on `input` in grad mode keeps the convolution's output rather than the
+// activation: CUDA float32 in float32 mode "pytorch", which runs PyTorch's convolution
+// and this project's kernels after it (the fallback), so that the forward writes the
+// output beside the convolution's output it has anyway, and nothing more. Read once per
+// call by the autograd kernel, which passes it to the op keeping for the backward.
+bool keeps_conv_output(const at::Tensor& input);
 
 // The gradients of the convolution's output z (with its bias; the activation's dtype,
 // channels_last_3d), of gamma, beta and the conv bias ([channels] in statistics_type() each; gamma's
@@ -92,6 +101,9 @@ inline constexpr const char* kReferenceDescription = "reference: ATen conv_trans
 inline constexpr const char* kReferenceForBackwardDescription =
     "reference: ATen conv_transpose3d + relu + group_norm (keeping for the backward: a channels-last copy of the "
     "activation and GroupNorm's mean and rstd)";
+inline constexpr const char* kReferenceKeepingConvOutputDescription =
+    "reference: ATen conv_transpose3d without bias, then bias + relu + group_norm (keeping for the backward: the "
+    "convolution's output and GroupNorm's mean and rstd)";
 
 #if CUTLASSFUSE_WITH_CUDA
 // The op's CUDA kernel: the first kernel path that takes the call (dispatch/routing.cpp),
@@ -99,7 +111,7 @@ inline constexpr const char* kReferenceForBackwardDescription =
 at::Tensor forward_cuda(const OpArgs& args);
 // forward_cuda keeping what the backward reads (reference_forward_for_backward's
 // results, written by the kernel path that takes the call).
-ForwardForBackward forward_for_backward_cuda(const OpArgs& args);
+ForwardForBackward forward_for_backward_cuda(const OpArgs& args, bool keep_conv_output);
 ReluGroupNormGradients relu_group_norm_backward_cuda(const at::Tensor& grad_output, const at::Tensor& activation,
                                                      const at::Tensor& mean, const at::Tensor& rstd,
                                                      const std::optional<at::Tensor>& norm_weight, int64_t num_groups);

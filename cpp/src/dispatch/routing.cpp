@@ -33,14 +33,14 @@ at::Tensor forward_cuda(const OpArgs& args) {
   return reference_forward(args);
 }
 
-ForwardForBackward forward_for_backward_cuda(const OpArgs& args) {
+ForwardForBackward forward_for_backward_cuda(const OpArgs& args, bool keep_conv_output) {
   const Problem problem = validate_and_describe(args);
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
   const CallOptions options = current_options();
-  const auto routed = route({args, problem, options, /*keep_for_backward=*/true});
-  if (!routed.plan) return reference_forward_for_backward(args);
+  const auto routed = route({args, problem, options, /*keep_for_backward=*/true, keep_conv_output});
+  if (!routed.plan) return reference_forward_for_backward(args, keep_conv_output);
   ForwardOutputs o = routed.plan->run();
-  return {std::move(o.out), std::move(o.activation), std::move(o.mean), std::move(o.rstd)};
+  return {std::move(o.out), std::move(o.kept), std::move(o.mean), std::move(o.rstd)};
 }
 
 namespace {
@@ -48,8 +48,11 @@ namespace {
 std::string explain(const OpArgs& args, bool keep_for_backward) {
   const Problem problem = validate_and_describe(args);
   const CallOptions options = current_options();
-  return route({args, problem, options, keep_for_backward})
-      .explanation(keep_for_backward ? kReferenceForBackwardDescription : kReferenceDescription);
+  const bool keep_conv_output = keep_for_backward && keeps_conv_output(args.input);
+  const char* reference = !keep_for_backward ? kReferenceDescription
+                          : keep_conv_output ? kReferenceKeepingConvOutputDescription
+                                             : kReferenceForBackwardDescription;
+  return route({args, problem, options, keep_for_backward, keep_conv_output}).explanation(reference);
 }
 
 }  // namespace

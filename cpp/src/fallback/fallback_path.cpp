@@ -3,8 +3,9 @@
 // without bias, then this project's GroupNorm statistics, finalize and normalize
 // kernels (group_norm_generic.h), adding the bias and applying ReLU before the norm on
 // the fly. The normalize runs in place; a call that keeps what its backward reads
-// writes the output beside the activation in the same pass, and the finalize writes
-// mean and rstd.
+// writes the output beside the activation in the same pass, or, keeping the
+// convolution's output (op.h, keeps_conv_output), beside that output, which it leaves as
+// it is; the finalize writes mean and rstd.
 //
 // float32 runs the convolution as PyTorch does (float32 mode "pytorch", settings.h):
 // ATen's convolution, the call nn.ConvTranspose3d makes (its bias added after), reads
@@ -45,10 +46,12 @@ class FallbackCall final : public PlannedCall {
                            ? "PyTorch's conv_transpose3d under its switches (float32 mode 'pytorch': TF32 where "
                              "torch.backends.cudnn allows it)"
                            : "cuDNN conv_transpose3d (deterministic)";
-    const char* kept = call_.keep_for_backward
-                           ? " (keeping for the backward: the activation ReLU(conv + bias), channels-last, written "
-                             "beside the output by the normalize pass, and GroupNorm's mean and rstd)"
-                           : "";
+    const char* kept = !call_.keep_for_backward ? ""
+                       : call_.keep_conv_output
+                           ? " (keeping for the backward: the convolution's output without bias, the normalize pass "
+                             "writing the output beside it, and GroupNorm's mean and rstd)"
+                           : " (keeping for the backward: the activation ReLU(conv + bias), channels-last, written "
+                             "beside the output by the normalize pass, and GroupNorm's mean and rstd)";
     return std::string(conv) + " + cutlassfuse ReLU/GroupNorm kernels" + kept;
   }
 
@@ -93,15 +96,19 @@ ForwardOutputs FallbackCall::run() const {
   NormalizeOutputs outputs;
   if (call_.keep_for_backward) {
     result.out = at::empty_like(y);
-    // An NDHWC convolution output becomes the activation in place.
-    result.activation = layout == ActivationLayout::kChannelsLast
-                            ? y
-                            : at::empty(y.sizes(), options.memory_format(at::MemoryFormat::ChannelsLast3d));
+    if (call_.keep_conv_output) {
+      result.kept = y;
+    } else {
+      // An NDHWC convolution output becomes the activation in place.
+      result.kept = layout == ActivationLayout::kChannelsLast
+                        ? y
+                        : at::empty(y.sizes(), options.memory_format(at::MemoryFormat::ChannelsLast3d));
+    }
     result.mean = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
     result.rstd = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
     finalize.mean = result.mean.data_ptr<float>();
     finalize.rstd = result.rstd.data_ptr<float>();
-    outputs = {result.out.data_ptr(), result.activation.data_ptr()};
+    outputs = {result.out.data_ptr(), call_.keep_conv_output ? nullptr : result.kept.data_ptr()};
   } else {
     result.out = y;
   }

@@ -273,7 +273,7 @@ ForwardOutputs FusedCall::run() const {
   result.out = at::empty(size, options.memory_format(format));
   const at::Tensor& out = result.out;
   if (keep) {
-    result.activation = at::empty(size, options.memory_format(at::MemoryFormat::ChannelsLast3d));
+    result.kept = at::empty(size, options.memory_format(at::MemoryFormat::ChannelsLast3d));
     result.mean = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
     result.rstd = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
   }
@@ -316,7 +316,7 @@ ForwardOutputs FusedCall::run() const {
     epilogue_bias = workspace.at(*block_bias_region);
     repeat_row(sources.bias, p.out_channels * element_bytes, l_.blocks(), workspace.at(*block_bias_region), stream);
   }
-  void* activation = activation_kept_as_written ? result.activation.data_ptr()
+  void* activation = activation_kept_as_written ? result.kept.data_ptr()
                      : in_place                 ? out.data_ptr()
                                                 : workspace.at(*activation_region);
   auto* partials = workspace.at<WelfordPartial>(partials_region);
@@ -345,7 +345,7 @@ ForwardOutputs FusedCall::run() const {
     group_norm_finish_bulk(finalize, counters, activation, shape.spatial, out.data_ptr(), stream);
   } else {
     group_norm_finish(finalize, counters, activation, l_.order, shape.spatial, channels_last, out.data_ptr(),
-                      keep && shuffled ? result.activation.data_ptr() : nullptr, stream);
+                      keep && shuffled ? result.kept.data_ptr() : nullptr, stream);
   }
   return result;
 }
@@ -356,6 +356,7 @@ Routing plan_fused_call(const Call& call) {
   const OpArgs& a = call.args;
   const Problem& p = call.problem;
   if (!call.options.backend.fused_path) return "the fused path is turned off (cutlassfuse.backends fused_path=False)";
+  if (call.keep_conv_output) return "the backward reads the convolution's output, which the fused kernels do not keep";
   const cudaDeviceProp* props = at::cuda::getDeviceProperties(a.input.device().index());
   if (props->major != 9 || props->minor != 0)
     return "GPU is sm_" + std::to_string(props->major * 10 + props->minor) + ", the fused kernels need sm_90";

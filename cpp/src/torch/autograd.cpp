@@ -8,7 +8,11 @@
 // What is saved: what eager's modules keep, the activation a = ReLU(ConvTranspose3d(x))
 // and GroupNorm's per-(sample, group) mean and rstd, returned by the forward that
 // computes the output (conv_transpose3d_relu_group_norm_for_backward); calls that need
-// no gradient keep nothing. Backward: the ReLU + GroupNorm backward op, then the
+// no gradient keep nothing. A CUDA float32 call in float32 mode "pytorch" keeps the
+// convolution's output without bias instead (keeps_conv_output, op.h), which its kernels
+// write anyway: the activation would be one more write of the output's size. Backward:
+// the ReLU + GroupNorm backward op (of the activation) or the block family's
+// norm_activation_backward (ReLU(y + bias) recomputed from the convolution's output), then the
 // convolution's gradients (conv_backward.h: this project's CUTLASS kernels or ATen's
 // convolution_backward, per gradient). Under create_graph the gradients are themselves differentiable
 // (differentiable_backward). Everything is ops on symbolic sizes, so AOT autograd
@@ -19,6 +23,7 @@
 
 #include <array>
 
+#include "torch/block_redispatch.h"
 #include "torch/conv_backward.h"
 #include "torch/redispatch.h"
 
@@ -41,17 +46,7 @@ at::Tensor call_below_autograd(const at::Tensor& input, const at::Tensor& weight
 // The differentiable inputs, in the op's order; packed_weight and packed_bias are
 // detached copies of the weight's and the bias's layouts, never differentiated. Then
 // what the forward kept.
-enum Saved {
-  kInput,
-  kWeight,
-  kBias,
-  kNormWeight,
-  kNormBias,
-  kDifferentiable,
-  kActivation = kDifferentiable,
-  kMean,
-  kRstd
-};
+enum Saved { kInput, kWeight, kBias, kNormWeight, kNormBias, kDifferentiable, kKept = kDifferentiable, kMean, kRstd };
 // Backward returns one gradient per argument of the schema (registration.cpp).
 constexpr int kOpArguments = 14;
 
@@ -63,14 +58,16 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
                             at::IntArrayRef padding, at::IntArrayRef output_padding, int64_t groups,
                             at::IntArrayRef dilation, const OptionalTensor& packed_weight,
                             const OptionalTensor& packed_bias) {
-    const auto [out, activation, mean, rstd] = [&] {
+    const bool keep_conv_output = keeps_conv_output(input);
+    const auto [out, kept, mean, rstd] = [&] {
       const at::AutoDispatchBelowADInplaceOrView below_autograd;
       return for_backward_op().call(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding,
-                                    output_padding, groups, dilation, packed_weight, packed_bias);
+                                    output_padding, groups, dilation, packed_weight, packed_bias, keep_conv_output);
     }();
     auto or_undefined = [](const OptionalTensor& t) { return present(t) ? *t : at::Tensor(); };
-    ctx->save_for_backward({input, weight, or_undefined(bias), or_undefined(norm_weight), or_undefined(norm_bias),
-                            activation, mean, rstd});
+    ctx->save_for_backward(
+        {input, weight, or_undefined(bias), or_undefined(norm_weight), or_undefined(norm_bias), kept, mean, rstd});
+    ctx->saved_data["keep_conv_output"] = keep_conv_output;
     ctx->saved_data["num_groups"] = num_groups;
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["stride"] = stride.vec();
@@ -91,9 +88,8 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
     const auto ints = [&](const char* key) { return ctx->saved_data[key].toIntVector(); };
     const std::vector<int64_t> stride = ints("stride"), padding = ints("padding"),
                                output_padding = ints("output_padding"), dilation = ints("dilation");
-    auto [dz, dgamma, dbeta, dbias] = relu_group_norm_backward_op().call(
-        grad_outputs[0], saved[kActivation], saved[kMean], saved[kRstd],
-        norm_weight.defined() ? OptionalTensor(norm_weight) : std::nullopt, ctx->saved_data["num_groups"].toInt());
+    auto [dz, dgamma, dbeta, dbias] = norm_backward(
+        grad_outputs[0], saved, ctx->saved_data["keep_conv_output"].toBool(), ctx->saved_data["num_groups"].toInt());
     at::Tensor grad_input, grad_weight;
     if (need[kInput] || need[kWeight]) {
       std::tie(grad_input, grad_weight) = conv_transpose3d_backward(
@@ -111,6 +107,22 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
   }
 
  private:
+  // The gradients of the convolution's output z (with bias), gamma, beta and the bias,
+  // from what the forward kept: the activation, or the convolution's output y from which
+  // the family's backward recomputes ReLU(y + bias).
+  static Tensors4 norm_backward(const at::Tensor& grad, const variable_list& saved, bool keep_conv_output,
+                                int64_t num_groups) {
+    auto optional = [](const at::Tensor& t) { return t.defined() ? OptionalTensor(t) : std::nullopt; };
+    if (!keep_conv_output) {
+      return relu_group_norm_backward_op().call(grad, saved[kKept], saved[kMean], saved[kRstd],
+                                                optional(saved[kNormWeight]), num_groups);
+    }
+    auto [dz, dgamma, dbeta, dbias, dslopes] = norm_activation_backward_op().call(
+        grad, saved[kKept], optional(saved[kBias]), saved[kMean], saved[kRstd], optional(saved[kNormWeight]),
+        optional(saved[kNormBias]), num_groups, "relu", 0.0, std::nullopt, /*activation_before_norm=*/true);
+    return {std::move(dz), std::move(dgamma), std::move(dbeta), std::move(dbias)};
+  }
+
   // The gradients as a graph of their own: the block recomputed with ATen's
   // differentiable ops from the saved inputs, and differentiated by autograd with
   // create_graph, so that a second backward runs through it (ATen's GroupNorm backward

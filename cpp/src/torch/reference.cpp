@@ -28,16 +28,30 @@ at::Tensor reference_forward(const OpArgs& a) {
   return y.contiguous(output_memory_format(a.input, a.weight));
 }
 
-ForwardForBackward reference_forward_for_backward(const OpArgs& a) {
+ForwardForBackward reference_forward_for_backward(const OpArgs& a, bool keep_conv_output) {
   // GroupNorm of the activation as reference_forward lays it out, so that the output is
   // the same bit for bit; the activation kept channels-last, as the backward reads it.
-  const at::Tensor y = activation_of(a);
+  // Keeping the convolution's output, the bias is added after the convolution (as the
+  // kernel paths add it), and the output may differ from reference_forward's in the
+  // last bits.
+  const at::MemoryFormat out_format = output_memory_format(a.input, a.weight);
+  at::Tensor conv_output;
+  at::Tensor y;
+  if (keep_conv_output) {
+    conv_output = at::conv_transpose3d(a.input, a.weight, std::nullopt, a.stride, a.padding, a.output_padding, a.groups,
+                                       a.dilation)
+                      .contiguous(out_format);
+    y = (a.bias.has_value() && a.bias->defined() ? conv_output + per_channel(*a.bias, conv_output) : conv_output)
+            .relu();
+  } else {
+    y = activation_of(a);
+  }
   const at::ScalarType type = y.scalar_type();
   const auto [n, c, pixels] = group_norm_extents(y);
   const at::MemoryFormat format = group_norm_input_format(y);
   const auto [out, mean, rstd] = at::native_group_norm(y.contiguous(format), as_type(a.norm_weight, type),
                                                        as_type(a.norm_bias, type), n, c, pixels, a.num_groups, a.eps);
-  return {out.contiguous(output_memory_format(a.input, a.weight)), y.contiguous(at::MemoryFormat::ChannelsLast3d),
+  return {out.contiguous(out_format), keep_conv_output ? conv_output : y.contiguous(at::MemoryFormat::ChannelsLast3d),
           mean.to(statistics_type(type)).view({n, a.num_groups}),
           rstd.to(statistics_type(type)).view({n, a.num_groups})};
 }

@@ -11,10 +11,15 @@ namespace {
 
 // Keyword order and names follow torch.nn.functional.conv_transpose3d, then
 // torch.nn.functional.group_norm (its weight/bias renamed norm_weight/norm_bias).
-constexpr const char* kArguments =
-    "(Tensor input, Tensor weight, Tensor? bias, Tensor? norm_weight, Tensor? norm_bias, int num_groups, "
-    "float eps, int[3] stride, int[3] padding, int[3] output_padding, int groups, int[3] dilation, "
-    "Tensor? packed_weight=None, Tensor? packed_bias=None)";
+#define CUTLASSFUSE_OP_SCHEMA_ARGUMENTS                                                                 \
+  "Tensor input, Tensor weight, Tensor? bias, Tensor? norm_weight, Tensor? norm_bias, int num_groups, " \
+  "float eps, int[3] stride, int[3] padding, int[3] output_padding, int groups, int[3] dilation, "      \
+  "Tensor? packed_weight=None, Tensor? packed_bias=None"
+constexpr const char* kArguments = "(" CUTLASSFUSE_OP_SCHEMA_ARGUMENTS ")";
+// The op keeping for its backward: which tensor it keeps (op.h, keeps_conv_output) is an
+// argument, so that a graph traced once (torch.compile) keeps what its backward reads.
+constexpr const char* kKeepingArguments = "(" CUTLASSFUSE_OP_SCHEMA_ARGUMENTS ", bool keep_conv_output=False)";
+#undef CUTLASSFUSE_OP_SCHEMA_ARGUMENTS
 
 // Unpacks the schema's arguments into OpArgs for `Impl`: one signature for every kernel.
 template <class Result, Result (*Impl)(const OpArgs&)>
@@ -27,6 +32,19 @@ Result kernel(const at::Tensor& input, const at::Tensor& weight, const std::opti
                dilation, packed_weight, packed_bias});
 }
 
+// `kernel`, with the keeping op's last argument.
+template <class Result, Result (*Impl)(const OpArgs&, bool)>
+Result keeping_kernel(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                      const std::optional<at::Tensor>& norm_weight, const std::optional<at::Tensor>& norm_bias,
+                      int64_t num_groups, double eps, at::IntArrayRef stride, at::IntArrayRef padding,
+                      at::IntArrayRef output_padding, int64_t groups, at::IntArrayRef dilation,
+                      const std::optional<at::Tensor>& packed_weight, const std::optional<at::Tensor>& packed_bias,
+                      bool keep_conv_output) {
+  return Impl({input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding, output_padding, groups,
+               dilation, packed_weight, packed_bias},
+              keep_conv_output);
+}
+
 // The convolution-gradient ops' schema arguments as a geometry.
 template <at::Tensor (*Impl)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const ConvTransposeGeometry&)>
 at::Tensor gradient_kernel(const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
@@ -35,10 +53,10 @@ at::Tensor gradient_kernel(const at::Tensor& grad_output, const at::Tensor& inpu
   return Impl(grad_output, input, weight, {stride, padding, output_padding, dilation, groups});
 }
 
-ForwardForBackward forward_for_backward_reference(const OpArgs& args) {
+ForwardForBackward forward_for_backward_reference(const OpArgs& args, bool keep_conv_output) {
   validate_and_describe(args);
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return reference_forward_for_backward(args);
+  return reference_forward_for_backward(args, keep_conv_output);
 }
 
 at::Tensor forward_reference(const OpArgs& args) {
@@ -57,7 +75,8 @@ std::string explain_reference_call(const OpArgs& args, const char* description) 
 std::string explain_reference(const OpArgs& args) { return explain_reference_call(args, kReferenceDescription); }
 
 std::string explain_for_backward_reference(const OpArgs& args) {
-  return explain_reference_call(args, kReferenceForBackwardDescription);
+  return explain_reference_call(
+      args, keeps_conv_output(args.input) ? kReferenceKeepingConvOutputDescription : kReferenceForBackwardDescription);
 }
 
 // Meta tensors carry no data: the op's Meta kernel (the fake kernel, ops.py) gives the
@@ -164,6 +183,11 @@ FlagsTuple backend_flags_for_schema() { return flags_tuple(current_options().bac
 
 }  // namespace
 
+bool keeps_conv_output(const at::Tensor& input) {
+  return input.is_cuda() && input.scalar_type() == at::kFloat &&
+         current_options().float32_mode == Float32Mode::kPyTorch;
+}
+
 TORCH_LIBRARY(cutlassfuse, m) {
   m.def((std::string("conv_transpose3d_relu_group_norm") + kArguments + " -> Tensor").c_str());
   // Which implementation a call with these arguments takes, and why; explain_for_backward
@@ -171,9 +195,10 @@ TORCH_LIBRARY(cutlassfuse, m) {
   // tensors that require grad), and what it keeps.
   m.def((std::string("explain") + kArguments + " -> str").c_str());
   m.def((std::string("explain_for_backward") + kArguments + " -> str").c_str());
-  // The op keeping what its backward reads (autograd.cpp): (output, activation =
-  // ReLU(ConvTranspose3d(...)) channels_last_3d, mean, rstd [batch, num_groups]; op.h).
-  m.def((std::string("conv_transpose3d_relu_group_norm_for_backward") + kArguments +
+  // The op keeping what its backward reads (autograd.cpp): (output, kept tensor, mean,
+  // rstd [batch, num_groups]; op.h): the activation ReLU(ConvTranspose3d(...))
+  // channels_last_3d, or with keep_conv_output the convolution's output without bias.
+  m.def((std::string("conv_transpose3d_relu_group_norm_for_backward") + kKeepingArguments +
          " -> (Tensor, Tensor, Tensor, Tensor)")
             .c_str());
   // From the output gradient and what the forward kept: the gradients of the
@@ -217,7 +242,8 @@ TORCH_LIBRARY(cutlassfuse, m) {
 
 TORCH_LIBRARY_IMPL(cutlassfuse, CPU, m) {
   m.impl("conv_transpose3d_relu_group_norm", &kernel<at::Tensor, &forward_reference>);
-  m.impl("conv_transpose3d_relu_group_norm_for_backward", &kernel<ForwardForBackward, &forward_for_backward_reference>);
+  m.impl("conv_transpose3d_relu_group_norm_for_backward",
+         &keeping_kernel<ForwardForBackward, &forward_for_backward_reference>);
   m.impl("relu_group_norm_backward", &reference_relu_group_norm_backward);
   m.impl("convert_memory_format", &reference_convert_memory_format);
   m.impl("conv_transpose3d_input_grad", &gradient_kernel<&reference_conv_transpose3d_input_grad>);
@@ -235,7 +261,8 @@ TORCH_LIBRARY_IMPL(cutlassfuse, Meta, m) {
 TORCH_LIBRARY_IMPL(cutlassfuse, CUDA, m) {
 #if CUTLASSFUSE_WITH_CUDA
   m.impl("conv_transpose3d_relu_group_norm", &kernel<at::Tensor, &forward_cuda>);
-  m.impl("conv_transpose3d_relu_group_norm_for_backward", &kernel<ForwardForBackward, &forward_for_backward_cuda>);
+  m.impl("conv_transpose3d_relu_group_norm_for_backward",
+         &keeping_kernel<ForwardForBackward, &forward_for_backward_cuda>);
   m.impl("relu_group_norm_backward", &relu_group_norm_backward_cuda);
   m.impl("convert_memory_format", &convert_memory_format_cuda);
   m.impl("conv_transpose3d_input_grad", &gradient_kernel<&cutlass_conv_transpose3d_input_grad>);
@@ -247,7 +274,8 @@ TORCH_LIBRARY_IMPL(cutlassfuse, CUDA, m) {
 #endif
 #else
   m.impl("conv_transpose3d_relu_group_norm", &kernel<at::Tensor, &forward_reference>);
-  m.impl("conv_transpose3d_relu_group_norm_for_backward", &kernel<ForwardForBackward, &forward_for_backward_reference>);
+  m.impl("conv_transpose3d_relu_group_norm_for_backward",
+         &keeping_kernel<ForwardForBackward, &forward_for_backward_reference>);
   m.impl("relu_group_norm_backward", &reference_relu_group_norm_backward);
   m.impl("convert_memory_format", &reference_convert_memory_format);
   m.impl("conv_transpose3d_input_grad", &gradient_kernel<&reference_conv_transpose3d_input_grad>);
