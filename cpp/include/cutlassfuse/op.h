@@ -59,10 +59,12 @@ inline at::ScalarType statistics_type(at::ScalarType type) { return type == at::
 ForwardForBackward reference_forward_for_backward(const OpArgs& args, bool keep_conv_output);
 
 // Whether a call on `input` in grad mode keeps the convolution's output rather than the
-// activation: CUDA float32 in float32 mode "pytorch", which runs PyTorch's convolution
-// and this project's kernels after it (the fallback), so that the forward writes the
-// output beside the convolution's output it has anyway, and nothing more. Read once per
-// call by the autograd kernel, which passes it to the op keeping for the backward.
+// activation: a CUDA call of float16, bfloat16 or float32 that the fused path takes
+// whatever its sizes are not (float32 in float32 mode "pytorch", the fused path turned
+// off, a GPU other than sm_90), so that the fallback running it writes the output beside
+// the convolution's output it has anyway, and nothing more. Read once per call by the
+// autograd kernel, which passes it to the op keeping for the backward; a call the fused
+// path refuses for its sizes keeps the activation.
 bool keeps_conv_output(const at::Tensor& input);
 
 // The gradients of the convolution's output z (with its bias; the activation's dtype,

@@ -1,5 +1,6 @@
 // The op's CUDA kernel: the first kernel path of the table that takes the call runs it.
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/cuda/CUDAContext.h>
 
 #include "cutlassfuse/common/nvtx.h"
 #include "dispatch/kernel_path.h"
@@ -19,6 +20,17 @@ constexpr KernelPath kKernelPaths[] = {
 Routed<KernelPath, PlannedCall> route(const Call& call) { return route_first<PlannedCall>(kKernelPaths, call); }
 
 }  // namespace
+
+bool keeps_conv_output(const at::Tensor& input) {
+  const at::ScalarType type = input.scalar_type();
+  if (!input.is_cuda() || (type != at::kHalf && type != at::kBFloat16 && type != at::kFloat)) return false;
+  // Whatever the sizes, the fused path takes no such call: the fallback runs it.
+  const CallOptions options = current_options();
+  if (type == at::kFloat && options.float32_mode == Float32Mode::kPyTorch) return true;
+  if (!options.backend.fused_path) return true;
+  const cudaDeviceProp* props = at::cuda::getDeviceProperties(input.device().index());
+  return props->major != 9 || props->minor != 0;
+}
 
 at::Tensor forward_cuda(const OpArgs& args) {
   const Problem problem = validate_and_describe(args);

@@ -8,9 +8,9 @@
 // What is saved: what eager's modules keep, the activation a = ReLU(ConvTranspose3d(x))
 // and GroupNorm's per-(sample, group) mean and rstd, returned by the forward that
 // computes the output (conv_transpose3d_relu_group_norm_for_backward); calls that need
-// no gradient keep nothing. A CUDA float32 call in float32 mode "pytorch" keeps the
-// convolution's output without bias instead (keeps_conv_output, op.h), which its kernels
-// write anyway: the activation would be one more write of the output's size. Backward:
+// no gradient keep nothing. A CUDA call that runs the fallback whatever its sizes keeps
+// the convolution's output without bias instead (keeps_conv_output, op.h), which its
+// kernels write anyway: the activation would be one more write of the output's size. Backward:
 // the ReLU + GroupNorm backward op (of the activation) or the block family's
 // norm_activation_backward (ReLU(y + bias) recomputed from the convolution's output), then the
 // convolution's gradients (conv_backward.h: this project's CUTLASS kernels or ATen's

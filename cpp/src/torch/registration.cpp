@@ -183,10 +183,10 @@ FlagsTuple backend_flags_for_schema() { return flags_tuple(current_options().bac
 
 }  // namespace
 
-bool keeps_conv_output(const at::Tensor& input) {
-  return input.is_cuda() && input.scalar_type() == at::kFloat &&
-         current_options().float32_mode == Float32Mode::kPyTorch;
-}
+#if !CUTLASSFUSE_WITH_CUDA
+// Without CUDA kernels every call runs the reference, which keeps the activation.
+bool keeps_conv_output(const at::Tensor&) { return false; }
+#endif
 
 TORCH_LIBRARY(cutlassfuse, m) {
   m.def((std::string("conv_transpose3d_relu_group_norm") + kArguments + " -> Tensor").c_str());
