@@ -124,8 +124,9 @@ def _optional_ratio(value: str) -> str:
 def blocks_table(path: Path) -> str:
     rows = list(csv.DictReader(path.open()))
     lines = ["| block | dtype | input | cuDNN conv | one copy | eager | compile | cutlassfuse | vs floor "
-             "| vs eager | vs compile | training step eager / cutlassfuse | error eager / cutlassfuse |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| vs eager | vs compile | grad mode eager / cutlassfuse | training step eager / cutlassfuse "
+             "| error eager / cutlassfuse |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         training = (f"{_optional_ms(r['eager_train_ms'])} / {_optional_ms(r['cutlassfuse_train_ms'])}"
                     if r["eager_train_ms"] else "n/a")
@@ -134,11 +135,19 @@ def blocks_table(path: Path) -> str:
             f"| {r['block']}", r["dtype"], r["memory_format"], _optional_ms(r["conv_ms"]), _optional_ms(r["copy_ms"]),
             _optional_ms(r["eager_ms"]), _optional_ms(r["compile_ms"]), _optional_ms(r["cutlassfuse_ms"]),
             f"{float(r['over_floor']):.2f}", _optional_ratio(r["eager_over_cutlassfuse"]),
-            _optional_ratio(r["compile_over_cutlassfuse"]), training, f"{errors} |"]))
+            _optional_ratio(r["compile_over_cutlassfuse"]), _grad_mode_pair(r, "eager", "cutlassfuse"), training,
+            f"{errors} |"]))
     return (f"`python benchmarks/blocks.py --train --csv {path.name}` (median ms of alternating rounds, under "
-            "`torch.no_grad()`; \"vs floor\": cutlassfuse over cuDNN's convolution with its bias plus one copy of "
-            "the output, or one copy of the input for the norm alone; max abs error against float64).\n\n"
+            "`torch.no_grad()`, and in grad mode (parameters requiring grad, no backward); \"vs floor\": "
+            "cutlassfuse over cuDNN's convolution with its bias plus one copy of the output, or one copy of the "
+            "input for the norm alone; max abs error against float64).\n\n"
             + "\n".join(lines) + "\n")
+
+
+def _grad_mode_pair(row: dict, first: str, second: str) -> str:
+    """The two grad-mode times, n/a in files measured before they were."""
+    times = [row.get(f"{name}_grad_mode_ms") for name in (first, second)]
+    return " / ".join(_optional_ms(t) for t in times) if all(times) else "n/a"
 
 
 def _optional_error(value: str | None) -> str:
@@ -148,9 +157,9 @@ def _optional_error(value: str | None) -> str:
 def networks_table(path: Path) -> str:
     rows = list(csv.DictReader(path.open()))
     lines = ["| network | dtype | input | blocks fused | eager | compile | fuse | fuse, then compile | vs eager "
-             "| vs compile | norm kernels eager / fuse | training step eager / fuse | error eager / fuse "
-             "| gradient error eager / fuse |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| vs compile | norm kernels eager / fuse | grad mode eager / fuse | training step eager / fuse "
+             "| error eager / fuse | gradient error eager / fuse |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(" | ".join([
             f"| {r['network']}", r["dtype"], r["memory_format"], r["chains_fused"], _optional_ms(r["eager_ms"]),
@@ -158,6 +167,7 @@ def networks_table(path: Path) -> str:
             f"{float(r['eager_ms']) / float(r['fused_ms']):.2f}x",
             f"{float(r['compile_ms']) / float(r['fused_ms']):.2f}x" if r["compile_ms"] else "n/a",
             f"{_optional_ms(r['eager_norm_ms'])} / {_optional_ms(r['fused_norm_ms'])}",
+            _grad_mode_pair(r, "eager", "fused"),
             f"{_optional_ms(r['eager_train_ms'])} / {_optional_ms(r['fused_train_ms'])}",
             f"{float(r['eager_max_abs']):.1e} / {float(r['fused_max_abs']):.1e}",
             # Files written before the gradient errors were measured have no such columns.
@@ -166,6 +176,7 @@ def networks_table(path: Path) -> str:
     dtype_option = "" if dtypes == "float16" else f" --dtypes {dtypes}"
     return (f"`python benchmarks/networks.py{dtype_option} --memory-formats ncdhw --train --csv {path.name}` (median "
             "ms of alternating rounds, eval mode under `torch.no_grad()`; norm kernels: their GPU time per call; "
+            "grad mode: eval mode, parameters requiring grad, no `torch.no_grad()` and no backward; "
             "training step: forward and backward in train mode; max abs error against the float64 network; "
             "gradient error: the max abs error of all parameter gradients against the float64 network's, for one "
             "output gradient).\n\n" + "\n".join(lines) + "\n")

@@ -159,6 +159,31 @@ def test_opcheck():
                           (torch.randn(2, 6, 3, 3, 3, requires_grad=True), 3, None, None, 1e-5, "silu", 0.0, None))
 
 
+def test_explain_follows_grad_mode(monkeypatch):
+    """explain_block and the module's explain ask the op keeping for a backward exactly
+    when the call would be differentiated."""
+    conv, norm, act = nn.Conv3d(4, 6, 3), nn.GroupNorm(3, 6), nn.SiLU()
+    block = cutlassfuse.Conv3dNormActivation.from_modules(conv, norm, act)
+    x = torch.randn(1, 4, 5, 5, 5)
+    asked = []
+    for name in ("explain_conv3d_norm_activation", "explain_conv3d_norm_activation_for_backward"):
+        op = getattr(torch.ops.cutlassfuse, name)
+        monkeypatch.setattr(torch.ops.cutlassfuse, name,
+                            lambda *args, op=op, name=name: asked.append(name) or op(*args))
+
+    def explain_both():
+        assert cutlassfuse.explain_block(cutlassfuse.conv3d_norm_activation, x, conv.weight, conv.bias,
+                                         num_groups=3).startswith("reference")
+        assert block.explain(x).startswith("reference")
+
+    explain_both()
+    with torch.no_grad():
+        explain_both()
+    block.requires_grad_(False)
+    explain_both()
+    assert asked == ["explain_conv3d_norm_activation_for_backward"] * 2 + ["explain_conv3d_norm_activation"] * 4
+
+
 def test_meta_tensors():
     x = torch.empty(2, 4, 8, 8, 8, device="meta").contiguous(memory_format=torch.channels_last_3d)
     w = torch.empty(6, 4, 3, 3, 3, device="meta")

@@ -54,6 +54,9 @@ class Targets:
 
 CONV_TARGETS = Targets(max_over_floor=1.1, min_over_eager=1.75)
 NORM_TARGETS = Targets(max_over_floor=1.3, min_over_eager=20.0)
+# A call in grad mode (parameters requiring grad, no backward) against the same call under
+# torch.no_grad(), at most; and faster than eager's in grad mode.
+MAX_GRAD_MODE_OVER_NO_GRAD = 1.1
 
 
 @dataclass(frozen=True)
@@ -208,6 +211,9 @@ def timed_calls(block: Block, blocks: dict[str, nn.Module], inputs: list[torch.T
     calls["cutlassfuse"] = Timed(blocks["cutlassfuse"], inputs)
     if "existing op" in blocks:
         calls["existing op"] = Timed(blocks["existing op"], inputs)
+    # Called as most scripts do: parameters that require grad, no torch.no_grad(), no backward.
+    calls["eager grad mode"] = Timed(blocks["eager"], inputs, grad_mode=True)
+    calls["cutlassfuse grad mode"] = Timed(blocks["cutlassfuse"], inputs, grad_mode=True)
     if train:
         leaves = [x.detach().requires_grad_() for x in inputs]
         for name in ("eager", "cutlassfuse", "existing op"):
@@ -259,7 +265,12 @@ class Row:
     eager_max_abs: float | None  # against the float64 modules
     cutlassfuse_max_abs: float | None
     existing_op_max_abs: float | None
-    path: str  # the kernel path of cutlassfuse's call (explain()'s prefix)
+    eager_grad_mode_ms: float | None  # parameters requiring grad, no backward
+    cutlassfuse_grad_mode_ms: float | None
+    grad_mode_over_no_grad: float | None  # cutlassfuse's
+    grad_mode_eager_over_cutlassfuse: float | None
+    path: str  # the kernel path of cutlassfuse's call under torch.no_grad() (explain()'s prefix)
+    grad_mode_path: str  # in grad mode
     misses: str
     notes: str
 
@@ -283,9 +294,11 @@ def max_abs_errors(blocks: dict[str, nn.Module], x: torch.Tensor) -> dict[str, f
     return errors
 
 
-def kernel_path(blocks: dict[str, nn.Module], x: torch.Tensor) -> str:
-    """The kernel path cutlassfuse's module takes for ``x`` under torch.no_grad()."""
-    return blocks["cutlassfuse"].explain(x).split(":")[0]
+def kernel_path(blocks: dict[str, nn.Module], x: torch.Tensor, *, grad_mode: bool) -> str:
+    """The kernel path cutlassfuse's module takes for ``x`` in grad mode or under
+    torch.no_grad()."""
+    with torch.set_grad_enabled(grad_mode):
+        return blocks["cutlassfuse"].explain(x).split(":")[0]
 
 
 def misses(block: Block, row: Row) -> str:
@@ -300,6 +313,10 @@ def misses(block: Block, row: Row) -> str:
     if row.compile_over_cutlassfuse is not None and 1 / row.compile_over_cutlassfuse >= block.max_over_compile:
         found.append("not faster than compile" if block.max_over_compile == 1.0 else
                      f"over compile >= {block.max_over_compile}")
+    if row.grad_mode_over_no_grad is not None and row.grad_mode_over_no_grad > MAX_GRAD_MODE_OVER_NO_GRAD:
+        found.append(f"grad mode / no_grad > {MAX_GRAD_MODE_OVER_NO_GRAD}")
+    if row.grad_mode_eager_over_cutlassfuse is not None and row.grad_mode_eager_over_cutlassfuse <= 1.0:
+        found.append("grad mode not faster than eager's")
     return "; ".join(found)
 
 
@@ -320,7 +337,10 @@ def run_case(block: Block, dtype: torch.dtype, memory_format: str, device: torch
               ratio(cutlassfuse_ms, floor), ratio(ms.get("eager"), cutlassfuse_ms),
               ratio(ms.get("compile"), cutlassfuse_ms), ms.get("eager train"), ms.get("cutlassfuse train"),
               ms.get("existing op train"), ratio(ms.get("eager train"), ms.get("cutlassfuse train")),
-              errors["eager"], errors["cutlassfuse"], errors.get("existing op"), kernel_path(blocks, inputs[0]),
+              errors["eager"], errors["cutlassfuse"], errors.get("existing op"), ms.get("eager grad mode"),
+              ms.get("cutlassfuse grad mode"), ratio(ms.get("cutlassfuse grad mode"), cutlassfuse_ms),
+              ratio(ms.get("eager grad mode"), ms.get("cutlassfuse grad mode")),
+              kernel_path(blocks, inputs[0], grad_mode=False), kernel_path(blocks, inputs[0], grad_mode=True),
               misses="",
               notes="; ".join(f"{name} refused: {why}" for name, why in refused.items()))
     row.misses = misses(block, row)
@@ -333,7 +353,9 @@ COLUMNS = [  # heading, width, the row's field, its format
     ("compile", 8, "compile_ms", ".3f"), ("cf", 8, "cutlassfuse_ms", ".3f"), ("existing", 9, "existing_op_ms", ".3f"),
     ("cf/floor", 9, "over_floor", ".2f"), ("eager/cf", 9, "eager_over_cutlassfuse", ".2f"),
     ("comp/cf", 8, "compile_over_cutlassfuse", ".2f"), ("err eager", 10, "eager_max_abs", ".1e"),
-    ("err cf", 9, "cutlassfuse_max_abs", ".1e"), ("path", 11, "path", "s"),
+    ("err cf", 9, "cutlassfuse_max_abs", ".1e"), ("path", 11, "path", "s"), ("eager g", 8, "eager_grad_mode_ms", ".3f"),
+    ("cf g", 8, "cutlassfuse_grad_mode_ms", ".3f"), ("g/ng", 6, "grad_mode_over_no_grad", ".2f"),
+    ("e/cf g", 7, "grad_mode_eager_over_cutlassfuse", ".2f"), ("path g", 11, "grad_mode_path", "s"),
 ]
 TRAIN_COLUMNS = [("eager trn", 10, "eager_train_ms", ".3f"), ("cf trn", 8, "cutlassfuse_train_ms", ".3f"),
                  ("trn e/cf", 9, "train_eager_over_cutlassfuse", ".2f")]
@@ -391,8 +413,9 @@ def run_block_bench(block_names: list[str], dtypes: list[torch.dtype], memory_fo
     where = torch.cuda.get_device_name() if where_to_run.type == "cuda" else "CPU"
     print(f"{where}, torch {torch.__version__}; median ms; floor: cuDNN conv + one copy of the output (the norm "
           f"alone: one copy); targets: cf/floor <= {CONV_TARGETS.max_over_floor} ({NORM_TARGETS.max_over_floor} for "
-          f"the norm alone), eager/cf >= {CONV_TARGETS.min_over_eager} ({NORM_TARGETS.min_over_eager}), comp/cf > 1; "
-          "err: max abs against the float64 modules")
+          f"the norm alone), eager/cf >= {CONV_TARGETS.min_over_eager} ({NORM_TARGETS.min_over_eager}), comp/cf > 1, "
+          f"g/ng <= {MAX_GRAD_MODE_OVER_NO_GRAD} and e/cf g > 1 (g: in grad mode, parameters requiring grad and no "
+          "backward); err: max abs against the float64 modules")
     return run_table(blocks, dtypes, memory_formats, columns, csv_path, lambda block, dtype, memory_format: run_case(
         block, dtype, memory_format, where_to_run, with_compile=with_compile, train=train, rounds=rounds,
         repeats=repeats))

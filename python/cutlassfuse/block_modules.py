@@ -8,11 +8,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn.common_types import _size_3_t
 
-from .blocks import ACTIVATIONS, activation_of_module, as_five_d, in_shape_of
+from .blocks import ACTIVATIONS, activation_of_module, as_five_d, explaining_op, in_shape_of
 
 _CONV_OP = torch.ops.cutlassfuse.conv3d_norm_activation.default
 _NORM_OP = torch.ops.cutlassfuse.group_norm_activation.default
-_EXPLAIN_CONV_OP = torch.ops.cutlassfuse.explain_conv3d_norm_activation.default
 _EXPLAIN_NORM_OP = torch.ops.cutlassfuse.explain_group_norm_activation.default
 
 _Conv = nn.Conv3d | nn.ConvTranspose3d
@@ -174,20 +173,25 @@ class _ConvNormActivation(nn.Module):
         block._set_modules(conv, norm, activation, activation_before_norm)
         return block
 
-    def _call(self, x: Tensor, output_padding: tuple[int, ...], op=_CONV_OP):
+    def _call(self, x: Tensor, output_padding: tuple[int, ...]):
+        # The op itself, not the functional wrapper: the modules already hold their
+        # options as 3-tuples, and small calls are bound by the host's time per call.
+        return _CONV_OP(*self._op_arguments(x, output_padding))
+
+    def _op_arguments(self, x: Tensor, output_padding: tuple[int, ...]) -> tuple:
         children = self._modules
         conv, norm = children["conv"], children["norm"]
         name, parameter, weight = activation_of_module(children["activation"])
-        # The op itself, not the functional wrapper: the modules already hold their
-        # options as 3-tuples, and small calls are bound by the host's time per call.
-        return op(x, _tensor(conv, "weight"), _tensor(conv, "bias"), conv.stride, _conv_padding(conv), output_padding,
-                  conv.groups, conv.dilation, self._transposed, _norm_groups(norm), _tensor(norm, "weight"),
-                  _tensor(norm, "bias"), norm.eps, name, parameter, weight, self.activation_before_norm)
+        return (x, _tensor(conv, "weight"), _tensor(conv, "bias"), conv.stride, _conv_padding(conv), output_padding,
+                conv.groups, conv.dilation, self._transposed, _norm_groups(norm), _tensor(norm, "weight"),
+                _tensor(norm, "bias"), norm.eps, name, parameter, weight, self.activation_before_norm)
 
     def explain(self, x: Tensor) -> str:
-        """Which implementation ``self(x)`` runs (kernel path, or PyTorch's composite) and
-        why, for a call that keeps nothing for a backward (under ``torch.no_grad()``)."""
-        return self._call(x, tuple(getattr(self.conv, "output_padding", (0, 0, 0))), op=_EXPLAIN_CONV_OP)
+        """Which implementation ``self(x)`` runs in the current grad mode (kernel path, or
+        PyTorch's composite) and why; a call in grad mode with parameters that require grad
+        keeps what its backward reads."""
+        arguments = self._op_arguments(x, tuple(getattr(self.conv, "output_padding", (0, 0, 0))))
+        return explaining_op(arguments)(*arguments)
 
     def extra_repr(self) -> str:
         """The constructor's arguments that give this block, defaults left out, with the

@@ -193,9 +193,11 @@ def group_norm_activation(
 
 
 def explain_block(function, *args, **kwargs) -> str:
-    """Which implementation ``function(*args, **kwargs)`` runs, and why: ``function`` is
-    ``conv3d_norm_activation``, ``conv_transpose3d_norm_activation`` or
-    ``group_norm_activation``."""
+    """Which implementation ``function(*args, **kwargs)`` runs in the current grad mode,
+    and why: ``function`` is ``conv3d_norm_activation``, ``conv_transpose3d_norm_activation``
+    or ``group_norm_activation``. A convolution block called in grad mode on tensors that
+    require grad keeps what its backward reads, and may take another path than under
+    ``torch.no_grad()``."""
     bound = inspect.signature(function).bind(*args, **kwargs)
     bound.apply_defaults()
     if function is group_norm_activation:
@@ -204,7 +206,20 @@ def explain_block(function, *args, **kwargs) -> str:
     transposed = function is conv_transpose3d_norm_activation
     if not transposed and function is not conv3d_norm_activation:
         raise ValueError(f"cutlassfuse: explain_block explains the block functions, got {function!r}")
-    return torch.ops.cutlassfuse.explain_conv3d_norm_activation(*_block_arguments(transposed, bound.arguments))
+    arguments = _block_arguments(transposed, bound.arguments)
+    return explaining_op(arguments)(*arguments)
+
+
+def explaining_op(block_arguments: tuple):
+    """The explain op of a convolution block called with ``block_arguments`` (the op's
+    own, in order) in the current grad mode: the one keeping for a backward when a call
+    would be differentiated."""
+    input, weight, bias = block_arguments[:3]
+    norm_weight, norm_bias, activation_weight = block_arguments[10], block_arguments[11], block_arguments[15]
+    differentiable = (input, weight, bias, norm_weight, norm_bias, activation_weight)
+    tracked = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in differentiable)
+    ops = torch.ops.cutlassfuse
+    return ops.explain_conv3d_norm_activation_for_backward if tracked else ops.explain_conv3d_norm_activation
 
 
 def _conv_output_size(input_size, kernel_size, stride, padding, output_padding, dilation, transposed) -> list[int]:

@@ -20,7 +20,9 @@ model against a float64 copy of the network on one input; the kernel time per ca
 eager and the fused model split into convolutions, norms (the fused model's norm
 kernels apply its activations too) and everything else (torch.profiler; on the CPU
 each op's own time); the case's wall time, compilations included. MONAI's dropouts
-are p=0 at these arguments, so fuse() passes them through.
+are p=0 at these arguments, so fuse() passes them through. Eager and the fused model
+are timed in grad mode too, as most scripts call a model: eval mode, parameters that
+require grad, no torch.no_grad(), no backward.
 
 ``train=True`` (``--train``) adds, in train mode, the training step of eager and of the
 fused model (forward, and backward of the output's mean to every parameter), and the
@@ -39,7 +41,8 @@ is the fused model's over eager's.
 A row's ``misses`` names each target the case misses: the fused model faster than
 torch.compile of the network, BasicUNet and SegResNet 3x faster than eager,
 compile(fused) no slower than the fused model, the fused model's output error within
-eager's, its training step faster than eager's, its gradient error within 1.25x eager's.
+eager's, its grad-mode forward within 1.1x its no_grad one and faster than eager's grad-mode
+forward, its training step faster than eager's, its gradient error within 1.25x eager's.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from torch.profiler import ProfilerActivity, profile
 from .bench import rotating_tensors
 
 # The block benchmark's timing, errors and table rows.
-from .block_bench import Timed, max_abs_errors, medians_over_rounds, ratio, run_table
+from .block_bench import MAX_GRAD_MODE_OVER_NO_GRAD, Timed, max_abs_errors, medians_over_rounds, ratio, run_table
 from .rewrite import FuseResult, fuse
 
 PROFILED_CALLS = 3
@@ -254,6 +257,9 @@ def timed_calls(built: Models, inputs: list[torch.Tensor], *, with_compile: bool
     calls["fused"] = Timed(built.fused.model, inputs)
     if with_compile:
         calls["compile(fused)"] = Timed(torch.compile(built.fused.model), inputs)
+    # Called as most scripts do: parameters that require grad, no torch.no_grad(), no backward.
+    calls["eager grad mode"] = Timed(built.eager, inputs, grad_mode=True)
+    calls["fused grad mode"] = Timed(built.fused.model, inputs, grad_mode=True)
     for name, model in built.train.items():
         calls[f"{name} train"] = Timed(mean_backward_step(model), inputs, grad_mode=True)
     return calls
@@ -278,6 +284,10 @@ class Row:
     compile_fused_over_fused: float | None
     eager_max_abs: float | None  # against the float64 network
     fused_max_abs: float | None
+    eager_grad_mode_ms: float | None  # parameters requiring grad, no backward
+    fused_grad_mode_ms: float | None
+    grad_mode_fused_over_no_grad: float | None
+    grad_mode_fused_over_eager: float | None
     eager_conv_ms: float | None  # kernel time per call by class
     eager_norm_ms: float | None
     eager_other_ms: float | None
@@ -326,6 +336,10 @@ def misses(network: Network, row: Row) -> str:
         found.append("compile(fused) slower than fused")
     if exceeds(row.fused_max_abs, row.eager_max_abs):
         found.append("error above eager's")
+    if row.grad_mode_fused_over_no_grad is not None and row.grad_mode_fused_over_no_grad > MAX_GRAD_MODE_OVER_NO_GRAD:
+        found.append(f"grad mode / no_grad > {MAX_GRAD_MODE_OVER_NO_GRAD:g}")
+    if row.grad_mode_fused_over_eager is not None and row.grad_mode_fused_over_eager >= 1.0:
+        found.append("grad mode not faster than eager's")
     if row.eager_train_ms is not None and row.fused_train_ms is None:
         found.append("fused training step refused")
     if row.train_fused_over_eager is not None and row.train_fused_over_eager >= 1.0:
@@ -357,7 +371,10 @@ def run_case(network: Network, dtype: torch.dtype, memory_format: str, device: t
               len(built.fused.left_alone), ms.get("eager"), ms.get("compile"), ms.get("fused"),
               ms.get("compile(fused)"), ratio(ms.get("fused"), ms.get("eager")),
               ratio(ms.get("fused"), ms.get("compile")), ratio(ms.get("compile(fused)"), ms.get("fused")),
-              errors["eager"], errors["fused"], *splits["eager"].values(), *splits["fused"].values(),
+              errors["eager"], errors["fused"], ms.get("eager grad mode"), ms.get("fused grad mode"),
+              ratio(ms.get("fused grad mode"), ms.get("fused")),
+              ratio(ms.get("fused grad mode"), ms.get("eager grad mode")),
+              *splits["eager"].values(), *splits["fused"].values(),
               ms.get("eager train"), ms.get("fused train"), ratio(ms.get("fused train"), ms.get("eager train")),
               grad["eager"], grad["fused"], ratio(grad["fused"], grad["eager"]) if grad["eager"] else None,
               seconds=time.perf_counter() - start, misses="", notes="")
@@ -374,7 +391,9 @@ COLUMNS = [  # heading, width, the row's field, its format
     ("compile", 9, "compile_ms", ".2f"), ("fused", 9, "fused_ms", ".2f"), ("c(fused)", 9, "compile_fused_ms", ".2f"),
     ("f/eager", 8, "fused_over_eager", ".2f"), ("f/comp", 7, "fused_over_compile", ".2f"),
     ("c(f)/f", 7, "compile_fused_over_fused", ".2f"), ("err eager", 10, "eager_max_abs", ".1e"),
-    ("err fused", 10, "fused_max_abs", ".1e"), ("eager conv/norm/other", 23, "eager_split", ">"),
+    ("err fused", 10, "fused_max_abs", ".1e"), ("eager g", 9, "eager_grad_mode_ms", ".2f"),
+    ("fused g", 9, "fused_grad_mode_ms", ".2f"), ("g/ng", 6, "grad_mode_fused_over_no_grad", ".2f"),
+    ("f/e g", 6, "grad_mode_fused_over_eager", ".2f"), ("eager conv/norm/other", 23, "eager_split", ">"),
     ("fused conv/norm/other", 23, "fused_split", ">"),
 ]
 TRAIN_COLUMNS = [("eager trn", 10, "eager_train_ms", ".2f"), ("fused trn", 10, "fused_train_ms", ".2f"),
@@ -405,7 +424,9 @@ def run_network_bench(network_names: list[str], dtypes: list[torch.dtype], memor
                 "trn f/e < 1") if train else ""
     print(f"{where}, torch {torch.__version__}; median ms in eval mode under torch.no_grad(); chains fused and left "
           "alone by fuse(); targets: f/comp < 1, f/eager <= 1/3 (basicunet, segresnet), c(f)/f <= 1, err fused <= "
-          f"err eager; err: max abs against the float64 network; conv/norm/other: kernel ms per call{training}; "
+          f"err eager, g/ng <= {MAX_GRAD_MODE_OVER_NO_GRAD:g}, f/e g < 1 (g: in grad mode, parameters requiring grad "
+          "and no backward); err: max abs against the float64 network; conv/norm/other: kernel ms per call"
+          f"{training}; "
           "s: the case's wall time")
     return run_table(networks, dtypes, memory_formats, columns, csv_path,
                      lambda network, dtype, memory_format: run_case(

@@ -108,17 +108,90 @@ def test_layers_the_tile_does_not_fit_take_the_fallback(in_channels, out_channel
     assert path.startswith("fallback:") and "the fused convolution takes 32 output channels" in path, path
 
 
-def test_grad_mode_call_takes_the_fallback():
-    """A call keeping tensors for its backward keeps the convolution's output without its
-    bias, which the fused epilogue does not write: it runs the fallback's kernels."""
-    case = CASES[0]
+# Blocks the fused path keeps for a backward: InstanceNorm with and without the conv's
+# bias (the bias moves only a one-channel group's mean), stride 2, GroupNorm without it.
+KEEPING_CASES = [CASES[0], CASES[1], CASES[2], (32, 32, 3, 1, 1, 1, (8, 8, 8), 8, False, "silu", False)]
+
+
+def explain_tracked(x, conv, norm, act, before):
+    name, _, weight = activation_of_module(act)
+    num_groups = norm.num_groups if isinstance(norm, nn.GroupNorm) else norm.num_features
+    return cutlassfuse.explain_block(cutlassfuse.conv3d_norm_activation, x, conv.weight, conv.bias,
+                                     stride=conv.stride, padding=conv.padding, dilation=conv.dilation,
+                                     num_groups=num_groups, norm_weight=norm.weight, norm_bias=norm.bias,
+                                     activation=name, activation_weight=weight, activation_before_norm=before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("case", KEEPING_CASES, ids=lambda c: f"{c[0]}-{c[1]}-s{c[3]}-g{c[7]}-bias{c[8]:d}-{c[9]}")
+def test_grad_mode_call_keeps_the_conv_output_on_the_fused_path(case, dtype):
+    """In grad mode the fused convolution keeps its output without the bias (the finalize
+    and the normalize add it): the path says so, the output, the kept tensors and the
+    gradients are within eager's error against float64, and the kept tensors are the
+    fallback's within rounding."""
+    seed = zlib.crc32(repr(case).encode())
+    modules64 = build(case, seed)
+    modules = [m.to(dtype) for m in build(case, seed)]
+    x = torch.randn(2, case[0], *case[6], device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
+    x = x.to(dtype).contiguous(memory_format=torch.channels_last_3d).requires_grad_()
+    path = explain_tracked(x, *modules, False)
+    assert path.startswith("fused_sm90:") and "keeping for its backward the convolution's output" in path, path
+    with torch.no_grad():
+        assert explain_tracked(x, *modules, False).startswith("fused_sm90:")
+
+    conv64, norm64, act64 = modules64
+    x64 = x.detach().double().requires_grad_()
+    normalized = norm64(conv64(x64))
+    expected = act64(normalized)
+    # Zero where the activation's input is within 0.05 of a kink: a rounding to either
+    # side there gives another gradient, eager's and ours alike.
+    grad = torch.where(normalized.detach().abs() < 0.05, 0.0, torch.randn_like(expected))
+    expected_grads = torch.autograd.grad(expected, [x64, *conv64.parameters(), *norm64.parameters()], grad)
+    poison_cuda_allocator(16 * expected.numel() * x.element_size())
+    out = run_block(x, *modules, False)
+    assert out.grad_fn is not None and out.is_contiguous(memory_format=torch.channels_last_3d)
+    conv, norm, act = modules
+    reference = act(norm(conv(x)))
+    ours, theirs = errors(out.detach(), expected), errors(reference.detach(), expected)
+    assert ours.max_abs <= max(1.5 * theirs.max_abs, FLOOR[dtype]), f"cutlassfuse {ours}, eager {theirs}"
+
+    leaves = [x, *conv.parameters(), *norm.parameters()]
+    our_grads = torch.autograd.grad(out, leaves, grad.to(dtype))
+    eager_grads = torch.autograd.grad(reference, leaves, grad.to(dtype))
+    for name, ours, theirs, want in zip(["input", *(n for n, _ in conv.named_parameters()),
+                                         *(n for n, _ in norm.named_parameters())],
+                                        our_grads, eager_grads, expected_grads, strict=True):
+        ours, theirs = errors(ours, want), errors(theirs, want)
+        scale = want.abs().max().item()
+        assert ours.max_abs <= max(1.5 * theirs.max_abs, FLOOR[dtype] * scale), (
+            f"{name}: cutlassfuse {ours}, eager {theirs}")
+
+    arguments = (x, conv.weight, conv.bias, conv.stride, conv.padding, (0, 0, 0), 1, conv.dilation, False,
+                 norm.num_groups if isinstance(norm, nn.GroupNorm) else norm.num_features, norm.weight, norm.bias,
+                 norm.eps, *activation_of_module(act), False)
+    with torch.no_grad():
+        fused = torch.ops.cutlassfuse.conv3d_norm_activation_for_backward(*arguments)
+        with cutlassfuse.backends.flags(fused_path=False):
+            fallback = torch.ops.cutlassfuse.conv3d_norm_activation_for_backward(*arguments)
+    for name, ours, theirs in zip(["out", "conv output", "mean", "rstd"], fused, fallback, strict=True):
+        assert ours.shape == theirs.shape and ours.stride() == theirs.stride(), name
+        tolerance = FLOOR[dtype] * max(theirs.abs().max().item(), 1.0)
+        assert (ours.float() - theirs.float()).abs().max().item() <= tolerance, name
+
+
+@pytest.mark.parametrize(("case", "channels_last", "reason"), [
+    (CASES[0], False, "with an NCDHW output"),
+    (CASES[3], True, "with a bias and GroupNorm groups of several channels"),
+    (CASES[4], True, "with the activation before the norm"),
+])
+def test_grad_mode_calls_the_fused_path_cannot_keep_take_the_fallback(case, channels_last, reason):
     conv, norm, act = [m.half() for m in build(case, 3)]
-    x = torch.randn(1, 32, 8, 8, 8, device="cuda", dtype=torch.float16).contiguous(
-        memory_format=torch.channels_last_3d)
-    assert explain(x, conv, norm, act, False).startswith("fused_sm90:")
-    with cutlassfuse.backends.flags(fused_path=False):
-        assert explain(x, conv, norm, act, False).startswith("fallback:")
-    out = run_block(x, conv, norm, act, False)
+    memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
+    x = torch.randn(1, case[0], 8, 8, 8, device="cuda", dtype=torch.float16).contiguous(memory_format=memory_format)
+    before = case[-1]
+    with torch.no_grad():
+        assert explain_tracked(x, conv, norm, act, before).startswith("fused_sm90:")
+    path = explain_tracked(x, conv, norm, act, before)
+    assert path.startswith("fallback:") and reason in path, path
+    out = run_block(x, conv, norm, act, before)
     assert out.grad_fn is not None
-    with torch.no_grad(), cutlassfuse.backends.flags(fused_path=False):
-        assert torch.equal(out.detach(), run_block(x, conv, norm, act, False))

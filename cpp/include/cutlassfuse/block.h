@@ -141,6 +141,8 @@ inline constexpr const char* kNormReferenceDescription = "reference: ATen group_
 at::Tensor block_forward_cuda(const ConvNormActivationArgs& args);
 BlockForBackward block_forward_for_backward_cuda(const ConvNormActivationArgs& args);
 std::string explain_block_cuda(const ConvNormActivationArgs& args);
+// The same of the call keeping what its backward reads (conv3d_norm_activation_for_backward).
+std::string explain_block_for_backward_cuda(const ConvNormActivationArgs& args);
 at::Tensor norm_activation_forward_cuda(const NormActivationArgs& args);
 NormForBackward norm_activation_forward_for_backward_cuda(const NormActivationArgs& args);
 std::string explain_norm_activation_cuda(const NormActivationArgs& args);

@@ -20,6 +20,12 @@ Routed<BlockKernelPath, PlannedBlock> route(const BlockCall& call) {
   return route_first<PlannedBlock>(kBlockKernelPaths, call);
 }
 
+std::string explain_block(const ConvNormActivationArgs& a, bool keep_for_backward) {
+  const BlockProblem b = validate_block(a);
+  const CallOptions options = current_options();
+  return route({a, b, options, keep_for_backward}).explanation(kBlockReferenceDescription);
+}
+
 }  // namespace
 
 at::Tensor block_forward_cuda(const ConvNormActivationArgs& a) {
@@ -40,10 +46,8 @@ BlockForBackward block_forward_for_backward_cuda(const ConvNormActivationArgs& a
   return routed.plan->run();
 }
 
-std::string explain_block_cuda(const ConvNormActivationArgs& a) {
-  const BlockProblem b = validate_block(a);
-  const CallOptions options = current_options();
-  return route({a, b, options}).explanation(kBlockReferenceDescription);
-}
+std::string explain_block_cuda(const ConvNormActivationArgs& a) { return explain_block(a, false); }
+
+std::string explain_block_for_backward_cuda(const ConvNormActivationArgs& a) { return explain_block(a, true); }
 
 }  // namespace cutlassfuse

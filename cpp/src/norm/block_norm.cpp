@@ -28,6 +28,7 @@ NormResult finish_norm(const at::Tensor& y, const std::optional<at::Tensor>& out
                                *affine_element_type(norm.gamma, norm.beta)};
   StatisticsFinalize finalize = statistics_finalize(stats.data(), stats.sources, element, shape, affine,
                                                     static_cast<float>(p.eps), scale_shift.data_ptr());
+  finalize.mean_shift = stats.mean_shift;
   NormResult result;
   result.out = out.has_value() ? *out : y;
   if (keep) {

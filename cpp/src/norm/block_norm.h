@@ -28,6 +28,9 @@ struct StatisticsWorkspace {
   StatisticsSources sources;
 
   StatisticsWorkspace(const TilePartials& tiles, const GroupNormShape& shape, const at::TensorOptions& options);
+  // What the partials' values lack, added to each mean (StatisticsFinalize::mean_shift).
+  const void* mean_shift = nullptr;
+
   WelfordPartial* data() const { return reinterpret_cast<WelfordPartial*>(partials.data_ptr<float>()); }
 };
 

@@ -43,13 +43,15 @@ class FusedBlock final : public PlannedBlock {
                 : "; the NCDHW input through cutlassfuse's transpose") +
            (block_output_memory_format(call_.args) == at::MemoryFormat::Contiguous
                 ? "; the output written NCDHW by the normalize"
-                : "");
+                : "") +
+           (call_.keep_for_backward ? kKeeping : "");
   }
 
   BlockForBackward run() const override {
     const ConvNormActivationArgs& a = call_.args;
     const BlockProblem& b = call_.problem;
     const Problem& p = b.conv;
+    const bool keep = call_.keep_for_backward;
     const NvtxRange op_range("cutlassfuse.conv3d_norm_activation");
     const c10::cuda::CUDAGuard device_guard(a.input.device());
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -58,7 +60,7 @@ class FusedBlock final : public PlannedBlock {
     const at::Tensor y = at::empty({p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]},
                                    input.options().memory_format(at::MemoryFormat::ChannelsLast3d));
     const GroupNormShape shape = group_norm_shape(p);
-    const StatisticsWorkspace stats(TilePartials::for_tiles(shape, kFpropTile.m, kFpropTile.n), shape, y.options());
+    StatisticsWorkspace stats(TilePartials::for_tiles(shape, kFpropTile.m, kFpropTile.n), shape, y.options());
 
     KernelOperands operands;
     const ActivationParams act =
@@ -75,9 +77,15 @@ class FusedBlock final : public PlannedBlock {
       bias = a.bias->contiguous();
       if (!aligned_for_tma(*bias)) bias = bias->clone();
     }
+    // A call keeping the convolution's output for its backward keeps it without the
+    // bias: the epilogue stores and sums the bare output, the finalize adds the bias to
+    // each (one-channel) group's mean, and the normalize adds it before normalizing.
+    const void* stored_bias = bias && !keep ? bias->const_data_ptr() : nullptr;
+    const void* deferred_bias = bias && keep ? bias->const_data_ptr() : nullptr;
+    stats.mean_shift = deferred_bias;
     const FpropOperands ops{input.const_data_ptr(),
                             filter.const_data_ptr(),
-                            bias ? bias->const_data_ptr() : nullptr,
+                            stored_bias,
                             slopes ? slopes->const_data_ptr<float>() : nullptr,
                             y.data_ptr(),
                             stats.data()};
@@ -93,13 +101,21 @@ class FusedBlock final : public PlannedBlock {
       });
     }
     std::optional<at::Tensor> out;
-    if (block_output_memory_format(a) == at::MemoryFormat::Contiguous) out = at::empty(y.sizes(), y.options());
-    const NormEpilogue norm{a.norm_weight, a.norm_bias, PreNorm{}, before ? ActivationParams{} : act};
-    NormResult r = finish_norm(y, out, stats, norm, p, /*keep=*/false, operands);
-    return {std::move(r.out), at::Tensor(), at::Tensor(), at::Tensor()};
+    if (keep) {
+      out = at::empty_like(y);
+    } else if (block_output_memory_format(a) == at::MemoryFormat::Contiguous) {
+      out = at::empty(y.sizes(), y.options());
+    }
+    const NormEpilogue norm{a.norm_weight, a.norm_bias, PreNorm{deferred_bias, {}}, before ? ActivationParams{} : act};
+    NormResult r = finish_norm(y, out, stats, norm, p, keep, operands);
+    return {std::move(r.out), keep ? y : at::Tensor(), std::move(r.mean), std::move(r.rstd)};
   }
 
  private:
+  static constexpr const char* kKeeping =
+      "; keeping for its backward the convolution's output without its bias (the finalize adds the bias to the "
+      "mean, the normalize to each value) and the norm's mean and rstd, the output written beside it";
+
   BlockCall call_;
   MathMode math_;
 };
@@ -135,14 +151,32 @@ std::string channels_rule_violation(const Problem& p) {
   return {};
 }
 
+// A call keeping tensors for its backward keeps the convolution's output without its
+// bias, in the output's layout: what the epilogue stores when it adds neither the bias
+// nor an activation, channels-last.
+std::string keeping_unsupported_reason(const ConvNormActivationArgs& a, const BlockProblem& b) {
+  if (block_output_memory_format(a) != at::MemoryFormat::ChannelsLast3d)
+    return "a call keeping tensors for its backward with an NCDHW output (it keeps the convolution's output in the "
+           "output's layout; the fused kernel writes channels-last)";
+  if (b.position == ActivationPosition::kBeforeNorm && b.activation != ActivationKind::kIdentity)
+    return "a call keeping tensors for its backward with the activation before the norm (it keeps the convolution's "
+           "output, which the epilogue activates)";
+  if (present(a.bias) && b.conv.num_groups != b.conv.out_channels)
+    return "a call keeping tensors for its backward with a bias and GroupNorm groups of several channels (it keeps "
+           "the output without the bias, whose statistics the epilogue sums; the bias moves only a one-channel "
+           "group's mean)";
+  return {};
+}
+
 }  // namespace
 
 BlockRouting plan_fused_block(const BlockCall& call) {
   const ConvNormActivationArgs& a = call.args;
   const Problem& p = call.problem.conv;
   if (!call.options.backend.fused_path) return "the fused path is turned off (cutlassfuse.backends fused_path=False)";
-  if (call.keep_for_backward)
-    return "a call keeping tensors for its backward keeps the convolution's output without its bias (the fallback)";
+  if (call.keep_for_backward) {
+    if (std::string why = keeping_unsupported_reason(a, call.problem); !why.empty()) return why;
+  }
   if (call.problem.transposed) return "a ConvTranspose3d block (the fused kernel is a forward convolution)";
   const cudaDeviceProp* props = at::cuda::getDeviceProperties(a.input.device().index());
   if (props->major != 9 || props->minor != 0)

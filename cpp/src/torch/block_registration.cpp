@@ -92,6 +92,8 @@ void impl_references(torch::Library& m) {
                                                             &reference_block_forward_for_backward, &validate_block>>);
   m.impl("explain_conv3d_norm_activation",
          &block_kernel<std::string, &explain_reference<BlockArgs, &validate_block, &kBlockDescription>>);
+  m.impl("explain_conv3d_norm_activation_for_backward",
+         &block_kernel<std::string, &explain_reference<BlockArgs, &validate_block, &kBlockDescription>>);
   m.impl("group_norm_activation",
          &norm_kernel<at::Tensor, &checked_reference<NormArgs, at::Tensor, &reference_norm_activation_forward,
                                                      &validate_norm_activation>>);
@@ -111,6 +113,7 @@ TORCH_LIBRARY_FRAGMENT(cutlassfuse, m) {
   // its bias in the convolution's layout, mean, rstd [batch, num_groups]).
   m.def(schema("conv3d_norm_activation_for_backward", kBlockArguments, "(Tensor, Tensor, Tensor, Tensor)").c_str());
   m.def(schema("explain_conv3d_norm_activation", kBlockArguments, "str").c_str());
+  m.def(schema("explain_conv3d_norm_activation_for_backward", kBlockArguments, "str").c_str());
   m.def(schema("group_norm_activation", kNormArguments, "Tensor").c_str());
   // (output, mean, rstd).
   m.def(schema("group_norm_activation_for_backward", kNormArguments, "(Tensor, Tensor, Tensor)").c_str());
@@ -121,6 +124,8 @@ TORCH_LIBRARY_IMPL(cutlassfuse, CPU, m) { impl_references(m); }
 
 TORCH_LIBRARY_IMPL(cutlassfuse, Meta, m) {
   m.impl("explain_conv3d_norm_activation", &block_kernel<std::string, &explain_meta<BlockArgs, &validate_block>>);
+  m.impl("explain_conv3d_norm_activation_for_backward",
+         &block_kernel<std::string, &explain_meta<BlockArgs, &validate_block>>);
   m.impl("explain_group_norm_activation",
          &norm_kernel<std::string, &explain_meta<NormArgs, &validate_norm_activation>>);
 }
@@ -130,6 +135,7 @@ TORCH_LIBRARY_IMPL(cutlassfuse, CUDA, m) {
   m.impl("conv3d_norm_activation", &block_kernel<at::Tensor, &block_forward_cuda>);
   m.impl("conv3d_norm_activation_for_backward", &block_kernel<BlockForBackward, &block_forward_for_backward_cuda>);
   m.impl("explain_conv3d_norm_activation", &block_kernel<std::string, &explain_block_cuda>);
+  m.impl("explain_conv3d_norm_activation_for_backward", &block_kernel<std::string, &explain_block_for_backward_cuda>);
   m.impl("group_norm_activation", &norm_kernel<at::Tensor, &norm_activation_forward_cuda>);
   m.impl("group_norm_activation_for_backward",
          &norm_kernel<NormForBackward, &norm_activation_forward_for_backward_cuda>);

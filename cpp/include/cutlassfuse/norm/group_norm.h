@@ -125,6 +125,10 @@ struct StatisticsFinalize {
   // [batch, num_groups] each, written when not null: what a backward needs.
   float* mean = nullptr;
   float* rstd = nullptr;
+  // [channels] of `element`, or nullptr: a per-channel constant the partials' values lack
+  // (the bias of a convolution output kept without it), added to the mean. Only for one
+  // channel per group, where adding a constant moves the mean and leaves the variance.
+  const void* mean_shift = nullptr;
 };
 
 // `element`: the activation's type, which the bias in `sources` shares.

@@ -184,8 +184,8 @@ __device__ void finalize_group(const StatisticsFinalize& f, int64_t n, int g, in
   if (thread == 0) {
     if (sources.unreached_pixels > 0)
       total = merge(total, unreached_moments(sources, f.element, g, channels_per_group));
-    const float variance = total.count > 0.f ? total.m2 / total.count : 0.f;  // biased, as GroupNorm
-    scratch.mean = total.mean;
+    const float variance = total.count > 0.f ? total.m2 / total.count : 0.f;   // biased, as GroupNorm
+    scratch.mean = total.mean + load_affine(f.mean_shift, f.element, g, 0.f);  // one channel per group
     scratch.rstd = rsqrtf(variance + f.eps);
     if (f.mean != nullptr) {
       f.mean[n * f.num_groups + g] = scratch.mean;
