@@ -352,12 +352,17 @@ def _block_fake(input, weight, bias, stride, padding, output_padding, groups, di
 @torch.library.register_fake(_BLOCK_FOR_BACKWARD)
 def _block_for_backward_fake(*args):
     """The block's output, and what its backward reads: the convolution's output without
-    its bias (the output's shape, dtype and memory format) and the norm's mean and rstd
-    ([batch, num_groups], float64 for float64 calls, else float32)."""
+    its bias (the output's shape and dtype; channels-last for float16/bfloat16 on CUDA,
+    where the kernels convolve channels-last operands, else the output's memory format)
+    and the norm's mean and rstd ([batch, num_groups], float64 for float64 calls, else
+    float32)."""
     out = _block_fake(*args)
     num_groups = args[9]
     statistics = out.new_empty((out.shape[0], num_groups), dtype=_statistics_dtype(out.dtype))
-    return out, torch.empty_like(out), statistics, statistics.clone()
+    kept = torch.empty_like(out)
+    if out.device.type == "cuda" and out.dtype in (torch.float16, torch.bfloat16):
+        kept = kept.contiguous(memory_format=torch.channels_last_3d)
+    return out, kept, statistics, statistics.clone()
 
 
 @torch.library.register_fake(_NORM)

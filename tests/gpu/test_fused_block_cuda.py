@@ -63,11 +63,13 @@ def run_block(x, conv, norm, act, before):
 
 
 def explain(x, conv, norm, act, before):
+    """The path of a call keeping nothing for a backward."""
     name, _, weight = activation_of_module(act)
     num_groups = norm.num_groups if isinstance(norm, nn.GroupNorm) else norm.num_features
-    return cutlassfuse.explain_block(cutlassfuse.conv3d_norm_activation, x, conv.weight, stride=conv.stride,
-                                     padding=conv.padding, dilation=conv.dilation, num_groups=num_groups,
-                                     activation=name, activation_weight=weight, activation_before_norm=before)
+    with torch.no_grad():
+        return cutlassfuse.explain_block(cutlassfuse.conv3d_norm_activation, x, conv.weight, stride=conv.stride,
+                                         padding=conv.padding, dilation=conv.dilation, num_groups=num_groups,
+                                         activation=name, activation_weight=weight, activation_before_norm=before)
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["ncdhw", "channels_last"])
@@ -122,18 +124,43 @@ def explain_tracked(x, conv, norm, act, before):
                                      activation=name, activation_weight=weight, activation_before_norm=before)
 
 
+def keeping_op_arguments(x, conv, norm, act) -> tuple:
+    """The arguments of conv3d_norm_activation_for_backward for a Conv3d block."""
+    num_groups = norm.num_groups if isinstance(norm, nn.GroupNorm) else norm.num_features
+    return (x, conv.weight, conv.bias, conv.stride, conv.padding, (0, 0, 0), 1, conv.dilation, False, num_groups,
+            norm.weight, norm.bias, norm.eps, *activation_of_module(act), False)
+
+
+@pytest.mark.parametrize("fused_path", [True, False], ids=["fused", "fallback"])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["ncdhw", "channels_last"])
+def test_keeping_op_matches_its_fake_kernel(channels_last, fused_path):
+    """The kept convolution output's layout (channels-last for 16-bit CUDA calls) is the
+    fake kernel's, on both kernel paths."""
+    conv, norm, act = [m.half() for m in build(CASES[0], 9)]
+    memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
+    x = torch.randn(2, 32, 6, 7, 8, device="cuda", dtype=torch.float16).contiguous(memory_format=memory_format)
+    arguments = keeping_op_arguments(x, conv, norm, act)
+    with cutlassfuse.backends.flags(fused_path=fused_path):
+        path = explain_tracked(x, conv, norm, act, False)
+        assert path.startswith("fused_sm90:" if fused_path else "fallback:"), path
+        torch.library.opcheck(torch.ops.cutlassfuse.conv3d_norm_activation_for_backward.default, arguments,
+                              test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["ncdhw", "channels_last"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda d: str(d)[6:])
 @pytest.mark.parametrize("case", KEEPING_CASES, ids=lambda c: f"{c[0]}-{c[1]}-s{c[3]}-g{c[7]}-bias{c[8]:d}-{c[9]}")
-def test_grad_mode_call_keeps_the_conv_output_on_the_fused_path(case, dtype):
-    """In grad mode the fused convolution keeps its output without the bias (the finalize
-    and the normalize add it): the path says so, the output, the kept tensors and the
-    gradients are within eager's error against float64, and the kept tensors are the
-    fallback's within rounding."""
+def test_grad_mode_call_keeps_the_conv_output_on_the_fused_path(case, dtype, channels_last):
+    """In grad mode the fused convolution keeps its output without the bias, channels-last
+    (the finalize and the normalize add the bias): the path says so, the output, the kept
+    tensors and the gradients are within eager's error against float64, and the kept
+    tensors are the fallback's within rounding, in the same layouts."""
     seed = zlib.crc32(repr(case).encode())
     modules64 = build(case, seed)
     modules = [m.to(dtype) for m in build(case, seed)]
+    memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
     x = torch.randn(2, case[0], *case[6], device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
-    x = x.to(dtype).contiguous(memory_format=torch.channels_last_3d).requires_grad_()
+    x = x.to(dtype).contiguous(memory_format=memory_format).requires_grad_()
     path = explain_tracked(x, *modules, False)
     assert path.startswith("fused_sm90:") and "keeping for its backward the convolution's output" in path, path
     with torch.no_grad():
@@ -149,7 +176,7 @@ def test_grad_mode_call_keeps_the_conv_output_on_the_fused_path(case, dtype):
     expected_grads = torch.autograd.grad(expected, [x64, *conv64.parameters(), *norm64.parameters()], grad)
     poison_cuda_allocator(16 * expected.numel() * x.element_size())
     out = run_block(x, *modules, False)
-    assert out.grad_fn is not None and out.is_contiguous(memory_format=torch.channels_last_3d)
+    assert out.grad_fn is not None and out.is_contiguous(memory_format=memory_format)
     conv, norm, act = modules
     reference = act(norm(conv(x)))
     ours, theirs = errors(out.detach(), expected), errors(reference.detach(), expected)
@@ -166,31 +193,27 @@ def test_grad_mode_call_keeps_the_conv_output_on_the_fused_path(case, dtype):
         assert ours.max_abs <= max(1.5 * theirs.max_abs, FLOOR[dtype] * scale), (
             f"{name}: cutlassfuse {ours}, eager {theirs}")
 
-    arguments = (x, conv.weight, conv.bias, conv.stride, conv.padding, (0, 0, 0), 1, conv.dilation, False,
-                 norm.num_groups if isinstance(norm, nn.GroupNorm) else norm.num_features, norm.weight, norm.bias,
-                 norm.eps, *activation_of_module(act), False)
+    arguments = keeping_op_arguments(x, conv, norm, act)
     with torch.no_grad():
         fused = torch.ops.cutlassfuse.conv3d_norm_activation_for_backward(*arguments)
         with cutlassfuse.backends.flags(fused_path=False):
             fallback = torch.ops.cutlassfuse.conv3d_norm_activation_for_backward(*arguments)
+    assert fused[1].is_contiguous(memory_format=torch.channels_last_3d)
     for name, ours, theirs in zip(["out", "conv output", "mean", "rstd"], fused, fallback, strict=True):
         assert ours.shape == theirs.shape and ours.stride() == theirs.stride(), name
         tolerance = FLOOR[dtype] * max(theirs.abs().max().item(), 1.0)
         assert (ours.float() - theirs.float()).abs().max().item() <= tolerance, name
 
 
-@pytest.mark.parametrize(("case", "channels_last", "reason"), [
-    (CASES[0], False, "with an NCDHW output"),
-    (CASES[3], True, "with a bias and GroupNorm groups of several channels"),
-    (CASES[4], True, "with the activation before the norm"),
+@pytest.mark.parametrize(("case", "reason"), [
+    (CASES[3], "with a bias and GroupNorm groups of several channels"),
+    (CASES[4], "with the activation before the norm"),
 ])
-def test_grad_mode_calls_the_fused_path_cannot_keep_take_the_fallback(case, channels_last, reason):
+def test_grad_mode_calls_the_fused_path_cannot_keep_take_the_fallback(case, reason):
     conv, norm, act = [m.half() for m in build(case, 3)]
-    memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
-    x = torch.randn(1, case[0], 8, 8, 8, device="cuda", dtype=torch.float16).contiguous(memory_format=memory_format)
+    x = torch.randn(1, case[0], 8, 8, 8, device="cuda", dtype=torch.float16)
     before = case[-1]
-    with torch.no_grad():
-        assert explain_tracked(x, conv, norm, act, before).startswith("fused_sm90:")
+    assert explain(x, conv, norm, act, before).startswith("fused_sm90:")
     path = explain_tracked(x, conv, norm, act, before)
     assert path.startswith("fallback:") and reason in path, path
     out = run_block(x, conv, norm, act, before)

@@ -87,9 +87,13 @@ BlockProblem validate_norm_activation(const NormActivationArgs& args);
 // The output's memory format: PyTorch's convolution rule (output_memory_format), or the
 // standalone norm's input's.
 at::MemoryFormat block_output_memory_format(const ConvNormActivationArgs& args);
+// The layout of the convolution output a call keeps for its backward: channels-last for
+// float16/bfloat16 on CUDA (the kernels convolve channels-last operands, and an NCDHW
+// output is the normalize's transpose), else the output's.
+at::MemoryFormat kept_conv_output_memory_format(const ConvNormActivationArgs& args);
 
-// (output, convolution output without bias in the convolution's layout, mean, rstd
-// [batch, num_groups] in statistics_type()).
+// (output, convolution output without bias in kept_conv_output_memory_format(), mean,
+// rstd [batch, num_groups] in statistics_type()).
 using BlockForBackward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 // (output, mean, rstd).
 using NormForBackward = std::tuple<at::Tensor, at::Tensor, at::Tensor>;

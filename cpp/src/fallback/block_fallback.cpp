@@ -14,13 +14,12 @@
 // copies of the input and the weight with zero channels appended (see
 // pads_input_channels).
 //
-// A float16/bfloat16 block with NCDHW input and output that keeps nothing convolves
-// channels-last operands: the input through this project's transpose (ATen's cuDNN
-// convolution then makes its own channels-last copy of the weight, which is small), so
-// that cuDNN writes its output NDHWC without the transpose it adds for an NCDHW output,
-// and the normalize writes the output NCDHW through its on-chip transpose, in the pass
-// it makes anyway. A call keeping for its backward keeps the convolution's output in the
-// output's layout, as the op's fake kernel states, and so convolves NCDHW.
+// A float16/bfloat16 block with NCDHW input and output convolves channels-last operands:
+// the input through this project's transpose (ATen's cuDNN convolution then makes its
+// own channels-last copy of the weight, which is small), so that cuDNN writes its output
+// NDHWC without the transpose it adds for an NCDHW output, and the normalize writes the
+// output NCDHW through its on-chip transpose, in the pass it makes anyway. A call keeping
+// for its backward keeps that channels-last output (kept_conv_output_memory_format).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -77,9 +76,9 @@ NormResult normalize(const at::Tensor& y, const std::optional<at::Tensor>& out, 
 }
 
 // Whether the call convolves channels-last operands for an NCDHW output (see above).
-bool convolves_channels_last(const ConvNormActivationArgs& a, bool keep) {
+bool convolves_channels_last(const ConvNormActivationArgs& a) {
   const at::ScalarType type = a.input.scalar_type();
-  return !keep && (type == at::kHalf || type == at::kBFloat16) && a.input.is_contiguous() &&
+  return (type == at::kHalf || type == at::kBFloat16) && a.input.is_contiguous() &&
          block_output_memory_format(a) == at::MemoryFormat::Contiguous;
 }
 
@@ -107,8 +106,7 @@ class FallbackBlock final : public PlannedBlock {
   explicit FallbackBlock(const BlockCall& call) : call_(call) {}
 
   std::string description() const override {
-    return std::string(kBlockKernels) +
-           (convolves_channels_last(call_.args, call_.keep_for_backward) ? kChannelsLastConvolution : "") +
+    return std::string(kBlockKernels) + (convolves_channels_last(call_.args) ? kChannelsLastConvolution : "") +
            (pads_input_channels(call_.args) ? kPaddedChannels : "");
   }
 
@@ -118,7 +116,7 @@ class FallbackBlock final : public PlannedBlock {
     const bool keep = call_.keep_for_backward;
     const NvtxRange op_range("cutlassfuse.conv3d_norm_activation");
     const c10::cuda::CUDAGuard device_guard(a.input.device());
-    const bool channels_last = convolves_channels_last(a, keep);
+    const bool channels_last = convolves_channels_last(a);
     at::Tensor y;
     {
       const NvtxRange range("cutlassfuse.cudnn_convolution");
@@ -131,9 +129,12 @@ class FallbackBlock final : public PlannedBlock {
       } else if (channels_last) {
         input = convert_memory_format_cuda(a.input, /*channels_last=*/true);
       }
+      const at::MemoryFormat y_format = keep            ? kept_conv_output_memory_format(a)
+                                        : channels_last ? at::MemoryFormat::ChannelsLast3d
+                                                        : block_output_memory_format(a);
       y = convolution_without_bias(input, weight, {a.stride, a.padding, a.output_padding, a.dilation, a.groups},
                                    a.transposed)
-              .contiguous(channels_last ? at::MemoryFormat::ChannelsLast3d : block_output_memory_format(a));
+              .contiguous(y_format);
     }
     KernelOperands operands;
     const ActivationParams act =
@@ -142,9 +143,10 @@ class FallbackBlock final : public PlannedBlock {
     const NormEpilogue norm{a.norm_weight, a.norm_bias,
                             PreNorm{data_or_null(a.bias, operands.bias), before ? act : ActivationParams{}},
                             before ? ActivationParams{} : act};
+    // Written beside y when y is kept, or NCDHW from channels-last y; else in place.
     std::optional<at::Tensor> out;
-    if (keep) out = at::empty_like(y);
-    if (channels_last) out = at::empty(y.sizes(), y.options());  // NCDHW
+    if (keep || block_output_memory_format(a) != y.suggest_memory_format())
+      out = at::empty(y.sizes(), y.options().memory_format(block_output_memory_format(a)));
     NormResult r = normalize(y, out, norm, b.conv, keep, operands);
     return {std::move(r.out), keep ? y : at::Tensor(), std::move(r.mean), std::move(r.rstd)};
   }
@@ -156,7 +158,7 @@ class FallbackBlock final : public PlannedBlock {
   static constexpr const char* kPaddedChannels =
       "; the input channels zero-padded to a multiple of 8 (cuDNN's tensor-core kernels)";
   static constexpr const char* kChannelsLastConvolution =
-      "; keeping nothing for a backward, the convolution on channels-last operands (the input through cutlassfuse's "
+      "; the convolution on channels-last operands (the input through cutlassfuse's "
       "transpose) and the output written NCDHW by the normalize";
   BlockCall call_;
 };

@@ -100,12 +100,10 @@ class FusedBlock final : public PlannedBlock {
         }
       });
     }
+    // Beside y when y is kept; NCDHW from the normalize's transpose; else in place.
     std::optional<at::Tensor> out;
-    if (keep) {
-      out = at::empty_like(y);
-    } else if (block_output_memory_format(a) == at::MemoryFormat::Contiguous) {
-      out = at::empty(y.sizes(), y.options());
-    }
+    if (keep || block_output_memory_format(a) == at::MemoryFormat::Contiguous)
+      out = at::empty(y.sizes(), y.options().memory_format(block_output_memory_format(a)));
     const NormEpilogue norm{a.norm_weight, a.norm_bias, PreNorm{deferred_bias, {}}, before ? ActivationParams{} : act};
     NormResult r = finish_norm(y, out, stats, norm, p, keep, operands);
     return {std::move(r.out), keep ? y : at::Tensor(), std::move(r.mean), std::move(r.rstd)};
@@ -152,12 +150,9 @@ std::string channels_rule_violation(const Problem& p) {
 }
 
 // A call keeping tensors for its backward keeps the convolution's output without its
-// bias, in the output's layout: what the epilogue stores when it adds neither the bias
-// nor an activation, channels-last.
+// bias, channels-last: what the epilogue stores when it adds neither the bias nor an
+// activation.
 std::string keeping_unsupported_reason(const ConvNormActivationArgs& a, const BlockProblem& b) {
-  if (block_output_memory_format(a) != at::MemoryFormat::ChannelsLast3d)
-    return "a call keeping tensors for its backward with an NCDHW output (it keeps the convolution's output in the "
-           "output's layout; the fused kernel writes channels-last)";
   if (b.position == ActivationPosition::kBeforeNorm && b.activation != ActivationKind::kIdentity)
     return "a call keeping tensors for its backward with the activation before the norm (it keeps the convolution's "
            "output, which the epilogue activates)";
@@ -174,9 +169,6 @@ BlockRouting plan_fused_block(const BlockCall& call) {
   const ConvNormActivationArgs& a = call.args;
   const Problem& p = call.problem.conv;
   if (!call.options.backend.fused_path) return "the fused path is turned off (cutlassfuse.backends fused_path=False)";
-  if (call.keep_for_backward) {
-    if (std::string why = keeping_unsupported_reason(a, call.problem); !why.empty()) return why;
-  }
   if (call.problem.transposed) return "a ConvTranspose3d block (the fused kernel is a forward convolution)";
   const cudaDeviceProp* props = at::cuda::getDeviceProperties(a.input.device().index());
   if (props->major != 9 || props->minor != 0)
@@ -191,6 +183,9 @@ BlockRouting plan_fused_block(const BlockCall& call) {
     return "float32";
   });
   if (!why.empty()) return why;
+  if (call.keep_for_backward) {
+    if (std::string why_not = keeping_unsupported_reason(a, call.problem); !why_not.empty()) return why_not;
+  }
   return std::make_unique<FusedBlock>(call, math);
 }
 

@@ -85,7 +85,10 @@ std::tuple<at::Tensor, at::Tensor> activation_backward(const at::Tensor& grad, c
 
 at::Tensor reference_block_forward(const ConvNormActivationArgs& a) { return std::get<0>(block_forward(a)); }
 
-BlockForBackward reference_block_forward_for_backward(const ConvNormActivationArgs& a) { return block_forward(a); }
+BlockForBackward reference_block_forward_for_backward(const ConvNormActivationArgs& a) {
+  auto [out, y, mean, rstd] = block_forward(a);
+  return {out, y.contiguous(kept_conv_output_memory_format(a)), mean, rstd};
+}
 
 at::Tensor reference_norm_activation_forward(const NormActivationArgs& a) {
   return std::get<0>(reference_norm_activation_forward_for_backward(a));

@@ -110,7 +110,7 @@ void impl_references(torch::Library& m) {
 TORCH_LIBRARY_FRAGMENT(cutlassfuse, m) {
   m.def(schema("conv3d_norm_activation", kBlockArguments, "Tensor").c_str());
   // The op keeping what its backward reads: (output, the convolution's output without
-  // its bias in the convolution's layout, mean, rstd [batch, num_groups]).
+  // its bias in kept_conv_output_memory_format(), mean, rstd [batch, num_groups]).
   m.def(schema("conv3d_norm_activation_for_backward", kBlockArguments, "(Tensor, Tensor, Tensor, Tensor)").c_str());
   m.def(schema("explain_conv3d_norm_activation", kBlockArguments, "str").c_str());
   m.def(schema("explain_conv3d_norm_activation_for_backward", kBlockArguments, "str").c_str());

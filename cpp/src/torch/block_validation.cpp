@@ -122,4 +122,10 @@ at::MemoryFormat block_output_memory_format(const ConvNormActivationArgs& a) {
   return output_memory_format(a.input, a.weight);
 }
 
+at::MemoryFormat kept_conv_output_memory_format(const ConvNormActivationArgs& a) {
+  const at::ScalarType type = a.input.scalar_type();
+  return a.input.is_cuda() && (type == at::kHalf || type == at::kBFloat16) ? at::MemoryFormat::ChannelsLast3d
+                                                                           : block_output_memory_format(a);
+}
+
 }  // namespace cutlassfuse
