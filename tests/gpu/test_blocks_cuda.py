@@ -420,18 +420,19 @@ def cuda_kernel_names(profile) -> list[str]:
 def test_training_step_runs_the_backward_kernels(activation, before, channels_last):
     """The block's backward and the standalone norm's run this project's kernels (sums,
     coefficients, grad, parameter gradients; rows channels-last, planes NCDHW), not
-    ATen's GroupNorm backward."""
+    ATen's GroupNorm backward: the 16-bit block's on its kept convolution output, which is
+    channels-last whatever the input's layout, the norm's on its input's layout."""
     modules = cast(build(False, activation, VARIANTS[0], 11), torch.float16)
     memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
     x = torch.randn(2, 8, 8, 8, 8, device="cuda", dtype=torch.float16).contiguous(memory_format=memory_format)
     norm = modules[1]
     name, parameter, weight = activation_of_module(modules[2])
-    calls = [lambda x: block(x, *modules, before),
-             lambda x: cutlassfuse.group_norm_activation(x, 2, norm.weight[:8], norm.bias[:8], activation=name,
-                                                         activation_parameter=parameter,
-                                                         activation_weight=None if weight is None else weight[:8])]
-    layout = "rows" if channels_last else "planes"
-    for call in calls:
+    calls = [(lambda x: block(x, *modules, before), "rows"),
+             (lambda x: cutlassfuse.group_norm_activation(x, 2, norm.weight[:8], norm.bias[:8], activation=name,
+                                                          activation_parameter=parameter,
+                                                          activation_weight=None if weight is None else weight[:8]),
+              "rows" if channels_last else "planes")]
+    for call, layout in calls:
         out = call(x.detach().requires_grad_())
         grad = torch.randn_like(out)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
