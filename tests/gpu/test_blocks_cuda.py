@@ -421,7 +421,9 @@ def test_training_step_runs_the_backward_kernels(activation, before, channels_la
     """The block's backward and the standalone norm's run this project's kernels (sums,
     coefficients, grad, parameter gradients; rows channels-last, planes NCDHW), not
     ATen's GroupNorm backward: the 16-bit block's on its kept convolution output, which is
-    channels-last whatever the input's layout, the norm's on its input's layout."""
+    channels-last whatever the input's layout, the norm's on its input's layout. The
+    block's convolution gradients of an NCDHW input run on channels-last operands: this
+    project's transposes of dy and the input, and of the input gradient back to NCDHW."""
     modules = cast(build(False, activation, VARIANTS[0], 11), torch.float16)
     memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
     x = torch.randn(2, 8, 8, 8, 8, device="cuda", dtype=torch.float16).contiguous(memory_format=memory_format)
@@ -443,6 +445,10 @@ def test_training_step_runs_the_backward_kernels(activation, before, channels_la
                        f"norm_activation_backward_grad_{layout}_kernel", "parameter_grads_kernel"):
             assert sum(kernel in n for n in names) == 1, (kernel, names)
         assert not any("ComputeInternalGradients" in n or "GammaBetaBackward" in n for n in names), names
+        if call is calls[0][0] and not channels_last:
+            assert sum("ncdhw_to_ndhwc_kernel" in n for n in names) == 2, names
+            assert sum("ndhwc_to_ncdhw_kernel" in n for n in names) == 1, names
+            assert not any("nchwToNhwc" in n or "nhwcToNchw" in n for n in names), names
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["ncdhw", "channels_last"])

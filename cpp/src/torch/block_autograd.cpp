@@ -20,6 +20,7 @@
 #include "cutlassfuse/op.h"
 #include "torch/aten_norm.h"
 #include "torch/block_redispatch.h"
+#include "torch/conv_backward.h"
 
 namespace cutlassfuse {
 namespace {
@@ -150,12 +151,12 @@ class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> 
         SavedActivation::of(ctx, saved[kSlopes]), ctx->saved_data["before_norm"].toBool());
     variable_list grads(kBlockTensors);
     if (need[kInput] || need[kWeight]) {
-      auto [dinput, dweight, unused] = at::convolution_backward(
-          g.input, input, weight, std::nullopt, ints(ctx, "stride"), ints(ctx, "padding"), ints(ctx, "dilation"),
-          ctx->saved_data["transposed"].toBool(), ints(ctx, "output_padding"), ctx->saved_data["groups"].toInt(),
-          {need[kInput], need[kWeight], false});
-      grads[kInput] = dinput;
-      grads[kWeight] = dweight;
+      const std::vector<int64_t> stride = ints(ctx, "stride"), padding = ints(ctx, "padding"),
+                                 output_padding = ints(ctx, "output_padding"), dilation = ints(ctx, "dilation");
+      std::tie(grads[kInput], grads[kWeight]) =
+          convolution_backward(std::move(g.input), input, weight,
+                               {stride, padding, output_padding, dilation, ctx->saved_data["groups"].toInt()},
+                               ctx->saved_data["transposed"].toBool(), {need[kInput], need[kWeight]});
     }
     grads[kBias] = parameter_grad(need[kBias], g.bias, saved[kBias]);
     grads[kNormWeight] = parameter_grad(need[kNormWeight], g.gamma, saved[kNormWeight]);

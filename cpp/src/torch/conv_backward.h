@@ -26,4 +26,13 @@ std::pair<at::Tensor, at::Tensor> conv_transpose3d_backward(at::Tensor dz, const
                                                             const at::Tensor& weight, const ConvTransposeGeometry& g,
                                                             std::array<bool, 2> need);
 
+// A convolution's (either kind's) input and weight gradients through ATen's
+// convolution_backward. A channels-last float16/bfloat16 dz on CUDA (the block family's
+// backward writes it so) convolves a channels-last copy of an NCDHW input, not the
+// NCDHW operands that cuDNN's half-precision kernels would transpose one by one, and
+// the input gradient comes back in the input's memory format.
+std::pair<at::Tensor, at::Tensor> convolution_backward(at::Tensor dz, const at::Tensor& input, const at::Tensor& weight,
+                                                       const ConvTransposeGeometry& g, bool transposed,
+                                                       std::array<bool, 2> need);
+
 }  // namespace cutlassfuse
