@@ -156,3 +156,25 @@ def test_fake_kernel_refuses_outputs_beyond_the_storage_limit(change):
     with FakeTensorMode() as mode, pytest.raises(ValueError, match="output size overflows") as fake:
         OP(mode.from_tensor(x), mode.from_tensor(w), None, None, None, *args.values())
     assert str(fake.value) == str(real.value)
+
+
+@pytest.mark.parametrize("input_format", [torch.contiguous_format, torch.channels_last_3d], ids=["ncdhw", "cl"])
+@pytest.mark.parametrize(("device", "dtype", "kept_format"), [
+    ("cuda", torch.float16, torch.channels_last_3d),
+    ("cuda", torch.bfloat16, torch.channels_last_3d),
+    ("cuda", torch.float32, None),
+    ("cpu", torch.float16, None),
+])
+def test_block_keeps_its_conv_output_channels_last_in_16_bits_on_cuda(device, dtype, kept_format, input_format):
+    """The fake kernel of the block op keeping for its backward: the convolution's output
+    channels-last for float16/bfloat16 CUDA calls (where the kernels convolve channels-last
+    operands), else in the output's layout (None); the output in the input's layout."""
+    with FakeTensorMode():
+        x = torch.empty(2, 8, 4, 5, 6, device=device, dtype=dtype).contiguous(memory_format=input_format)
+        w = torch.empty(16, 8, 3, 3, 3, device=device, dtype=dtype)
+        out, kept, mean, rstd = torch.ops.cutlassfuse.conv3d_norm_activation_for_backward(
+            x, w, None, [1, 1, 1], [1, 1, 1], [0, 0, 0], 1, [1, 1, 1], False, 4, None, None, 1e-5, "relu", 0.0,
+            None, False)
+    assert out.is_contiguous(memory_format=input_format)
+    assert kept.shape == out.shape and kept.is_contiguous(memory_format=kept_format or input_format)
+    assert mean.shape == rstd.shape == (2, 4)
