@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 from torch._prims_common import suggest_memory_format
 
-from .ops import IntOrTriple, _int64, _statistics_dtype, _triple
+from .ops import IntOrTriple, _int64, _statistics_dtype, _tracked, _triple
 
 _BLOCK = "cutlassfuse::conv3d_norm_activation"
 _BLOCK_FOR_BACKWARD = "cutlassfuse::conv3d_norm_activation_for_backward"
@@ -214,12 +214,10 @@ def explaining_op(block_arguments: tuple):
     """The explain op of a convolution block called with ``block_arguments`` (the op's
     own, in order) in the current grad mode: the one keeping for a backward when a call
     would be differentiated."""
-    input, weight, bias = block_arguments[:3]
-    norm_weight, norm_bias, activation_weight = block_arguments[10], block_arguments[11], block_arguments[15]
-    differentiable = (input, weight, bias, norm_weight, norm_bias, activation_weight)
-    tracked = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in differentiable)
+    # Its tensors are the differentiable ones: input, weight, bias, the norm's and PReLU's.
     ops = torch.ops.cutlassfuse
-    return ops.explain_conv3d_norm_activation_for_backward if tracked else ops.explain_conv3d_norm_activation
+    return (ops.explain_conv3d_norm_activation_for_backward if _tracked(block_arguments)
+            else ops.explain_conv3d_norm_activation)
 
 
 def _conv_output_size(input_size, kernel_size, stride, padding, output_padding, dilation, transposed) -> list[int]:

@@ -155,10 +155,15 @@ def explain(*args, **kwargs) -> str:
     bound = inspect.signature(conv_transpose3d_relu_group_norm).bind(*args, **kwargs)
     bound.apply_defaults()
     arguments = bound.arguments
-    differentiable = (arguments[name] for name in ("input", "weight", "bias", "norm_weight", "norm_bias"))
-    tracked = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in differentiable)
-    op = torch.ops.cutlassfuse.explain_for_backward if tracked else torch.ops.cutlassfuse.explain
+    differentiable = [arguments[name] for name in ("input", "weight", "bias", "norm_weight", "norm_bias")]
+    op = torch.ops.cutlassfuse.explain_for_backward if _tracked(differentiable) else torch.ops.cutlassfuse.explain
     return op(*_op_arguments(**arguments))
+
+
+def _tracked(tensors) -> bool:
+    """Whether a call on ``tensors`` (its differentiable ones, None where absent) in the
+    current grad mode is differentiated, and so keeps what its backward reads."""
+    return torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
 
 
 explain.__signature__ = inspect.signature(conv_transpose3d_relu_group_norm).replace(return_annotation=str)

@@ -92,9 +92,9 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
         grad_outputs[0], saved, ctx->saved_data["keep_conv_output"].toBool(), ctx->saved_data["num_groups"].toInt());
     at::Tensor grad_input, grad_weight;
     if (need[kInput] || need[kWeight]) {
-      std::tie(grad_input, grad_weight) = conv_transpose3d_backward(
+      std::tie(grad_input, grad_weight) = convolution_backward(
           std::move(dz), input, weight, {stride, padding, output_padding, dilation, ctx->saved_data["groups"].toInt()},
-          {need[kInput], need[kWeight]});
+          /*transposed=*/true, {need[kInput], need[kWeight]}, /*cutlass_kernels=*/true);
     }
 
     variable_list grads(kOpArguments);  // the non-tensor arguments and the packed copies get none

@@ -2,13 +2,13 @@
 // no gradient costs one redispatch; see autograd.cpp).
 //
 // Saved: the inputs, and what the forward that keeps them returns (block.h): the
-// convolution's output y without its bias, in the convolution's layout (no copy of
-// it is made), and the norm's mean and rstd. The backward runs norm_activation_backward
+// convolution's output y without its bias, as the forward wrote it (channels-last in 16
+// bits on CUDA; no copy of it is made), and the norm's mean and rstd. The backward runs norm_activation_backward
 // (block_backward_registration.cpp: this project's kernels on CUDA, ATen's composite
 // elsewhere) for the gradients of the norm, the activation around it and the bias,
-// then the convolution's gradients (ATen's convolution_backward, under PyTorch's
-// switches). Under create_graph the gradients come from the composite recomputed with
-// differentiable ops, so that a second backward runs through it.
+// then the convolution's gradients (conv_backward.h: ATen's convolution_backward under
+// PyTorch's switches, on channels-last operands in 16 bits). Under create_graph the gradients come from the composite
+// recomputed with differentiable ops, so that a second backward runs through it.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -153,10 +153,13 @@ class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> 
     if (need[kInput] || need[kWeight]) {
       const std::vector<int64_t> stride = ints(ctx, "stride"), padding = ints(ctx, "padding"),
                                  output_padding = ints(ctx, "output_padding"), dilation = ints(ctx, "dilation");
+      // ATen's gradients only: the CUTLASS conv-gradient kernels' rule was measured on the
+      // original op's layers.
       std::tie(grads[kInput], grads[kWeight]) =
           convolution_backward(std::move(g.input), input, weight,
                                {stride, padding, output_padding, dilation, ctx->saved_data["groups"].toInt()},
-                               ctx->saved_data["transposed"].toBool(), {need[kInput], need[kWeight]});
+                               ctx->saved_data["transposed"].toBool(), {need[kInput], need[kWeight]},
+                               /*cutlass_kernels=*/false);
     }
     grads[kBias] = parameter_grad(need[kBias], g.bias, saved[kBias]);
     grads[kNormWeight] = parameter_grad(need[kNormWeight], g.gamma, saved[kNormWeight]);

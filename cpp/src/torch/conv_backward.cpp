@@ -57,20 +57,21 @@ CutlassGradients cutlass_gradients(const at::Tensor& dz, const at::Tensor& input
 
 }  // namespace
 
-std::pair<at::Tensor, at::Tensor> conv_transpose3d_backward(at::Tensor dz, const at::Tensor& input,
-                                                            const at::Tensor& weight, const ConvTransposeGeometry& g,
-                                                            std::array<bool, 2> need) {
+std::pair<at::Tensor, at::Tensor> convolution_backward(at::Tensor dz, const at::Tensor& input, const at::Tensor& weight,
+                                                       const ConvTransposeGeometry& g, bool transposed,
+                                                       std::array<bool, 2> need, bool cutlass_kernels) {
   const at::MemoryFormat input_format = input.suggest_memory_format();
   const bool channels_last = half_precision_cuda(dz);
   if (channels_last) dz = in_memory_format(dz, at::MemoryFormat::ChannelsLast3d);
   at::Tensor x = channels_last ? in_memory_format(input, at::MemoryFormat::ChannelsLast3d) : input;
-  const CutlassGradients cutlass = cutlass_gradients(dz, x, weight, g);
+  const CutlassGradients cutlass =
+      cutlass_kernels && transposed ? cutlass_gradients(dz, x, weight, g) : CutlassGradients{};
   const bool aten_input = need[0] && !cutlass.input, aten_weight = need[1] && !cutlass.weight;
   at::Tensor grad_input, grad_weight;
   if (aten_input || aten_weight) {
     std::tie(grad_input, grad_weight, std::ignore) = at::convolution_backward_symint(
         dz, x, weight, std::nullopt, c10::fromIntArrayRefSlow(g.stride), c10::fromIntArrayRefSlow(g.padding),
-        c10::fromIntArrayRefSlow(g.dilation), /*transposed=*/true, c10::fromIntArrayRefSlow(g.output_padding), g.groups,
+        c10::fromIntArrayRefSlow(g.dilation), transposed, c10::fromIntArrayRefSlow(g.output_padding), g.groups,
         {aten_input, aten_weight, false});
   }
   const auto call = [&](const auto& op) {
@@ -82,24 +83,6 @@ std::pair<at::Tensor, at::Tensor> conv_transpose3d_backward(at::Tensor dz, const
   x.reset();
   if (grad_input.defined()) grad_input = in_memory_format(grad_input, input_format);
   // The filter's gradient is small; it takes the filter's layout as autograd would.
-  if (grad_weight.defined()) grad_weight = grad_weight.contiguous(weight.suggest_memory_format());
-  return {grad_input, grad_weight};
-}
-
-std::pair<at::Tensor, at::Tensor> convolution_backward(at::Tensor dz, const at::Tensor& input, const at::Tensor& weight,
-                                                       const ConvTransposeGeometry& g, bool transposed,
-                                                       std::array<bool, 2> need) {
-  const at::MemoryFormat input_format = input.suggest_memory_format();
-  const bool channels_last = half_precision_cuda(dz) && dz.is_contiguous(at::MemoryFormat::ChannelsLast3d);
-  at::Tensor x = channels_last ? in_memory_format(input, at::MemoryFormat::ChannelsLast3d) : input;
-  at::Tensor grad_input, grad_weight;
-  std::tie(grad_input, grad_weight, std::ignore) = at::convolution_backward_symint(
-      dz, x, weight, std::nullopt, c10::fromIntArrayRefSlow(g.stride), c10::fromIntArrayRefSlow(g.padding),
-      c10::fromIntArrayRefSlow(g.dilation), transposed, c10::fromIntArrayRefSlow(g.output_padding), g.groups,
-      {need[0], need[1], false});
-  dz.reset();
-  x.reset();
-  if (grad_input.defined()) grad_input = in_memory_format(grad_input, input_format);
   if (grad_weight.defined()) grad_weight = grad_weight.contiguous(weight.suggest_memory_format());
   return {grad_input, grad_weight};
 }
