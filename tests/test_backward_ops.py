@@ -70,6 +70,33 @@ def test_forward_keeping_the_conv_output(config, channels_last):
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("stride", [(2, 2, 2), (1, 2, 3)], ids=["cube", "mixed"])
+def test_forward_keeping_space_to_depth_order(stride):
+    """keep_space_to_depth: the activation of a kernel == stride layer in the pixel-shuffle
+    GEMM's order, [N, D, H, W, sD, sH, sW, C] over the input's D, H, W: output pixel
+    (d*sD + i, h*sH + j, w*sW + k) of channel c at [n, d, h, w, i, j, k, c]."""
+    a = call(dict(in_channels=4, out_channels=6, size=(3, 2, 4), kernel=stride, stride=stride, num_groups=3))
+    out, kept, mean, rstd = FOR_BACKWARD(*op_arguments(a), False, True)
+    expected_out, activation, expected_mean, expected_rstd = FOR_BACKWARD(*op_arguments(a))
+    assert torch.equal(out, expected_out) and torch.equal(mean, expected_mean) and torch.equal(rstd, expected_rstd)
+    assert kept.is_contiguous() and kept.shape == (2, 3, 2, 4, *stride, 6)
+    for n, d, h, w, i, j, k, c in [(0, 0, 0, 0, 0, 0, 0, 0), (1, 2, 1, 3, 1, 1, 2, 5), (1, 1, 0, 2, 0, 1, 1, 3)]:
+        i, j, k = min(i, stride[0] - 1), min(j, stride[1] - 1), min(k, stride[2] - 1)
+        pixel = activation[n, c, d * stride[0] + i, h * stride[1] + j, w * stride[2] + k]
+        assert kept[n, d, h, w, i, j, k, c] == pixel
+    torch.testing.assert_close(kept.sum(dim=(4, 5, 6)).permute(0, 4, 1, 2, 3),
+                               F.avg_pool3d(activation, stride, divisor_override=1), rtol=1e-12, atol=1e-12)
+    torch.library.opcheck(FOR_BACKWARD, (*op_arguments(a), False, True))
+
+
+def test_keeping_op_refuses_contradictory_or_impossible_orders():
+    a = call(CONFIGS[1])
+    with pytest.raises(ValueError, match="two different kept tensors"):
+        FOR_BACKWARD(*op_arguments(call(CONFIGS[0])), True, True)
+    with pytest.raises(ValueError, match="pixel-shuffle GEMM's layers"):
+        FOR_BACKWARD(*op_arguments(a), False, True)
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=range(len(CONFIGS)))
 def test_backward_matches_eager_autograd(config):
     a = call(config)

@@ -271,18 +271,38 @@ def _conv_transpose3d_relu_group_norm_fake(input, weight, bias, norm_weight, nor
                        memory_format=torch.channels_last_3d if channels_last else torch.contiguous_format)
 
 
+def _is_pixel_shuffle_gemm(weight, stride, padding, output_padding, groups, dilation) -> bool:
+    """kernel_size == stride > 1 with no padding, output padding or dilation, one group."""
+    return (groups == 1 and tuple(weight.shape[2:]) == tuple(stride) and math.prod(stride) > 1
+            and not any(padding) and not any(output_padding) and all(d == 1 for d in dilation))
+
+
 @torch.library.register_fake(_OP_FOR_BACKWARD)
 def _for_backward_fake(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding,
-                       output_padding, groups, dilation, packed_weight=None, packed_bias=None, keep_conv_output=False):
+                       output_padding, groups, dilation, packed_weight=None, packed_bias=None, keep_conv_output=False,
+                       keep_space_to_depth=False):
     """The op's output, and what its backward reads: the activation (channels_last_3d, the
-    op's dtype), or with ``keep_conv_output`` the convolution's output without bias (the
-    output's memory format), and GroupNorm's mean and rstd ([batch, num_groups], float64
-    for float64 calls, else float32)."""
+    op's dtype), with ``keep_conv_output`` the convolution's output without bias (the
+    output's memory format), with ``keep_space_to_depth`` the activation in the
+    pixel-shuffle GEMM's order ([batch, D, H, W, stride_d, stride_h, stride_w, channels]
+    over the input's D, H, W, contiguous), and GroupNorm's mean and rstd ([batch,
+    num_groups], float64 for float64 calls, else float32)."""
     out = _conv_transpose3d_relu_group_norm_fake(input, weight, bias, norm_weight, norm_bias, num_groups, eps,
                                                  stride, padding, output_padding, groups, dilation, packed_weight,
                                                  packed_bias)
-    kept = torch.empty_like(out) if keep_conv_output else torch.empty(
-        out.shape, dtype=out.dtype, device=out.device, memory_format=torch.channels_last_3d)
+    if keep_conv_output and keep_space_to_depth:
+        raise ValueError("cutlassfuse: keep_conv_output and keep_space_to_depth name two different kept tensors; "
+                         "set one")
+    if keep_space_to_depth:
+        if not _is_pixel_shuffle_gemm(weight, stride, padding, output_padding, groups, dilation):
+            raise ValueError("cutlassfuse: keep_space_to_depth needs a layer whose kernel_size equals its stride "
+                             "(above 1), with no padding, output_padding or dilation and groups=1 (the pixel-shuffle "
+                             "GEMM's layers)")
+        kept = out.new_empty((input.shape[0], *input.shape[2:], *stride, out.shape[1]))
+    elif keep_conv_output:
+        kept = torch.empty_like(out)
+    else:
+        kept = torch.empty(out.shape, dtype=out.dtype, device=out.device, memory_format=torch.channels_last_3d)
     statistics = out.new_empty((out.shape[0], num_groups), dtype=_statistics_dtype(out.dtype))
     return out, kept, statistics, statistics.clone()
 

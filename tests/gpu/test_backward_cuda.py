@@ -34,6 +34,12 @@ def layers() -> list[dict]:
                           kernel=kernel, stride=stride, padding=padding, output_padding=output_padding,
                           num_groups=rng.choice([g for g in (1, 2, 4, 8) if out_channels % g == 0]),
                           bias=i % 3 != 0, affine=i % 4 != 1, channels_last=i % 2 == 0, seed=i))
+    # The pixel-shuffle GEMM's layers (kernel == stride), whose grad-mode forward keeps the
+    # activation in space-to-depth order on the fused path.
+    for channels_last in (False, True):
+        cases.append(dict(batch=2, in_channels=32, out_channels=32, size=(3, 4, 5), kernel=2, stride=2, padding=0,
+                          output_padding=0, num_groups=8, bias=True, affine=True, channels_last=channels_last,
+                          seed=len(cases)))
     return cases
 
 

@@ -3,7 +3,8 @@ path: it runs this project's kernels, not ATen's composite (explain() says what 
 and no path named "reference"), its output equals the same call's under no_grad bit for
 bit, and what it keeps for the backward, written into poisoned memory, equals ReLU(conv)
 (where the fused path takes no call, as in float32 mode "pytorch" or with it turned
-off: the convolution's output without bias, in the output's layout) and GroupNorm's
+off: the convolution's output without bias, in the output's layout; where it runs the
+pixel-shuffle GEMM: ReLU(conv) in that GEMM's space-to-depth order) and GroupNorm's
 statistics computed in float64 within the dtype's rounding."""
 
 import pytest
@@ -75,9 +76,12 @@ def test_grad_mode_forward_runs_the_kernels_and_keeps_the_backward_tensors(layer
         # Calls the fused path takes for no sizes keep the convolution's output.
         keep_conv_output = (dtype == torch.float32 and mode == "pytorch") or not fused or not fused_path_expected()
         assert ("the convolution's output without bias" in path) == keep_conv_output, path
+        # Calls the fused path runs as its pixel-shuffle GEMM keep the order it writes.
+        keep_space_to_depth = not keep_conv_output and layer == "pixel_shuffle_gemm"
+        assert ("space-to-depth order" in path) == keep_space_to_depth, path
         poison_cuda_allocator(4 * untracked.numel() * untracked.element_size())
         out, kept, mean, rstd = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm_for_backward(
-            *op_arguments(a), keep_conv_output)
+            *op_arguments(a), keep_conv_output, keep_space_to_depth)
         tracked = cutlassfuse.conv_transpose3d_relu_group_norm(**a)
     assert tracked.requires_grad
     assert torch.equal(out, untracked) and torch.equal(tracked.detach(), untracked)
@@ -88,6 +92,12 @@ def test_grad_mode_forward_runs_the_kernels_and_keeps_the_backward_tensors(layer
     if keep_conv_output:
         assert kept.is_contiguous(memory_format=layout)
         assert (kept.double() - float64_conv_output(a, with_bias=False)).abs().max().item() <= TOLERANCE[dtype] * scale
+    elif keep_space_to_depth:
+        n, c, d, h, w = exact.shape
+        blocked = exact.permute(0, 2, 3, 4, 1).reshape(n, d // 2, 2, h // 2, 2, w // 2, 2, c)
+        expected = blocked.permute(0, 1, 3, 5, 2, 4, 6, 7)
+        assert kept.is_contiguous() and kept.shape == expected.shape
+        assert (kept.double() - expected).abs().max().item() <= TOLERANCE[dtype] * scale
     else:
         assert kept.is_contiguous(memory_format=torch.channels_last_3d)
         assert (kept.double() - exact).abs().max().item() <= TOLERANCE[dtype] * scale
@@ -97,9 +107,10 @@ def test_grad_mode_forward_runs_the_kernels_and_keeps_the_backward_tensors(layer
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["ncdhw", "channels_last"])
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "fallback"])
-def test_grad_mode_forward_is_bitwise_repeatable_and_trains(fused: bool, channels_last: bool):
+@pytest.mark.parametrize("layer", ["phases", "pixel_shuffle_gemm"])
+def test_grad_mode_forward_is_bitwise_repeatable_and_trains(layer: str, fused: bool, channels_last: bool):
     """Two tracked forwards give the same bits, and their backward the same gradients."""
-    a = make_inputs(**LAYERS["phases"], dtype=torch.float16, device="cuda", channels_last=channels_last, seed=3,
+    a = make_inputs(**LAYERS[layer], dtype=torch.float16, device="cuda", channels_last=channels_last, seed=3,
                     requires_grad=True)
     grad = torch.randn(cutlassfuse.conv_transpose3d_relu_group_norm(**a).shape, device="cuda", dtype=torch.float16)
     results = []

@@ -48,24 +48,45 @@ at::MemoryFormat output_memory_format(const at::Tensor& input, const at::Tensor&
 // GroupNorm(ReLU(ConvTranspose3d(...))) through ATen's own kernels on any device.
 at::Tensor reference_forward(const OpArgs& args);
 
-// The op's output and what its backward reads: the kept tensor, and the GroupNorm mean
-// and rstd of the activation, [batch, num_groups] in statistics_type(). The kept tensor
-// is the activation ReLU(ConvTranspose3d(...)), channels_last_3d in the op's dtype, or,
-// with keep_conv_output, the convolution's output without its bias in the output's
-// memory format (the backward recomputes the activation from it and the bias).
+// What a call keeping for its backward keeps beside GroupNorm's mean and rstd.
+enum class KeptTensor {
+  // The activation ReLU(ConvTranspose3d(...) + bias), channels_last_3d in the op's dtype.
+  kActivation,
+  // The convolution's output without its bias, in the output's memory format (the
+  // backward recomputes the activation from it and the bias).
+  kConvOutput,
+  // The activation in the pixel-shuffle GEMM's space-to-depth order (plan/subpixel.h,
+  // is_pixel_shuffle_gemm): [batch, D, H, W, stride_d, stride_h, stride_w, channels]
+  // contiguous over the input's extent D, H, W, as that GEMM's epilogue stores it.
+  kActivationSpaceToDepth,
+};
+// The keeping op's two flags as one KeptTensor; raises when both are set.
+KeptTensor kept_tensor(bool keep_conv_output, bool keep_space_to_depth);
+// Raises ValueError when `problem` cannot keep `kept` (space-to-depth order is the
+// pixel-shuffle GEMM's layers' only).
+void validate_kept(KeptTensor kept, const Problem& problem);
+
+// The op's output and what its backward reads: the output, the kept tensor, and the
+// GroupNorm mean and rstd of the activation, [batch, num_groups] in statistics_type().
 using ForwardForBackward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 // GroupNorm's accumulation type: float64 for float64, else float32.
 inline at::ScalarType statistics_type(at::ScalarType type) { return type == at::kDouble ? at::kDouble : at::kFloat; }
-ForwardForBackward reference_forward_for_backward(const OpArgs& args, bool keep_conv_output);
+ForwardForBackward reference_forward_for_backward(const OpArgs& args, KeptTensor kept);
 
-// Whether a call on `input` in grad mode keeps the convolution's output rather than the
-// activation: a CUDA call of float16, bfloat16 or float32 that the fused path takes
-// whatever its sizes are not (float32 in float32 mode "pytorch", the fused path turned
-// off, a GPU other than sm_90), so that the fallback running it writes the output beside
-// the convolution's output it has anyway, and nothing more. Read once per call by the
-// autograd kernel, which passes it to the op keeping for the backward; a call the fused
-// path refuses for its sizes keeps the activation.
-bool keeps_conv_output(const at::Tensor& input);
+// The activation (N, C, D*sD, H*sH, W*sW) in space-to-depth order
+// (KeptTensor::kActivationSpaceToDepth), and back (channels_last_3d).
+at::Tensor activation_to_space_to_depth(const at::Tensor& activation, at::IntArrayRef stride);
+at::Tensor activation_from_space_to_depth(const at::Tensor& kept);
+
+// What a call in grad mode keeps, read once per call by the autograd kernel, which
+// passes it to the op keeping for the backward: on CUDA, float16, bfloat16 or float32
+// calls that the fused path takes whatever their sizes are not (float32 in float32 mode
+// "pytorch", the fused path turned off, a GPU other than sm_90) keep the convolution's
+// output, which the fallback writes anyway (the activation would be one more write of
+// the output's size); calls the fused path would run as its pixel-shuffle GEMM keep the
+// activation in the order that GEMM writes it (the output in pixel order is then its only
+// other write); every other call keeps the activation.
+KeptTensor kept_for_backward(const OpArgs& args);
 
 // The gradients of the convolution's output z (with its bias; the activation's dtype,
 // channels_last_3d), of gamma, beta and the conv bias ([channels] in statistics_type() each; gamma's
@@ -106,6 +127,20 @@ inline constexpr const char* kReferenceForBackwardDescription =
 inline constexpr const char* kReferenceKeepingConvOutputDescription =
     "reference: ATen conv_transpose3d without bias, then bias + relu + group_norm (keeping for the backward: the "
     "convolution's output and GroupNorm's mean and rstd)";
+inline constexpr const char* kReferenceKeepingSpaceToDepthDescription =
+    "reference: ATen conv_transpose3d + relu + group_norm (keeping for the backward: the activation copied to "
+    "space-to-depth order and GroupNorm's mean and rstd)";
+inline const char* reference_for_backward_description(KeptTensor kept) {
+  switch (kept) {
+    case KeptTensor::kConvOutput:
+      return kReferenceKeepingConvOutputDescription;
+    case KeptTensor::kActivationSpaceToDepth:
+      return kReferenceKeepingSpaceToDepthDescription;
+    case KeptTensor::kActivation:
+      break;
+  }
+  return kReferenceForBackwardDescription;
+}
 
 #if CUTLASSFUSE_WITH_CUDA
 // The op's CUDA kernel: the first kernel path that takes the call (dispatch/routing.cpp),
@@ -113,7 +148,7 @@ inline constexpr const char* kReferenceKeepingConvOutputDescription =
 at::Tensor forward_cuda(const OpArgs& args);
 // forward_cuda keeping what the backward reads (reference_forward_for_backward's
 // results, written by the kernel path that takes the call).
-ForwardForBackward forward_for_backward_cuda(const OpArgs& args, bool keep_conv_output);
+ForwardForBackward forward_for_backward_cuda(const OpArgs& args, KeptTensor kept);
 ReluGroupNormGradients relu_group_norm_backward_cuda(const at::Tensor& grad_output, const at::Tensor& activation,
                                                      const at::Tensor& mean, const at::Tensor& rstd,
                                                      const std::optional<at::Tensor>& norm_weight, int64_t num_groups);

@@ -23,16 +23,15 @@ struct Call {
   const CallOptions& options;
   // A backward follows: the call also returns what it reads (ForwardOutputs).
   bool keep_for_backward = false;
-  // It reads the convolution's output without bias instead of the activation (op.h).
-  bool keep_conv_output = false;
+  // Which tensor it keeps for the backward besides mean and rstd (op.h).
+  KeptTensor kept = KeptTensor::kActivation;
 };
 
 // A call's results: the op's output and, when the call keeps them, what the backward
 // reads.
 struct ForwardOutputs {
   at::Tensor out;
-  // ReLU(ConvTranspose3d(input) + bias), the op's dtype, channels_last_3d; with
-  // keep_conv_output ConvTranspose3d(input) without bias, in the output's memory format.
+  // The call's KeptTensor (op.h).
   at::Tensor kept;
   at::Tensor mean;  // [batch, num_groups] float32 (the kernels take no float64), of the activation
   at::Tensor rstd;  // [batch, num_groups] float32

@@ -21,15 +21,40 @@ Routed<KernelPath, PlannedCall> route(const Call& call) { return route_first<Pla
 
 }  // namespace
 
-bool keeps_conv_output(const at::Tensor& input) {
-  const at::ScalarType type = input.scalar_type();
-  if (!input.is_cuda() || (type != at::kHalf && type != at::kBFloat16 && type != at::kFloat)) return false;
-  // Whatever the sizes, the fused path takes no such call: the fallback runs it.
-  const CallOptions options = current_options();
-  if (type == at::kFloat && options.float32_mode == Float32Mode::kPyTorch) return true;
+namespace {
+
+// Whatever the sizes, the fused path takes no call of this device, dtype and settings.
+bool fused_path_refuses(const at::Tensor& input, const CallOptions& options) {
+  if (input.scalar_type() == at::kFloat && options.float32_mode == Float32Mode::kPyTorch) return true;
   if (!options.backend.fused_path) return true;
   const cudaDeviceProp* props = at::cuda::getDeviceProperties(input.device().index());
   return props->major != 9 || props->minor != 0;
+}
+
+// The geometry of the pixel-shuffle GEMM (plan/subpixel.h, is_pixel_shuffle_gemm) read
+// from the arguments; the weight's kernel extents may be symbolic under tracing.
+bool pixel_shuffle_geometry(const OpArgs& a) {
+  if (a.weight.dim() != 5 || a.stride.size() != 3 || a.padding.size() != 3 || a.output_padding.size() != 3 ||
+      a.dilation.size() != 3 || a.groups != 1)
+    return false;
+  int64_t blocks = 1;
+  for (int i = 0; i < 3; ++i) {
+    if (a.weight.sym_size(2 + i) != a.stride[i] || a.padding[i] != 0 || a.output_padding[i] != 0 ||
+        a.dilation[i] != 1)
+      return false;
+    blocks *= a.stride[i];
+  }
+  return blocks > 1;
+}
+
+}  // namespace
+
+KeptTensor kept_for_backward(const OpArgs& args) {
+  const at::ScalarType type = args.input.scalar_type();
+  if (!args.input.is_cuda() || (type != at::kHalf && type != at::kBFloat16 && type != at::kFloat))
+    return KeptTensor::kActivation;
+  if (fused_path_refuses(args.input, current_options())) return KeptTensor::kConvOutput;
+  return pixel_shuffle_geometry(args) ? KeptTensor::kActivationSpaceToDepth : KeptTensor::kActivation;
 }
 
 at::Tensor forward_cuda(const OpArgs& args) {
@@ -45,12 +70,13 @@ at::Tensor forward_cuda(const OpArgs& args) {
   return reference_forward(args);
 }
 
-ForwardForBackward forward_for_backward_cuda(const OpArgs& args, bool keep_conv_output) {
+ForwardForBackward forward_for_backward_cuda(const OpArgs& args, KeptTensor kept) {
   const Problem problem = validate_and_describe(args);
+  validate_kept(kept, problem);
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
   const CallOptions options = current_options();
-  const auto routed = route({args, problem, options, /*keep_for_backward=*/true, keep_conv_output});
-  if (!routed.plan) return reference_forward_for_backward(args, keep_conv_output);
+  const auto routed = route({args, problem, options, /*keep_for_backward=*/true, kept});
+  if (!routed.plan) return reference_forward_for_backward(args, kept);
   ForwardOutputs o = routed.plan->run();
   return {std::move(o.out), std::move(o.kept), std::move(o.mean), std::move(o.rstd)};
 }
@@ -60,11 +86,9 @@ namespace {
 std::string explain(const OpArgs& args, bool keep_for_backward) {
   const Problem problem = validate_and_describe(args);
   const CallOptions options = current_options();
-  const bool keep_conv_output = keep_for_backward && keeps_conv_output(args.input);
-  const char* reference = !keep_for_backward ? kReferenceDescription
-                          : keep_conv_output ? kReferenceKeepingConvOutputDescription
-                                             : kReferenceForBackwardDescription;
-  return route({args, problem, options, keep_for_backward, keep_conv_output}).explanation(reference);
+  const KeptTensor kept = keep_for_backward ? kept_for_backward(args) : KeptTensor::kActivation;
+  const char* reference = keep_for_backward ? reference_for_backward_description(kept) : kReferenceDescription;
+  return route({args, problem, options, keep_for_backward, kept}).explanation(reference);
 }
 
 }  // namespace

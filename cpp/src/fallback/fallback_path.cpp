@@ -4,8 +4,9 @@
 // kernels (group_norm_generic.h), adding the bias and applying ReLU before the norm on
 // the fly. The normalize runs in place; a call that keeps what its backward reads
 // writes the output beside the activation in the same pass, or, keeping the
-// convolution's output (op.h, keeps_conv_output), beside that output, which it leaves as
-// it is; the finalize writes mean and rstd.
+// convolution's output (op.h, KeptTensor), beside that output, which it leaves as it is;
+// the finalize writes mean and rstd. The activation in space-to-depth order (kept where
+// the fused path was expected to run its pixel-shuffle GEMM) is a copy of the activation.
 //
 // float32 runs the convolution as PyTorch does (float32 mode "pytorch", settings.h):
 // ATen's convolution, the call nn.ConvTranspose3d makes (its bias added after), reads
@@ -46,18 +47,28 @@ class FallbackCall final : public PlannedCall {
                            ? "PyTorch's conv_transpose3d under its switches (float32 mode 'pytorch': TF32 where "
                              "torch.backends.cudnn allows it)"
                            : "cuDNN conv_transpose3d (deterministic)";
-    const char* kept = !call_.keep_for_backward ? ""
-                       : call_.keep_conv_output
-                           ? " (keeping for the backward: the convolution's output without bias, the normalize pass "
-                             "writing the output beside it, and GroupNorm's mean and rstd)"
-                           : " (keeping for the backward: the activation ReLU(conv + bias), channels-last, written "
-                             "beside the output by the normalize pass, and GroupNorm's mean and rstd)";
-    return std::string(conv) + " + cutlassfuse ReLU/GroupNorm kernels" + kept;
+    return std::string(conv) + " + cutlassfuse ReLU/GroupNorm kernels" + kept_description();
   }
 
   ForwardOutputs run() const override;
 
  private:
+  std::string kept_description() const {
+    if (!call_.keep_for_backward) return "";
+    switch (call_.kept) {
+      case KeptTensor::kConvOutput:
+        return " (keeping for the backward: the convolution's output without bias, the normalize pass writing the "
+               "output beside it, and GroupNorm's mean and rstd)";
+      case KeptTensor::kActivationSpaceToDepth:
+        return " (keeping for the backward: the activation ReLU(conv + bias), written beside the output by the "
+               "normalize pass and copied to space-to-depth order, and GroupNorm's mean and rstd)";
+      case KeptTensor::kActivation:
+        break;
+    }
+    return " (keeping for the backward: the activation ReLU(conv + bias), channels-last, written beside the output "
+           "by the normalize pass, and GroupNorm's mean and rstd)";
+  }
+
   Call call_;
 };
 
@@ -96,7 +107,8 @@ ForwardOutputs FallbackCall::run() const {
   NormalizeOutputs outputs;
   if (call_.keep_for_backward) {
     result.out = at::empty_like(y);
-    if (call_.keep_conv_output) {
+    const bool keep_conv_output = call_.kept == KeptTensor::kConvOutput;
+    if (keep_conv_output) {
       result.kept = y;
     } else {
       // An NDHWC convolution output becomes the activation in place.
@@ -108,7 +120,7 @@ ForwardOutputs FallbackCall::run() const {
     result.rstd = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
     finalize.mean = result.mean.data_ptr<float>();
     finalize.rstd = result.rstd.data_ptr<float>();
-    outputs = {result.out.data_ptr(), call_.keep_conv_output ? nullptr : result.kept.data_ptr()};
+    outputs = {result.out.data_ptr(), keep_conv_output ? nullptr : result.kept.data_ptr()};
   } else {
     result.out = y;
   }
@@ -119,6 +131,7 @@ ForwardOutputs FallbackCall::run() const {
   group_norm_finalize(finalize, stream);
   norm_activation_normalize(element, y.data_ptr(), layout, pre, scale_shift.data_ptr(), ActivationParams{}, shape,
                             outputs, stream);
+  if (call_.kept == KeptTensor::kActivationSpaceToDepth) result.kept = activation_to_space_to_depth(result.kept, a.stride);
   return result;
 }
 

@@ -127,6 +127,9 @@ class FusedCall final : public PlannedCall {
   std::string launches_description() const;
   std::string kept_description() const;
   std::string schedule_description() const;
+  bool keeps_space_to_depth() const {
+    return call_.keep_for_backward && call_.kept == KeptTensor::kActivationSpaceToDepth;
+  }
   void launch_phases(const DgradOperands& operands, int sm_count) const;
   void launch_deconvolution(const DgradOperands& operands, int sm_count, cudaStream_t stream) const;
 
@@ -139,9 +142,13 @@ std::string FusedCall::description() const { return launches_description() + kep
 // What a call keeping its tensors for the backward keeps, and which launch writes them.
 std::string FusedCall::kept_description() const {
   if (!call_.keep_for_backward) return "";
-  const char* writer = l_.order.identity() ? "stored by the epilogue" : "copied to pixel order by the normalize";
-  return std::string("; keeping for the backward: the activation (channels-last, ") + writer +
-         ") and GroupNorm's mean and rstd (written by the finalize)";
+  const char* activation = l_.order.identity() ? "the activation (channels-last, stored by the epilogue)"
+                           : keeps_space_to_depth()
+                               ? "the activation in the pixel-shuffle GEMM's space-to-depth order, as its epilogue "
+                                 "stores it (the backward reorders it)"
+                               : "the activation (channels-last, copied to pixel order by the normalize)";
+  return std::string("; keeping for the backward: ") + activation +
+         " and GroupNorm's mean and rstd (written by the finalize)";
 }
 
 std::string FusedCall::launches_description() const {
@@ -262,25 +269,31 @@ ForwardOutputs FusedCall::run() const {
   // is read and written by the same thread, after the statistics are complete.
   const at::MemoryFormat format = output_memory_format(a.input, a.weight);
   const bool channels_last = format == at::MemoryFormat::ChannelsLast3d;
-  // A call keeping what its backward reads has the kernels write its activation
-  // (pixel order, NDHWC), or, from the pixel-shuffle GEMM's space-to-depth order, the
-  // finishing kernel copy it there as it normalizes.
+  // A call keeping what its backward reads has the kernels write its activation: in
+  // pixel order (NDHWC), or in the pixel-shuffle GEMM's space-to-depth order, kept as it
+  // is (KeptTensor::kActivationSpaceToDepth) or copied to pixel order by the finishing
+  // kernel as it normalizes.
   const bool keep = call_.keep_for_backward;
   const bool shuffled = !l_.order.identity();
+  TORCH_INTERNAL_ASSERT(shuffled || !keeps_space_to_depth(), "space-to-depth order is the pixel-shuffle GEMM's");
   const bool in_place = channels_last && !shuffled && !keep;
   const std::vector<int64_t> size{p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]};
   ForwardOutputs result;
   result.out = at::empty(size, options.memory_format(format));
   const at::Tensor& out = result.out;
   if (keep) {
-    result.kept = at::empty(size, options.memory_format(at::MemoryFormat::ChannelsLast3d));
+    result.kept = keeps_space_to_depth()
+                      ? at::empty({p.batch, p.input_size[0], p.input_size[1], p.input_size[2], p.stride[0],
+                                   p.stride[1], p.stride[2], p.out_channels},
+                                  options)
+                      : at::empty(size, options.memory_format(at::MemoryFormat::ChannelsLast3d));
     result.mean = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
     result.rstd = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
   }
 
   CallWorkspace workspace;
   const LeftOperand left(a.input, l_.math, p, l_.pixel_major, workspace);
-  const bool activation_kept_as_written = keep && !shuffled;
+  const bool activation_kept_as_written = keep && (!shuffled || keeps_space_to_depth());
   const auto activation_region = in_place || activation_kept_as_written
                                      ? std::nullopt
                                      : std::optional(workspace.reserve(c.output_numel() * element_bytes));
@@ -345,7 +358,7 @@ ForwardOutputs FusedCall::run() const {
     group_norm_finish_bulk(finalize, counters, activation, shape.spatial, out.data_ptr(), stream);
   } else {
     group_norm_finish(finalize, counters, activation, l_.order, shape.spatial, channels_last, out.data_ptr(),
-                      keep && shuffled ? result.kept.data_ptr() : nullptr, stream);
+                      keep && !activation_kept_as_written ? result.kept.data_ptr() : nullptr, stream);
   }
   return result;
 }
@@ -356,7 +369,8 @@ Routing plan_fused_call(const Call& call) {
   const OpArgs& a = call.args;
   const Problem& p = call.problem;
   if (!call.options.backend.fused_path) return "the fused path is turned off (cutlassfuse.backends fused_path=False)";
-  if (call.keep_conv_output) return "the backward reads the convolution's output, which the fused kernels do not keep";
+  if (call.kept == KeptTensor::kConvOutput)
+    return "the backward reads the convolution's output, which the fused kernels do not keep";
   const cudaDeviceProp* props = at::cuda::getDeviceProperties(a.input.device().index());
   if (props->major != 9 || props->minor != 0)
     return "GPU is sm_" + std::to_string(props->major * 10 + props->minor) + ", the fused kernels need sm_90";

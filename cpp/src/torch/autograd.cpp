@@ -9,9 +9,11 @@
 // and GroupNorm's per-(sample, group) mean and rstd, returned by the forward that
 // computes the output (conv_transpose3d_relu_group_norm_for_backward); calls that need
 // no gradient keep nothing. A CUDA call that runs the fallback whatever its sizes keeps
-// the convolution's output without bias instead (keeps_conv_output, op.h), which its
-// kernels write anyway: the activation would be one more write of the output's size. Backward:
-// the ReLU + GroupNorm backward op (of the activation) or the block family's
+// the convolution's output without bias instead, which its kernels write anyway, and one
+// the fused path runs as its pixel-shuffle GEMM the activation in that GEMM's order
+// (kept_for_backward, op.h): the activation in pixel order would be one more write of the
+// output's size. Backward: the ReLU + GroupNorm backward op (of the activation, reordered
+// to pixel order first where it was kept in space-to-depth order) or the block family's
 // norm_activation_backward (ReLU(y + bias) recomputed from the convolution's output), then the
 // convolution's gradients (conv_backward.h: this project's CUTLASS kernels or ATen's
 // convolution_backward, per gradient). Under create_graph the gradients are themselves differentiable
@@ -58,16 +60,20 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
                             at::IntArrayRef padding, at::IntArrayRef output_padding, int64_t groups,
                             at::IntArrayRef dilation, const OptionalTensor& packed_weight,
                             const OptionalTensor& packed_bias) {
-    const bool keep_conv_output = keeps_conv_output(input);
+    const KeptTensor kept_tensor = kept_for_backward({input, weight, bias, norm_weight, norm_bias, num_groups, eps,
+                                                      stride, padding, output_padding, groups, dilation, packed_weight,
+                                                      packed_bias});
     const auto [out, kept, mean, rstd] = [&] {
       const at::AutoDispatchBelowADInplaceOrView below_autograd;
       return for_backward_op().call(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding,
-                                    output_padding, groups, dilation, packed_weight, packed_bias, keep_conv_output);
+                                    output_padding, groups, dilation, packed_weight, packed_bias,
+                                    kept_tensor == KeptTensor::kConvOutput,
+                                    kept_tensor == KeptTensor::kActivationSpaceToDepth);
     }();
     auto or_undefined = [](const OptionalTensor& t) { return present(t) ? *t : at::Tensor(); };
     ctx->save_for_backward(
         {input, weight, or_undefined(bias), or_undefined(norm_weight), or_undefined(norm_bias), kept, mean, rstd});
-    ctx->saved_data["keep_conv_output"] = keep_conv_output;
+    ctx->saved_data["kept"] = static_cast<int64_t>(kept_tensor);
     ctx->saved_data["num_groups"] = num_groups;
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["stride"] = stride.vec();
@@ -88,8 +94,9 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
     const auto ints = [&](const char* key) { return ctx->saved_data[key].toIntVector(); };
     const std::vector<int64_t> stride = ints("stride"), padding = ints("padding"),
                                output_padding = ints("output_padding"), dilation = ints("dilation");
-    auto [dz, dgamma, dbeta, dbias] = norm_backward(
-        grad_outputs[0], saved, ctx->saved_data["keep_conv_output"].toBool(), ctx->saved_data["num_groups"].toInt());
+    auto [dz, dgamma, dbeta, dbias] =
+        norm_backward(grad_outputs[0], saved, static_cast<KeptTensor>(ctx->saved_data["kept"].toInt()),
+                      ctx->saved_data["num_groups"].toInt());
     at::Tensor grad_input, grad_weight;
     if (need[kInput] || need[kWeight]) {
       std::tie(grad_input, grad_weight) = convolution_backward(
@@ -110,11 +117,14 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
   // The gradients of the convolution's output z (with bias), gamma, beta and the bias,
   // from what the forward kept: the activation, or the convolution's output y from which
   // the family's backward recomputes ReLU(y + bias).
-  static Tensors4 norm_backward(const at::Tensor& grad, const variable_list& saved, bool keep_conv_output,
+  static Tensors4 norm_backward(const at::Tensor& grad, const variable_list& saved, KeptTensor kept,
                                 int64_t num_groups) {
     auto optional = [](const at::Tensor& t) { return t.defined() ? OptionalTensor(t) : std::nullopt; };
-    if (!keep_conv_output) {
-      return relu_group_norm_backward_op().call(grad, saved[kKept], saved[kMean], saved[kRstd],
+    if (kept != KeptTensor::kConvOutput) {
+      const at::Tensor activation = kept == KeptTensor::kActivationSpaceToDepth
+                                        ? activation_from_space_to_depth(saved[kKept])
+                                        : saved[kKept];
+      return relu_group_norm_backward_op().call(grad, activation, saved[kMean], saved[kRstd],
                                                 optional(saved[kNormWeight]), num_groups);
     }
     auto [dz, dgamma, dbeta, dbias, dslopes] = norm_activation_backward_op().call(

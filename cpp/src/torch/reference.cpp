@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <array>
+#include <vector>
 
 #include "cutlassfuse/op.h"
 #include "torch/aten_norm.h"
@@ -28,7 +29,36 @@ at::Tensor reference_forward(const OpArgs& a) {
   return y.contiguous(output_memory_format(a.input, a.weight));
 }
 
-ForwardForBackward reference_forward_for_backward(const OpArgs& a, bool keep_conv_output) {
+KeptTensor kept_tensor(bool keep_conv_output, bool keep_space_to_depth) {
+  TORCH_CHECK_VALUE(!(keep_conv_output && keep_space_to_depth),
+                    "cutlassfuse: keep_conv_output and keep_space_to_depth name two different kept tensors; set one");
+  if (keep_conv_output) return KeptTensor::kConvOutput;
+  return keep_space_to_depth ? KeptTensor::kActivationSpaceToDepth : KeptTensor::kActivation;
+}
+
+// [N, C, D*sD, H*sH, W*sW] -> [N, D, H, W, sD, sH, sW, C]: pixel (d*sD + i, h*sH + j,
+// w*sW + k) is block position (i, j, k) of input pixel (d, h, w).
+at::Tensor activation_to_space_to_depth(const at::Tensor& activation, at::IntArrayRef stride) {
+  const auto size = activation.sym_sizes();
+  std::vector<c10::SymInt> blocked{size[0]};
+  for (int i = 0; i < 3; ++i) {
+    blocked.push_back(size[2 + i] / stride[i]);
+    blocked.push_back(c10::SymInt(stride[i]));
+  }
+  blocked.push_back(size[1]);
+  return activation.permute({0, 2, 3, 4, 1})
+      .reshape_symint(blocked)
+      .permute({0, 1, 3, 5, 2, 4, 6, 7})
+      .contiguous();
+}
+
+at::Tensor activation_from_space_to_depth(const at::Tensor& kept) {
+  const auto size = kept.sym_sizes();
+  const std::vector<c10::SymInt> pixels{size[0], size[1] * size[4], size[2] * size[5], size[3] * size[6], size[7]};
+  return kept.permute({0, 1, 4, 2, 5, 3, 6, 7}).contiguous().view_symint(pixels).permute({0, 4, 1, 2, 3});
+}
+
+ForwardForBackward reference_forward_for_backward(const OpArgs& a, KeptTensor kept) {
   // GroupNorm of the activation as reference_forward lays it out, so that the output is
   // the same bit for bit; the activation kept channels-last, as the backward reads it.
   // Keeping the convolution's output, the bias is added after the convolution (as the
@@ -37,7 +67,7 @@ ForwardForBackward reference_forward_for_backward(const OpArgs& a, bool keep_con
   const at::MemoryFormat out_format = output_memory_format(a.input, a.weight);
   at::Tensor conv_output;
   at::Tensor y;
-  if (keep_conv_output) {
+  if (kept == KeptTensor::kConvOutput) {
     conv_output = at::conv_transpose3d(a.input, a.weight, std::nullopt, a.stride, a.padding, a.output_padding, a.groups,
                                        a.dilation)
                       .contiguous(out_format);
@@ -51,8 +81,11 @@ ForwardForBackward reference_forward_for_backward(const OpArgs& a, bool keep_con
   const at::MemoryFormat format = group_norm_input_format(y);
   const auto [out, mean, rstd] = at::native_group_norm(y.contiguous(format), as_type(a.norm_weight, type),
                                                        as_type(a.norm_bias, type), n, c, pixels, a.num_groups, a.eps);
-  return {out.contiguous(out_format), keep_conv_output ? conv_output : y.contiguous(at::MemoryFormat::ChannelsLast3d),
-          mean.to(statistics_type(type)).view({n, a.num_groups}),
+  at::Tensor kept_tensor = kept == KeptTensor::kConvOutput ? conv_output
+                           : kept == KeptTensor::kActivation
+                               ? y.contiguous(at::MemoryFormat::ChannelsLast3d)
+                               : activation_to_space_to_depth(y, a.stride);
+  return {out.contiguous(out_format), std::move(kept_tensor), mean.to(statistics_type(type)).view({n, a.num_groups}),
           rstd.to(statistics_type(type)).view({n, a.num_groups})};
 }
 

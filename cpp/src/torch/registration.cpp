@@ -16,9 +16,11 @@ namespace {
   "float eps, int[3] stride, int[3] padding, int[3] output_padding, int groups, int[3] dilation, "      \
   "Tensor? packed_weight=None, Tensor? packed_bias=None"
 constexpr const char* kArguments = "(" CUTLASSFUSE_OP_SCHEMA_ARGUMENTS ")";
-// The op keeping for its backward: which tensor it keeps (op.h, keeps_conv_output) is an
-// argument, so that a graph traced once (torch.compile) keeps what its backward reads.
-constexpr const char* kKeepingArguments = "(" CUTLASSFUSE_OP_SCHEMA_ARGUMENTS ", bool keep_conv_output=False)";
+// The op keeping for its backward: which tensor it keeps (op.h, KeptTensor,
+// kept_for_backward) is an argument, so that a graph traced once (torch.compile) keeps
+// what its backward reads.
+constexpr const char* kKeepingArguments =
+    "(" CUTLASSFUSE_OP_SCHEMA_ARGUMENTS ", bool keep_conv_output=False, bool keep_space_to_depth=False)";
 #undef CUTLASSFUSE_OP_SCHEMA_ARGUMENTS
 
 // Unpacks the schema's arguments into OpArgs for `Impl`: one signature for every kernel.
@@ -33,16 +35,16 @@ Result kernel(const at::Tensor& input, const at::Tensor& weight, const std::opti
 }
 
 // `kernel`, with the keeping op's last argument.
-template <class Result, Result (*Impl)(const OpArgs&, bool)>
+template <class Result, Result (*Impl)(const OpArgs&, KeptTensor)>
 Result keeping_kernel(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                       const std::optional<at::Tensor>& norm_weight, const std::optional<at::Tensor>& norm_bias,
                       int64_t num_groups, double eps, at::IntArrayRef stride, at::IntArrayRef padding,
                       at::IntArrayRef output_padding, int64_t groups, at::IntArrayRef dilation,
                       const std::optional<at::Tensor>& packed_weight, const std::optional<at::Tensor>& packed_bias,
-                      bool keep_conv_output) {
+                      bool keep_conv_output, bool keep_space_to_depth) {
   return Impl({input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding, output_padding, groups,
                dilation, packed_weight, packed_bias},
-              keep_conv_output);
+              kept_tensor(keep_conv_output, keep_space_to_depth));
 }
 
 // The convolution-gradient ops' schema arguments as a geometry.
@@ -53,10 +55,10 @@ at::Tensor gradient_kernel(const at::Tensor& grad_output, const at::Tensor& inpu
   return Impl(grad_output, input, weight, {stride, padding, output_padding, dilation, groups});
 }
 
-ForwardForBackward forward_for_backward_reference(const OpArgs& args, bool keep_conv_output) {
-  validate_and_describe(args);
+ForwardForBackward forward_for_backward_reference(const OpArgs& args, KeptTensor kept) {
+  validate_kept(kept, validate_and_describe(args));
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return reference_forward_for_backward(args, keep_conv_output);
+  return reference_forward_for_backward(args, kept);
 }
 
 at::Tensor forward_reference(const OpArgs& args) {
@@ -75,8 +77,7 @@ std::string explain_reference_call(const OpArgs& args, const char* description) 
 std::string explain_reference(const OpArgs& args) { return explain_reference_call(args, kReferenceDescription); }
 
 std::string explain_for_backward_reference(const OpArgs& args) {
-  return explain_reference_call(
-      args, keeps_conv_output(args.input) ? kReferenceKeepingConvOutputDescription : kReferenceForBackwardDescription);
+  return explain_reference_call(args, reference_for_backward_description(kept_for_backward(args)));
 }
 
 // Meta tensors carry no data: the op's Meta kernel (the fake kernel, ops.py) gives the
@@ -185,7 +186,7 @@ FlagsTuple backend_flags_for_schema() { return flags_tuple(current_options().bac
 
 #if !CUTLASSFUSE_WITH_CUDA
 // Without CUDA kernels every call runs the reference, which keeps the activation.
-bool keeps_conv_output(const at::Tensor&) { return false; }
+KeptTensor kept_for_backward(const OpArgs&) { return KeptTensor::kActivation; }
 #endif
 
 TORCH_LIBRARY(cutlassfuse, m) {
@@ -196,8 +197,9 @@ TORCH_LIBRARY(cutlassfuse, m) {
   m.def((std::string("explain") + kArguments + " -> str").c_str());
   m.def((std::string("explain_for_backward") + kArguments + " -> str").c_str());
   // The op keeping what its backward reads (autograd.cpp): (output, kept tensor, mean,
-  // rstd [batch, num_groups]; op.h): the activation ReLU(ConvTranspose3d(...))
-  // channels_last_3d, or with keep_conv_output the convolution's output without bias.
+  // rstd [batch, num_groups]; op.h, KeptTensor): the activation ReLU(ConvTranspose3d(...))
+  // channels_last_3d, with keep_conv_output the convolution's output without bias, with
+  // keep_space_to_depth the activation in the pixel-shuffle GEMM's order.
   m.def((std::string("conv_transpose3d_relu_group_norm_for_backward") + kKeepingArguments +
          " -> (Tensor, Tensor, Tensor, Tensor)")
             .c_str());

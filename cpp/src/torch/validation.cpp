@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "cutlassfuse/op.h"
+#include "cutlassfuse/plan/subpixel.h"
 #include "torch/checks.h"
 
 namespace cutlassfuse {
@@ -196,6 +197,12 @@ at::MemoryFormat output_memory_format(const at::Tensor& input, const at::Tensor&
   const bool channels_last = input.suggest_memory_format() == at::MemoryFormat::ChannelsLast3d ||
                              weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast3d;
   return channels_last ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::Contiguous;
+}
+
+void validate_kept(KeptTensor kept, const Problem& problem) {
+  TORCH_CHECK_VALUE(kept != KeptTensor::kActivationSpaceToDepth || is_pixel_shuffle_gemm(problem),
+                    "cutlassfuse: keep_space_to_depth needs a layer whose kernel_size equals its stride (above 1), "
+                    "with no padding, output_padding or dilation and groups=1 (the pixel-shuffle GEMM's layers)");
 }
 
 }  // namespace cutlassfuse
