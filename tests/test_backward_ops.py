@@ -87,6 +87,13 @@ def test_forward_keeping_space_to_depth_order(stride):
     torch.testing.assert_close(kept.sum(dim=(4, 5, 6)).permute(0, 4, 1, 2, 3),
                                F.avg_pool3d(activation, stride, divisor_override=1), rtol=1e-12, atol=1e-12)
     torch.library.opcheck(FOR_BACKWARD, (*op_arguments(a), False, True))
+    # The backward reads either order.
+    grad = torch.randn(out.shape, dtype=torch.float64)
+    from_space_to_depth = BACKWARD(grad, kept, mean, rstd, a["norm_weight"], a["num_groups"])
+    for got, expected in zip(from_space_to_depth, BACKWARD(grad, activation, mean, rstd, a["norm_weight"],
+                                                           a["num_groups"]), strict=True):
+        assert torch.equal(got, expected)
+    torch.library.opcheck(BACKWARD, (grad, kept, mean, rstd, a["norm_weight"], a["num_groups"]))
 
 
 def test_keeping_op_refuses_contradictory_or_impossible_orders():

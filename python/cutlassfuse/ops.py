@@ -309,11 +309,12 @@ def _for_backward_fake(input, weight, bias, norm_weight, norm_bias, num_groups, 
 
 @torch.library.register_fake(_BACKWARD)
 def _relu_group_norm_backward_fake(grad_output, activation, mean, rstd, norm_weight, num_groups):
-    """The gradients of the convolution's output (channels_last_3d, the activation's
-    dtype), gamma, beta and the convolution's bias ([channels] each, float64 for float64
-    activations, else float32)."""
-    channels = activation.shape[1]
-    dz = torch.empty(activation.shape, dtype=activation.dtype, device=activation.device,
+    """The gradients of the convolution's output (grad_output's shape, channels_last_3d,
+    the activation's dtype), gamma, beta and the convolution's bias ([channels] each,
+    float64 for float64 activations, else float32). The activation is (N, C, D, H, W), or
+    the forward's space-to-depth kept tensor (N, D, H, W, sD, sH, sW, C)."""
+    channels = activation.shape[-1] if activation.dim() == 8 else activation.shape[1]
+    dz = torch.empty(grad_output.shape, dtype=activation.dtype, device=activation.device,
                      memory_format=torch.channels_last_3d)
     return dz, *(activation.new_empty((channels,), dtype=_statistics_dtype(activation.dtype)) for _ in range(3))
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import cutlassfuse
 from cutlassfuse import backends
-from cutlassfuse.testing import errors, make_inputs, poison_cuda_allocator
+from cutlassfuse.testing import errors, make_inputs, op_arguments, poison_cuda_allocator
 
 pytestmark = pytest.mark.gpu
 
@@ -210,7 +210,32 @@ def test_backward_runs_the_vector_kernels_and_transposes():
         out.backward(grad)
         torch.cuda.synchronize()
     names = " ".join(e.name for e in profile.events())
-    for kernel in ("ncdhw_to_ndhwc_kernel", "ndhwc_to_ncdhw_kernel", "backward_sums_kernel<__half, 8>",
-                   "backward_grad_kernel<__half, 8>"):
+    for kernel in ("ncdhw_to_ndhwc_kernel", "ndhwc_to_ncdhw_kernel", "backward_sums_kernel<__half, 8, false>",
+                   "backward_grad_kernel<__half, 8, false>"):
         assert kernel in names, kernel
     assert a["input"].grad.is_contiguous()
+
+
+@pytest.mark.parametrize("out_channels", [32, 12], ids=["vectors", "elements"])
+def test_backward_reads_the_space_to_depth_activation_in_place(out_channels: int):
+    """The activation a grad-mode forward keeps in the pixel-shuffle GEMM's order gives
+    the same gradients bit for bit as the same activation in pixel order, read where it
+    lies (the kernels' shuffled variants; no reordering copy)."""
+    a = make_inputs(batch=2, in_channels=32, out_channels=out_channels, size=(3, 4, 5), kernel=2, stride=2,
+                    num_groups=4, dtype=torch.float16, device="cuda", channels_last=True, seed=5)
+    arguments = op_arguments(a)
+    _, pixels, mean, rstd = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm_for_backward(*arguments)
+    _, blocked, _, _ = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm_for_backward(*arguments, False, True)
+    assert blocked.dim() == 8 and blocked.is_contiguous()
+    grad = torch.randn(pixels.shape, device="cuda", dtype=torch.float16)
+    backward = torch.ops.cutlassfuse.relu_group_norm_backward
+    expected = backward(grad, pixels, mean, rstd, a["norm_weight"], a["num_groups"])
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        got = backward(grad, blocked, mean, rstd, a["norm_weight"], a["num_groups"])
+        torch.cuda.synchronize()
+    for g, e in zip(got, expected, strict=True):
+        assert torch.equal(g, e)
+    kernels = [e.name for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert any("backward_sums_kernel<__half" in k and "true>" in k for k in kernels), kernels
+    assert any("backward_grad_kernel<__half" in k and "true>" in k for k in kernels), kernels
+    assert not any("copy" in k.lower() or "elementwise" in k.lower() for k in kernels), kernels

@@ -132,12 +132,9 @@ inline constexpr const char* kReferenceKeepingSpaceToDepthDescription =
     "space-to-depth order and GroupNorm's mean and rstd)";
 inline const char* reference_for_backward_description(KeptTensor kept) {
   switch (kept) {
-    case KeptTensor::kConvOutput:
-      return kReferenceKeepingConvOutputDescription;
-    case KeptTensor::kActivationSpaceToDepth:
-      return kReferenceKeepingSpaceToDepthDescription;
-    case KeptTensor::kActivation:
-      break;
+    case KeptTensor::kConvOutput: return kReferenceKeepingConvOutputDescription;
+    case KeptTensor::kActivationSpaceToDepth: return kReferenceKeepingSpaceToDepthDescription;
+    case KeptTensor::kActivation: break;
   }
   return kReferenceForBackwardDescription;
 }

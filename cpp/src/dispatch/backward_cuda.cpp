@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <climits>
+#include <vector>
 
 #include "cutlassfuse/block.h"
 #include "cutlassfuse/common/nvtx.h"
@@ -44,10 +45,28 @@ struct TermsLayout {
   }
 };
 
+// The ReLU op's activation as its kernels read it: NDHWC, or the pixel-shuffle GEMM's
+// space-to-depth order [N, D, H, W, sD, sH, sW, C] (op.h, KeptTensor), packed, with fewer
+// than 2^31 pixels per sample.
 bool kernels_take(const at::Tensor& activation, const std::optional<at::Tensor>& norm_weight) {
   const bool affine_ok = !present(norm_weight) || element_type(norm_weight->scalar_type()).has_value();
-  return activation.is_cuda() && activation.numel() > 0 && element_type(activation.scalar_type()).has_value() &&
-         activation.is_contiguous(at::MemoryFormat::ChannelsLast3d) && activation.size(0) <= 65535 && affine_ok;
+  if (!activation.is_cuda() || activation.numel() == 0 || !element_type(activation.scalar_type()) ||
+      activation.size(0) > 65535 || !affine_ok)
+    return false;
+  if (activation.dim() != 8) return activation.is_contiguous(at::MemoryFormat::ChannelsLast3d);
+  return activation.is_contiguous() &&
+         activation.numel() / (activation.size(0) * activation.size(7)) < (int64_t{1} << 31);
+}
+
+// Where the activation holds each sample's pixels.
+PixelShuffle activation_order(const at::Tensor& activation) {
+  PixelShuffle order;
+  if (activation.dim() != 8) return order;
+  for (int i = 0; i < 3; ++i) {
+    order.block[i] = static_cast<int>(activation.size(4 + i));
+    order.output_size[i] = static_cast<int>(activation.size(1 + i) * activation.size(4 + i));
+  }
+  return order;
 }
 
 }  // namespace
@@ -58,10 +77,17 @@ ReluGroupNormGradients relu_group_norm_backward_cuda(const at::Tensor& grad_outp
   if (!kernels_take(activation, norm_weight)) {
     return reference_relu_group_norm_backward(grad_output, activation, mean, rstd, norm_weight, num_groups);
   }
+  const PixelShuffle order = activation_order(activation);
+  if (!order.identity()) {
+    const std::vector<int64_t> pixels{activation.size(0), activation.size(7), order.output_size[0],
+                                      order.output_size[1], order.output_size[2]};
+    TORCH_CHECK_VALUE(grad_output.sizes() == at::IntArrayRef(pixels), "cutlassfuse: grad_output of shape ",
+                      grad_output.sizes(), " for an activation in space-to-depth order of pixel shape ", pixels);
+  }
   const NvtxRange range("cutlassfuse.relu_group_norm_backward");
   const c10::cuda::CUDAGuard device_guard(activation.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const int64_t n = activation.size(0), c = activation.size(1);
+  const int64_t n = activation.size(0), c = activation.size(activation.dim() == 8 ? 7 : 1);
   const GroupNormShape norm{n, c, n * c > 0 ? activation.numel() / (n * c) : 0, num_groups};
   const GroupNormBackwardShape shape =
       GroupNormBackwardShape::plan(norm, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
@@ -70,7 +96,8 @@ ReluGroupNormGradients relu_group_norm_backward_cuda(const at::Tensor& grad_outp
   // A copy made here becomes dz: the grad kernel overwrites each element of dy it reads.
   const bool dy_packed = grad_output.is_contiguous(at::MemoryFormat::ChannelsLast3d);
   const at::Tensor dy = dy_packed ? grad_output : convert_memory_format_cuda(grad_output, /*channels_last=*/true);
-  const at::Tensor dz = dy_packed ? at::empty_like(activation, at::MemoryFormat::ChannelsLast3d) : dy;
+  const at::Tensor dz =
+      dy_packed ? at::empty(dy.sizes(), activation.options().memory_format(at::MemoryFormat::ChannelsLast3d)) : dy;
   const TermsLayout layout(shape, /*slopes=*/false);
   const at::Tensor buffer = at::empty({layout.floats}, activation.options().dtype(at::kFloat));
   const GroupNormBackwardTerms terms = layout.terms(buffer);
@@ -79,10 +106,11 @@ ReluGroupNormGradients relu_group_norm_backward_cuda(const at::Tensor& grad_outp
   const ElementType affine = present(norm_weight) ? *element_type(norm_weight->scalar_type()) : ElementType::kFloat32;
   const at::Tensor mean32 = mean.to(at::kFloat).contiguous(), rstd32 = rstd.to(at::kFloat).contiguous();
 
-  relu_group_norm_backward_sums(element, dy.data_ptr(), activation.data_ptr(), shape, terms, stream);
+  relu_group_norm_backward_sums(element, dy.data_ptr(), activation.data_ptr(), order, shape, terms, stream);
   group_norm_backward_coefficients(shape, mean32.data_ptr<float>(), rstd32.data_ptr<float>(), gamma, affine, terms,
                                    stream);
-  relu_group_norm_backward_grad(element, dy.data_ptr(), activation.data_ptr(), shape, terms, dz.data_ptr(), stream);
+  relu_group_norm_backward_grad(element, dy.data_ptr(), activation.data_ptr(), order, shape, terms, dz.data_ptr(),
+                                stream);
 
   // Separate tensors: the op's outputs must not alias one another.
   const at::Tensor dgamma = at::empty({c}, buffer.options()), dbeta = at::empty({c}, buffer.options()),

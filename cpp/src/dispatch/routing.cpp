@@ -39,8 +39,7 @@ bool pixel_shuffle_geometry(const OpArgs& a) {
     return false;
   int64_t blocks = 1;
   for (int i = 0; i < 3; ++i) {
-    if (a.weight.sym_size(2 + i) != a.stride[i] || a.padding[i] != 0 || a.output_padding[i] != 0 ||
-        a.dilation[i] != 1)
+    if (a.weight.sym_size(2 + i) != a.stride[i] || a.padding[i] != 0 || a.output_padding[i] != 0 || a.dilation[i] != 1)
       return false;
     blocks *= a.stride[i];
   }

@@ -62,8 +62,7 @@ class FallbackCall final : public PlannedCall {
       case KeptTensor::kActivationSpaceToDepth:
         return " (keeping for the backward: the activation ReLU(conv + bias), written beside the output by the "
                "normalize pass and copied to space-to-depth order, and GroupNorm's mean and rstd)";
-      case KeptTensor::kActivation:
-        break;
+      case KeptTensor::kActivation: break;
     }
     return " (keeping for the backward: the activation ReLU(conv + bias), channels-last, written beside the output "
            "by the normalize pass, and GroupNorm's mean and rstd)";
@@ -131,7 +130,8 @@ ForwardOutputs FallbackCall::run() const {
   group_norm_finalize(finalize, stream);
   norm_activation_normalize(element, y.data_ptr(), layout, pre, scale_shift.data_ptr(), ActivationParams{}, shape,
                             outputs, stream);
-  if (call_.kept == KeptTensor::kActivationSpaceToDepth) result.kept = activation_to_space_to_depth(result.kept, a.stride);
+  if (call_.kept == KeptTensor::kActivationSpaceToDepth)
+    result.kept = activation_to_space_to_depth(result.kept, a.stride);
   return result;
 }
 

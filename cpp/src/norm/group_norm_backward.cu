@@ -19,6 +19,7 @@
 #include "cutlassfuse/common/device_utils.cuh"
 #include "cutlassfuse/norm/group_norm_backward.h"
 #include "cutlassfuse/norm/group_norm_finalize.cuh"
+#include "cutlassfuse/norm/shuffle_index.cuh"
 
 namespace cutlassfuse {
 namespace {
@@ -50,13 +51,21 @@ struct Chunk {
   int64_t chunk;
   int64_t row_begin;  // global rows (n * spatial + pixel)
   int64_t row_end;
+  int64_t sample_begin;  // global row of the sample's first pixel
 
   __device__ explicit Chunk(const GroupNormBackwardShape& s) {
     n = blockIdx.y;
     chunk = blockIdx.x;
     const int64_t first = chunk * s.rows_per_chunk;
-    row_begin = n * s.norm.spatial + first;
-    row_end = n * s.norm.spatial + std::min(s.norm.spatial, first + s.rows_per_chunk);
+    sample_begin = n * s.norm.spatial;
+    row_begin = sample_begin + first;
+    row_end = sample_begin + std::min(s.norm.spatial, first + s.rows_per_chunk);
+  }
+  // The activation's row of global row r: the same, or (kShuffled) where the pixel-shuffle
+  // GEMM's space-to-depth order holds that pixel of the sample.
+  template <bool kShuffled>
+  __device__ int64_t activation_row(int64_t r, const ShuffleIndex& order) const {
+    return sample_begin + source_row<kShuffled>(r - sample_begin, order);
   }
   __device__ int64_t slot(const GroupNormBackwardShape& s, int64_t c) const {
     return (n * s.chunks + chunk) * s.norm.channels + c;
@@ -111,10 +120,10 @@ __device__ V reduce_block(V value, V* scratch) {
   return threadIdx.x == 0 ? scratch[0] : value;
 }
 
-template <class T, int kWidth>
+template <class T, int kWidth, bool kShuffled>
 __global__ void __launch_bounds__(kThreads)
-backward_sums_kernel(const T* __restrict__ dy, const T* __restrict__ a, const GroupNormBackwardShape shape,
-                     float2* __restrict__ sums) {
+backward_sums_kernel(const T* __restrict__ dy, const T* __restrict__ a, const ShuffleIndex order,
+                     const GroupNormBackwardShape shape, float2* __restrict__ sums) {
   __shared__ float2 scratch[kThreads];
   const int64_t channels = shape.norm.channels;
   const ChunkLanes<kWidth> lanes(channels);
@@ -126,7 +135,7 @@ backward_sums_kernel(const T* __restrict__ dy, const T* __restrict__ a, const Gr
       for (int64_t r = chunk.row_begin + lanes.row_lane; r < chunk.row_end; r += lanes.row_lanes) {
         float g[kWidth], av[kWidth];
         load_run<kWidth>(dy + r * channels + c, g);
-        load_run<kWidth>(a + r * channels + c, av);
+        load_run<kWidth>(a + chunk.activation_row<kShuffled>(r, order) * channels + c, av);
 #pragma unroll
         for (int k = 0; k < kWidth; ++k) {
           s[k].x += g[k];
@@ -188,9 +197,9 @@ backward_coefficients_kernel(const GroupNormBackwardShape shape, const float* __
 
 // dz may be dy itself (each element is read, then written, by the same thread), so those
 // two pointers are not __restrict__.
-template <class T, int kWidth>
+template <class T, int kWidth, bool kShuffled>
 __global__ void __launch_bounds__(kThreads)
-backward_grad_kernel(const T* dy, const T* __restrict__ a, const GroupNormBackwardShape shape,
+backward_grad_kernel(const T* dy, const T* __restrict__ a, const ShuffleIndex order, const GroupNormBackwardShape shape,
                      const GroupNormBackwardTerms terms, T* dz) {
   __shared__ float scratch[kThreads];
   const int64_t channels = shape.norm.channels;
@@ -212,7 +221,7 @@ backward_grad_kernel(const T* dy, const T* __restrict__ a, const GroupNormBackwa
         const int64_t i = r * channels + c;
         float g[kWidth], av[kWidth], v[kWidth];
         load_run<kWidth>(dy + i, g);
-        load_run<kWidth>(a + i, av);
+        load_run<kWidth>(a + chunk.activation_row<kShuffled>(r, order) * channels + c, av);
 #pragma unroll
         for (int k = 0; k < kWidth; ++k) {
           // threshold_backward's rule: zero where a <= 0 (a NaN activation passes).
@@ -718,18 +727,26 @@ GroupNormBackwardShape GroupNormBackwardShape::plan_planes(const GroupNormShape&
   return {norm, rows, ceil_div(norm.spatial, rows)};
 }
 
+namespace {
+
+ShuffleIndex shuffle_index(const PixelShuffle& order) {
+  return order.identity() ? ShuffleIndex() : ShuffleIndex(order);
+}
+
+}  // namespace
+
 void relu_group_norm_backward_sums(ElementType element, const void* dy, const void* activation,
-                                   const GroupNormBackwardShape& shape, const GroupNormBackwardTerms& terms,
-                                   cudaStream_t stream) {
+                                   const PixelShuffle& order, const GroupNormBackwardShape& shape,
+                                   const GroupNormBackwardTerms& terms, cudaStream_t stream) {
   with_type(element, [&](auto t) {
     using T = decltype(t);
-    const auto* dy_t = static_cast<const T*>(dy);
-    const auto* a_t = static_cast<const T*>(activation);
-    if (vector_runs(shape.norm.channels, {dy, activation})) {
-      backward_sums_kernel<T, kVector><<<chunk_grid(shape), kThreads, 0, stream>>>(dy_t, a_t, shape, terms.sums);
-    } else {
-      backward_sums_kernel<T, 1><<<chunk_grid(shape), kThreads, 0, stream>>>(dy_t, a_t, shape, terms.sums);
-    }
+    const bool shuffled = !order.identity();
+    const auto kernel =
+        vector_runs(shape.norm.channels, {dy, activation})
+            ? (shuffled ? backward_sums_kernel<T, kVector, true> : backward_sums_kernel<T, kVector, false>)
+            : (shuffled ? backward_sums_kernel<T, 1, true> : backward_sums_kernel<T, 1, false>);
+    kernel<<<chunk_grid(shape), kThreads, 0, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(activation),
+                                                       shuffle_index(order), shape, terms.sums);
   });
   check_launch("backward_sums_kernel");
 }
@@ -743,18 +760,19 @@ void group_norm_backward_coefficients(const GroupNormBackwardShape& shape, const
 }
 
 void relu_group_norm_backward_grad(ElementType element, const void* dy, const void* activation,
-                                   const GroupNormBackwardShape& shape, const GroupNormBackwardTerms& terms,
-                                   void* grad_pre_activation, cudaStream_t stream) {
+                                   const PixelShuffle& order, const GroupNormBackwardShape& shape,
+                                   const GroupNormBackwardTerms& terms, void* grad_pre_activation,
+                                   cudaStream_t stream) {
   with_type(element, [&](auto t) {
     using T = decltype(t);
-    const auto* dy_t = static_cast<const T*>(dy);
-    const auto* a_t = static_cast<const T*>(activation);
-    auto* dz = static_cast<T*>(grad_pre_activation);
-    if (vector_runs(shape.norm.channels, {dy, activation, grad_pre_activation})) {
-      backward_grad_kernel<T, kVector><<<chunk_grid(shape), kThreads, 0, stream>>>(dy_t, a_t, shape, terms, dz);
-    } else {
-      backward_grad_kernel<T, 1><<<chunk_grid(shape), kThreads, 0, stream>>>(dy_t, a_t, shape, terms, dz);
-    }
+    const bool shuffled = !order.identity();
+    const auto kernel =
+        vector_runs(shape.norm.channels, {dy, activation, grad_pre_activation})
+            ? (shuffled ? backward_grad_kernel<T, kVector, true> : backward_grad_kernel<T, kVector, false>)
+            : (shuffled ? backward_grad_kernel<T, 1, true> : backward_grad_kernel<T, 1, false>);
+    kernel<<<chunk_grid(shape), kThreads, 0, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(activation),
+                                                       shuffle_index(order), shape, terms,
+                                                       static_cast<T*>(grad_pre_activation));
   });
   check_launch("backward_grad_kernel");
 }

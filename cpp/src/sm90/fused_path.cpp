@@ -282,11 +282,10 @@ ForwardOutputs FusedCall::run() const {
   result.out = at::empty(size, options.memory_format(format));
   const at::Tensor& out = result.out;
   if (keep) {
-    result.kept = keeps_space_to_depth()
-                      ? at::empty({p.batch, p.input_size[0], p.input_size[1], p.input_size[2], p.stride[0],
-                                   p.stride[1], p.stride[2], p.out_channels},
-                                  options)
-                      : at::empty(size, options.memory_format(at::MemoryFormat::ChannelsLast3d));
+    result.kept = keeps_space_to_depth() ? at::empty({p.batch, p.input_size[0], p.input_size[1], p.input_size[2],
+                                                      p.stride[0], p.stride[1], p.stride[2], p.out_channels},
+                                                     options)
+                                         : at::empty(size, options.memory_format(at::MemoryFormat::ChannelsLast3d));
     result.mean = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
     result.rstd = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
   }

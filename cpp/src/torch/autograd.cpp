@@ -12,8 +12,8 @@
 // the convolution's output without bias instead, which its kernels write anyway, and one
 // the fused path runs as its pixel-shuffle GEMM the activation in that GEMM's order
 // (kept_for_backward, op.h): the activation in pixel order would be one more write of the
-// output's size. Backward: the ReLU + GroupNorm backward op (of the activation, reordered
-// to pixel order first where it was kept in space-to-depth order) or the block family's
+// output's size. Backward: the ReLU + GroupNorm backward op (of the activation in either
+// order) or the block family's
 // norm_activation_backward (ReLU(y + bias) recomputed from the convolution's output), then the
 // convolution's gradients (conv_backward.h: this project's CUTLASS kernels or ATen's
 // convolution_backward, per gradient). Under create_graph the gradients are themselves differentiable
@@ -60,9 +60,9 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
                             at::IntArrayRef padding, at::IntArrayRef output_padding, int64_t groups,
                             at::IntArrayRef dilation, const OptionalTensor& packed_weight,
                             const OptionalTensor& packed_bias) {
-    const KeptTensor kept_tensor = kept_for_backward({input, weight, bias, norm_weight, norm_bias, num_groups, eps,
-                                                      stride, padding, output_padding, groups, dilation, packed_weight,
-                                                      packed_bias});
+    const KeptTensor kept_tensor =
+        kept_for_backward({input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding,
+                           output_padding, groups, dilation, packed_weight, packed_bias});
     const auto [out, kept, mean, rstd] = [&] {
       const at::AutoDispatchBelowADInplaceOrView below_autograd;
       return for_backward_op().call(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding,
@@ -121,10 +121,7 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
                                 int64_t num_groups) {
     auto optional = [](const at::Tensor& t) { return t.defined() ? OptionalTensor(t) : std::nullopt; };
     if (kept != KeptTensor::kConvOutput) {
-      const at::Tensor activation = kept == KeptTensor::kActivationSpaceToDepth
-                                        ? activation_from_space_to_depth(saved[kKept])
-                                        : saved[kKept];
-      return relu_group_norm_backward_op().call(grad, activation, saved[kMean], saved[kRstd],
+      return relu_group_norm_backward_op().call(grad, saved[kKept], saved[kMean], saved[kRstd],
                                                 optional(saved[kNormWeight]), num_groups);
     }
     auto [dz, dgamma, dbeta, dbias, dslopes] = norm_activation_backward_op().call(

@@ -33,8 +33,7 @@ using Tensors4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 using ForBackwardSignature = Tensors4(const at::Tensor&, const at::Tensor&, const OptionalTensor&,
                                       const OptionalTensor&, const OptionalTensor&, int64_t, double, at::IntArrayRef,
                                       at::IntArrayRef, at::IntArrayRef, int64_t, at::IntArrayRef, const OptionalTensor&,
-                                      const OptionalTensor&, bool keep_conv_output,
-                                      bool keep_space_to_depth);
+                                      const OptionalTensor&, bool keep_conv_output, bool keep_space_to_depth);
 inline const c10::TypedOperatorHandle<ForBackwardSignature>& for_backward_op() {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("cutlassfuse::conv_transpose3d_relu_group_norm_for_backward", "")

@@ -46,10 +46,7 @@ at::Tensor activation_to_space_to_depth(const at::Tensor& activation, at::IntArr
     blocked.push_back(c10::SymInt(stride[i]));
   }
   blocked.push_back(size[1]);
-  return activation.permute({0, 2, 3, 4, 1})
-      .reshape_symint(blocked)
-      .permute({0, 1, 3, 5, 2, 4, 6, 7})
-      .contiguous();
+  return activation.permute({0, 2, 3, 4, 1}).reshape_symint(blocked).permute({0, 1, 3, 5, 2, 4, 6, 7}).contiguous();
 }
 
 at::Tensor activation_from_space_to_depth(const at::Tensor& kept) {
@@ -81,10 +78,9 @@ ForwardForBackward reference_forward_for_backward(const OpArgs& a, KeptTensor ke
   const at::MemoryFormat format = group_norm_input_format(y);
   const auto [out, mean, rstd] = at::native_group_norm(y.contiguous(format), as_type(a.norm_weight, type),
                                                        as_type(a.norm_bias, type), n, c, pixels, a.num_groups, a.eps);
-  at::Tensor kept_tensor = kept == KeptTensor::kConvOutput ? conv_output
-                           : kept == KeptTensor::kActivation
-                               ? y.contiguous(at::MemoryFormat::ChannelsLast3d)
-                               : activation_to_space_to_depth(y, a.stride);
+  at::Tensor kept_tensor = kept == KeptTensor::kConvOutput   ? conv_output
+                           : kept == KeptTensor::kActivation ? y.contiguous(at::MemoryFormat::ChannelsLast3d)
+                                                             : activation_to_space_to_depth(y, a.stride);
   return {out.contiguous(out_format), std::move(kept_tensor), mean.to(statistics_type(type)).view({n, a.num_groups}),
           rstd.to(statistics_type(type)).view({n, a.num_groups})};
 }
@@ -93,6 +89,10 @@ ReluGroupNormGradients reference_relu_group_norm_backward(const at::Tensor& grad
                                                           const at::Tensor& mean, const at::Tensor& rstd,
                                                           const std::optional<at::Tensor>& norm_weight,
                                                           int64_t num_groups) {
+  if (activation.dim() == 8) {
+    return reference_relu_group_norm_backward(grad_output, activation_from_space_to_depth(activation), mean, rstd,
+                                              norm_weight, num_groups);
+  }
   const at::ScalarType type = activation.scalar_type();
   const auto [n, c, pixels] = group_norm_extents(activation);
   // ATen's CUDA kernel reads both tensors in the contiguous layout. Without gamma

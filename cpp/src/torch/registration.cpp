@@ -203,8 +203,9 @@ TORCH_LIBRARY(cutlassfuse, m) {
   m.def((std::string("conv_transpose3d_relu_group_norm_for_backward") + kKeepingArguments +
          " -> (Tensor, Tensor, Tensor, Tensor)")
             .c_str());
-  // From the output gradient and what the forward kept: the gradients of the
-  // convolution's output (with bias), gamma, beta and the convolution's bias.
+  // From the output gradient and what the forward kept (the activation in pixel order
+  // or in space-to-depth order): the gradients of the convolution's output (with bias),
+  // gamma, beta and the convolution's bias.
   m.def(
       "relu_group_norm_backward(Tensor grad_output, Tensor activation, Tensor mean, Tensor rstd, Tensor? norm_weight, "
       "int num_groups) -> (Tensor, Tensor, Tensor, Tensor)");

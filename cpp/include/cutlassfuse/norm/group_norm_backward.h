@@ -54,10 +54,12 @@ struct GroupNormBackwardTerms {
   float* slope_terms;    // [batch, chunks, channels]: PReLU's slope terms, or nullptr
 };
 
-// The ReLU op's sums: dn = dy, x = a.
+// The ReLU op's sums: dn = dy, x = a. The activation holds a sample's pixels in `order`:
+// NDHWC, or the pixel-shuffle GEMM's space-to-depth order (fewer than 2^31 pixels per
+// sample); dy and the gradient are NDHWC.
 void relu_group_norm_backward_sums(ElementType element, const void* dy, const void* activation,
-                                   const GroupNormBackwardShape& shape, const GroupNormBackwardTerms& terms,
-                                   cudaStream_t stream);
+                                   const PixelShuffle& order, const GroupNormBackwardShape& shape,
+                                   const GroupNormBackwardTerms& terms, cudaStream_t stream);
 
 // mean and rstd: [batch, num_groups] fp32; gamma: [channels] of affine_element, or nullptr.
 // c1 = rstd gamma (in scale_dy), c2 and c3 (in group_terms).
@@ -67,8 +69,8 @@ void group_norm_backward_coefficients(const GroupNormBackwardShape& shape, const
 
 // The ReLU op's grad. grad_pre_activation may be dy itself (written in place).
 void relu_group_norm_backward_grad(ElementType element, const void* dy, const void* activation,
-                                   const GroupNormBackwardShape& shape, const GroupNormBackwardTerms& terms,
-                                   void* grad_pre_activation, cudaStream_t stream);
+                                   const PixelShuffle& order, const GroupNormBackwardShape& shape,
+                                   const GroupNormBackwardTerms& terms, void* grad_pre_activation, cudaStream_t stream);
 
 // [channels] fp32 each.
 struct ParameterGradients {
