@@ -227,7 +227,8 @@ def test_backward_reads_the_space_to_depth_activation_in_place(out_channels: int
     _, pixels, mean, rstd = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm_for_backward(*arguments)
     _, blocked, _, _ = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm_for_backward(*arguments, False, True)
     assert blocked.dim() == 8 and blocked.is_contiguous()
-    grad = torch.randn(pixels.shape, device="cuda", dtype=torch.float16)
+    grad = torch.randn(pixels.shape, device="cuda", dtype=torch.float16).contiguous(
+        memory_format=torch.channels_last_3d)
     backward = torch.ops.cutlassfuse.relu_group_norm_backward
     expected = backward(grad, pixels, mean, rstd, a["norm_weight"], a["num_groups"])
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
