@@ -3,6 +3,7 @@
 #include <ATen/cuda/CUDAContext.h>
 
 #include "cutlassfuse/common/nvtx.h"
+#include "cutlassfuse/plan/subpixel.h"
 #include "dispatch/kernel_path.h"
 #include "dispatch/route.h"
 #include "fallback/fallback_path.h"
@@ -31,19 +32,23 @@ bool fused_path_refuses(const at::Tensor& input, const CallOptions& options) {
   return props->major != 9 || props->minor != 0;
 }
 
-// The geometry of the pixel-shuffle GEMM (plan/subpixel.h, is_pixel_shuffle_gemm) read
-// from the arguments; the weight's kernel extents may be symbolic under tracing.
+// Whether the call's layer is one of the pixel-shuffle GEMM's (plan/subpixel.h), from
+// its arguments before validation; the weight's kernel extents are specialized under
+// tracing.
 bool pixel_shuffle_geometry(const OpArgs& a) {
   if (a.weight.dim() != 5 || a.stride.size() != 3 || a.padding.size() != 3 || a.output_padding.size() != 3 ||
-      a.dilation.size() != 3 || a.groups != 1)
+      a.dilation.size() != 3)
     return false;
-  int64_t blocks = 1;
+  Problem geometry;
   for (int i = 0; i < 3; ++i) {
-    if (a.weight.sym_size(2 + i) != a.stride[i] || a.padding[i] != 0 || a.output_padding[i] != 0 || a.dilation[i] != 1)
-      return false;
-    blocks *= a.stride[i];
+    geometry.kernel_size[i] = a.weight.sym_size(2 + i).guard_int(__FILE__, __LINE__);
+    geometry.stride[i] = a.stride[i];
+    geometry.padding[i] = a.padding[i];
+    geometry.output_padding[i] = a.output_padding[i];
+    geometry.dilation[i] = a.dilation[i];
   }
-  return blocks > 1;
+  geometry.conv_groups = a.groups;
+  return is_pixel_shuffle_gemm(geometry);
 }
 
 }  // namespace
