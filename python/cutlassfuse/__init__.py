@@ -21,6 +21,7 @@ from .block_modules import (  # noqa: E402
     ConvTranspose3dNormActivation,
     GroupNormActivation,
 )
+from .cuda_graphs import CUDAGraphed  # noqa: E402
 from .blocks import (  # noqa: E402
     conv3d_norm_activation,
     conv_transpose3d_norm_activation,
@@ -43,6 +44,7 @@ __all__ = [
     "Conv3dNormActivation",
     "ConvTranspose3dNormActivation",
     "ConvTranspose3dReLUGroupNorm",
+    "CUDAGraphed",
     "FuseResult",
     "backends",
     "conv3d_norm_activation",

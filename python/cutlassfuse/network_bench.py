@@ -10,7 +10,9 @@ when the benchmark runs.
 
 Per network, dtype and memory format (NCDHW, or the model and its input in
 channels_last_3d), in eval mode under torch.no_grad(): the median ms of eager,
-torch.compile of the network, the fused model and torch.compile of the fused model, each
+torch.compile of the network, the fused model and torch.compile of the fused model, and on
+the GPU the fused model replaying CUDA graphs (``CUDAGraphed``) and torch.compile's
+mode="reduce-overhead" (Inductor's kernels replayed from CUDA graphs), each
 the median over alternating rounds (so that clock and host drift fall on all of them)
 of one round's median of `--repeats` calls between CUDA events, every call reading the
 next of fresh torch.rand input copies (`bench.time_rotating`); the fused model's time
@@ -58,6 +60,8 @@ from types import ModuleType
 import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
+
+from .cuda_graphs import CUDAGraphed
 
 from .bench import rotating_tensors
 
@@ -257,6 +261,10 @@ def timed_calls(built: Models, inputs: list[torch.Tensor], *, with_compile: bool
     calls["fused"] = Timed(built.fused.model, inputs)
     if with_compile:
         calls["compile(fused)"] = Timed(torch.compile(built.fused.model), inputs)
+    if inputs[0].is_cuda:  # the host's time taken out: CUDA graph replays
+        calls["fused+graphs"] = Timed(CUDAGraphed(built.fused.model), inputs)
+        if with_compile:
+            calls["compile graphs"] = Timed(torch.compile(built.eager, mode="reduce-overhead"), inputs)
     # Called as most scripts do: parameters that require grad, no torch.no_grad(), no backward.
     calls["eager grad mode"] = Timed(built.eager, inputs, grad_mode=True)
     calls["fused grad mode"] = Timed(built.fused.model, inputs, grad_mode=True)
@@ -303,6 +311,10 @@ class Row:
     seconds: float  # the case's wall time, compilations included
     misses: str
     notes: str
+    graphed_ms: float | None = None  # the fused model replayed from CUDA graphs (CUDAGraphed)
+    compile_graphs_ms: float | None = None  # torch.compile(mode="reduce-overhead"): Inductor and CUDA graphs
+    graphed_over_compile: float | None = None
+    graphed_over_compile_graphs: float | None = None
 
     @property
     def eager_split(self) -> str | None:
@@ -377,7 +389,10 @@ def run_case(network: Network, dtype: torch.dtype, memory_format: str, device: t
               *splits["eager"].values(), *splits["fused"].values(),
               ms.get("eager train"), ms.get("fused train"), ratio(ms.get("fused train"), ms.get("eager train")),
               grad["eager"], grad["fused"], ratio(grad["fused"], grad["eager"]) if grad["eager"] else None,
-              seconds=time.perf_counter() - start, misses="", notes="")
+              seconds=time.perf_counter() - start, misses="", notes="", graphed_ms=ms.get("fused+graphs"),
+              compile_graphs_ms=ms.get("compile graphs"),
+              graphed_over_compile=ratio(ms.get("fused+graphs"), ms.get("compile")),
+              graphed_over_compile_graphs=ratio(ms.get("fused+graphs"), ms.get("compile graphs")))
     row.misses = misses(network, row)
     if "gradient error" in row.misses:
         notes.append(f"fused gradient error largest at {gradients['fused'].parameter}")
@@ -393,7 +408,9 @@ COLUMNS = [  # heading, width, the row's field, its format
     ("c(f)/f", 7, "compile_fused_over_fused", ".2f"), ("err eager", 10, "eager_max_abs", ".1e"),
     ("err fused", 10, "fused_max_abs", ".1e"), ("eager g", 9, "eager_grad_mode_ms", ".2f"),
     ("fused g", 9, "fused_grad_mode_ms", ".2f"), ("g/ng", 6, "grad_mode_fused_over_no_grad", ".2f"),
-    ("f/e g", 6, "grad_mode_fused_over_eager", ".2f"), ("eager conv/norm/other", 23, "eager_split", ">"),
+    ("f/e g", 6, "grad_mode_fused_over_eager", ".2f"), ("graphed", 9, "graphed_ms", ".2f"),
+    ("comp cg", 9, "compile_graphs_ms", ".2f"), ("fg/comp", 8, "graphed_over_compile", ".2f"),
+    ("fg/ccg", 7, "graphed_over_compile_graphs", ".2f"), ("eager conv/norm/other", 23, "eager_split", ">"),
     ("fused conv/norm/other", 23, "fused_split", ">"),
 ]
 TRAIN_COLUMNS = [("eager trn", 10, "eager_train_ms", ".2f"), ("fused trn", 10, "fused_train_ms", ".2f"),
@@ -425,7 +442,9 @@ def run_network_bench(network_names: list[str], dtypes: list[torch.dtype], memor
     print(f"{where}, torch {torch.__version__}; median ms in eval mode under torch.no_grad(); chains fused and left "
           "alone by fuse(); targets: f/comp < 1, f/eager <= 1/3 (basicunet, segresnet), c(f)/f <= 1, err fused <= "
           f"err eager, g/ng <= {MAX_GRAD_MODE_OVER_NO_GRAD:g}, f/e g < 1 (g: in grad mode, parameters requiring grad "
-          "and no backward); err: max abs against the float64 network; conv/norm/other: kernel ms per call"
+          "and no backward); graphed: the fused model replaying CUDA graphs (CUDAGraphed), comp cg: "
+          "torch.compile(mode='reduce-overhead'); err: max abs against the float64 network; conv/norm/other: kernel "
+          "ms per call"
           f"{training}; "
           "s: the case's wall time")
     return run_table(networks, dtypes, memory_formats, columns, csv_path,

@@ -34,6 +34,8 @@ from .block_modules import (
     _norm_module,
 )
 from .blocks import activation_of_module
+from .cuda_graphs import CUDAGraphed
+from .padded_conv import ChannelPaddedConv3d
 from .modules import ConvTranspose3dReLUGroupNorm
 
 _CONVS = (nn.Conv3d, nn.ConvTranspose3d)
@@ -83,18 +85,21 @@ class FuseResult:
     left_alone: list[str] = field(default_factory=list)  # one line per chain not fused: where, and why
     folded: list[str] = field(default_factory=list)  # one line per norm folded into its conv: where, what
     channels_last: bool = False  # whether the model's activations run channels-last (fuse's channels_last)
+    padded: list[str] = field(default_factory=list)  # the plain Conv3d layers whose input channels pad to 8
 
     def __str__(self) -> str:
         head = f"cutlassfuse.fuse: {len(self.replaced)} chain(s) fused"
         if self.folded:
             head += f", {len(self.folded)} norm(s) folded into their convolution"
-        lines = [head] + [f"  {line}" for line in self.replaced + self.folded]
+        lines = [head] + [f"  {line}" for line in self.replaced + self.folded + self.padded]
         lines += [f"  left alone: {line}" for line in self.left_alone]
         if self.not_traced:
             lines.append(f"  (forward() not traced: {self.not_traced})")
         if self.replaced:
             lines.append("  activations run channels-last" if self.channels_last else
                          "  activations keep the input's layout (channels_last=True puts them channels-last)")
+        if isinstance(self.model, CUDAGraphed):
+            lines.append("  inference calls replay CUDA graphs of the fused forward")
         return "\n".join(lines)
 
 
@@ -952,6 +957,21 @@ def _inputs_through(graph_module: torch.fx.GraphModule, function) -> None:
     graph_module.recompile()
 
 
+def _pad_input_channels(model: nn.Module) -> list[str]:
+    """Replaces each plain nn.Conv3d with fewer than 8 input channels (outside the fused
+    blocks, whose own convolutions pad the same way) by a ChannelPaddedConv3d holding its
+    parameters; one line per replacement."""
+    lines = []
+    for path, conv in list(model.named_modules()):
+        parent, _, name = path.rpartition(".")
+        holder = model.get_submodule(parent)
+        if ChannelPaddedConv3d.takes(conv) and not type(holder).__module__.startswith("cutlassfuse."):
+            setattr(holder, name, ChannelPaddedConv3d.from_conv(conv))
+            lines.append(f"{path}: {_describe_module(conv)} -> its {conv.in_channels} input channel(s) padded to 8 "
+                         "in float16/bfloat16 on CUDA (tensor cores)")
+    return lines
+
+
 def _run_channels_last(model: nn.Module) -> None:
     """Puts the model's 5-D parameters and buffers (the convolutions' weights) in
     channels_last_3d, so that every convolution, fused or not, writes channels-last
@@ -969,7 +989,8 @@ def _run_channels_last(model: nn.Module) -> None:
     model.register_forward_hook(_outputs_in_input_layout)
 
 
-def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = None) -> FuseResult:
+def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = None,
+         cuda_graphs: bool = False) -> FuseResult:
     """Fuses the chains of `model` that cutlassfuse's blocks compute.
 
     A chain is a Conv3d or ConvTranspose3d (padding_mode "zeros"), then an nn.GroupNorm
@@ -1039,6 +1060,12 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = N
     mixed layouts: MONAI's BasicUNet decoder does both). ``result.channels_last`` says
     which was chosen.
 
+    With ``cuda_graphs`` the returned model is the fused model in a ``CUDAGraphed``
+    (cutlassfuse.cuda_graphs), whose inference calls (CUDA inputs, no autograd, eval mode)
+    replay a CUDA graph of the fused forward per input signature instead of issuing its
+    kernels one by one: for networks of small layers, whose time is the host's time to
+    issue the kernels. Its state_dict keys are the fused model's.
+
     A folded norm's running statistics cannot be told apart from the conv's weight
     afterwards, so folded models load one way: a state_dict of the original model loads
     into the folded one (its conv and norm tensors are folded anew as it loads), and one
@@ -1067,6 +1094,7 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = N
             _keep_unused_tensors(result.model, model, found.folds)
             _keep_original_keys(result.model, original, found.folds)
     result.left_alone = [f"{path}: {reason}" for path, reason in found.notes.items()]
+    result.padded = _pad_input_channels(result.model)
     if channels_last is None:
         # Channels-last pays where fuse() sees every op between the blocks; code it could not
         # trace may run ops that are slow on channels-last tensors or mix layouts (MONAI's
@@ -1075,6 +1103,8 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = N
     result.channels_last = channels_last and bool(result.replaced)
     if result.channels_last:
         _run_channels_last(result.model)
+    if cuda_graphs:
+        result.model = CUDAGraphed(result.model)
     return result
 
 
