@@ -157,15 +157,17 @@ def _optional_error(value: str | None) -> str:
 def networks_table(path: Path) -> str:
     rows = list(csv.DictReader(path.open()))
     lines = ["| network | dtype | input | blocks fused | eager | compile | fuse | fuse, then compile | vs eager "
-             "| vs compile | norm kernels eager / fuse | grad mode eager / fuse | training step eager / fuse "
-             "| error eager / fuse | gradient error eager / fuse |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| vs compile | CUDA graphs: compile / fuse | norm kernels eager / fuse | grad mode eager / fuse "
+             "| training step eager / fuse | error eager / fuse | gradient error eager / fuse |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(" | ".join([
             f"| {r['network']}", r["dtype"], r["memory_format"], r["chains_fused"], _optional_ms(r["eager_ms"]),
             _optional_ms(r["compile_ms"]), _optional_ms(r["fused_ms"]), _optional_ms(r["compile_fused_ms"]),
             f"{float(r['eager_ms']) / float(r['fused_ms']):.2f}x",
             f"{float(r['compile_ms']) / float(r['fused_ms']):.2f}x" if r["compile_ms"] else "n/a",
+            # Files written before the CUDA-graph modes were timed have no such columns.
+            f"{_optional_ms(r.get('compile_graphs_ms'))} / {_optional_ms(r.get('graphed_ms'))}",
             f"{_optional_ms(r['eager_norm_ms'])} / {_optional_ms(r['fused_norm_ms'])}",
             _grad_mode_pair(r, "eager", "fused"),
             f"{_optional_ms(r['eager_train_ms'])} / {_optional_ms(r['fused_train_ms'])}",
@@ -175,7 +177,9 @@ def networks_table(path: Path) -> str:
     dtypes = ",".join(dict.fromkeys(r["dtype"] for r in rows))
     dtype_option = "" if dtypes == "float16" else f" --dtypes {dtypes}"
     return (f"`python benchmarks/networks.py{dtype_option} --memory-formats ncdhw --train --csv {path.name}` (median "
-            "ms of alternating rounds, eval mode under `torch.no_grad()`; norm kernels: their GPU time per call; "
+            "ms of alternating rounds, eval mode under `torch.no_grad()`; CUDA graphs: "
+            "`torch.compile(mode=\"reduce-overhead\")` of the network and `fuse(model, cuda_graphs=True)`, each "
+            "replaying CUDA graphs; norm kernels: their GPU time per call; "
             "grad mode: eval mode, parameters requiring grad, no `torch.no_grad()` and no backward; "
             "training step: forward and backward in train mode; max abs error against the float64 network; "
             "gradient error: the max abs error of all parameter gradients against the float64 network's, for one "

@@ -15,14 +15,15 @@ from fuse_checks import assert_checkpoints_load_both_ways
 
 @pytest.mark.parametrize(("conv", "taken"), [
     (nn.Conv3d(1, 16, 3, stride=2, padding=1), True),
-    (nn.Conv3d(7, 16, 1, bias=False), True),
-    (nn.Conv3d(8, 16, 3), False),  # already a multiple of 8
-    (nn.Conv3d(4, 8, 3, groups=2), False),
-    (nn.Conv3d(4, 8, 3, padding=1, padding_mode="reflect"), False),
+    (nn.Conv3d(7, 16, 1, stride=(1, 1, 2), bias=False), True),
+    (nn.Conv3d(1, 16, 3, padding=1), False),  # stride 1
+    (nn.Conv3d(8, 16, 3, stride=2), False),  # already a multiple of 8
+    (nn.Conv3d(4, 8, 3, stride=2, groups=2), False),
+    (nn.Conv3d(4, 8, 3, stride=2, padding=1, padding_mode="reflect"), False),
     (nn.ConvTranspose3d(4, 8, 2, stride=2), False),
-    (ChannelPaddedConv3d(1, 4, 3), False),  # only plain nn.Conv3d
+    (ChannelPaddedConv3d(1, 4, 3, stride=2), False),  # only plain nn.Conv3d
 ])
-def test_takes_plain_conv3d_with_fewer_than_8_input_channels(conv, taken):
+def test_takes_plain_strided_conv3d_with_fewer_than_8_input_channels(conv, taken):
     assert ChannelPaddedConv3d.takes(conv) is taken
 
 
@@ -42,14 +43,14 @@ def test_same_parameters_keys_and_cpu_results():
 def test_fuse_pads_plain_convs_outside_the_blocks_and_reports_them():
     model = nn.Sequential(nn.Conv3d(1, 8, 3, padding=1), nn.InstanceNorm3d(8, affine=True), nn.ReLU(),
                           nn.Conv3d(8, 8, 1), nn.Conv3d(8, 2, 1)).eval()
-    head = nn.Sequential(nn.Conv3d(2, 4, 1)).eval()
+    head = nn.Sequential(nn.Conv3d(2, 4, 1, stride=2)).eval()
     whole = nn.Sequential(model, head).eval()
     original = copy.deepcopy(whole)
     result = cutlassfuse.fuse(whole)
     assert type(result.model[0][0]).__name__ == "Conv3dNormActivation"
     assert type(result.model[0][0].conv) is nn.Conv3d  # the block pads its own input channels
     assert type(result.model[1][0]) is ChannelPaddedConv3d
-    assert result.padded == ["1.0: Conv3d(2->4, kernel=(1, 1, 1), stride=(1, 1, 1)) -> its 2 input channel(s) padded "
+    assert result.padded == ["1.0: Conv3d(2->4, kernel=(1, 1, 1), stride=(2, 2, 2)) -> its 2 input channel(s) padded "
                              "to 8 in float16/bfloat16 on CUDA (tensor cores)"]
     assert result.padded[0] in str(result)
     x = torch.randn(1, 1, 4, 4, 4)

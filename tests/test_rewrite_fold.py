@@ -35,12 +35,12 @@ def folded(model: nn.Module) -> cutlassfuse.FuseResult:
     return result
 
 
-# Sequential chains: the layers, what the slots hold after fuse() (a plain Conv3d of four
-# input channels pads them: ChannelPaddedConv3d), the report's line.
+# Sequential chains: the layers, what the slots hold after fuse() (a plain strided Conv3d
+# of four input channels pads them: ChannelPaddedConv3d), the report's line.
 SEQUENTIAL_FOLDS = {
     "conv_batch_norm_leaky_relu": (
         lambda: [nn.Conv3d(4, C, 3, padding=1), nn.BatchNorm3d(C), nn.LeakyReLU(0.2)],
-        [ChannelPaddedConv3d, nn.Identity, nn.LeakyReLU],
+        [nn.Conv3d, nn.Identity, nn.LeakyReLU],
         "0: Conv3d(4->8, kernel=(3, 3, 3), stride=(1, 1, 1)) + BatchNorm3d(8) folded into Conv3d, LeakyReLU kept"),
     "conv_without_bias_batch_norm": (
         lambda: [nn.Conv3d(4, C, 3, stride=2, bias=False), nn.BatchNorm3d(C)], [ChannelPaddedConv3d, nn.Identity],
@@ -61,7 +61,7 @@ SEQUENTIAL_FOLDS = {
         "SiLU kept"),
     "instance_norm_with_running_statistics": (
         lambda: [nn.Conv3d(4, C, 1), nn.InstanceNorm3d(C, affine=True, track_running_stats=True), nn.PReLU(C)],
-        [ChannelPaddedConv3d, nn.Identity, nn.PReLU],
+        [nn.Conv3d, nn.Identity, nn.PReLU],
         "0: Conv3d(4->8, kernel=(1, 1, 1), stride=(1, 1, 1)) + InstanceNorm3d(8) folded into Conv3d, PReLU kept"),
     "no_ops_between": (
         lambda: [nn.Conv3d(4, C, 3, padding=1, padding_mode="reflect"), nn.Identity(), nn.Dropout(0.0),
@@ -133,7 +133,7 @@ def test_nothing_folds_in_training_mode(norm, reason):
     result = cutlassfuse.fuse(model)
     assert result.folded == [] and result.replaced == []
     assert result.left_alone == [f"1: {reason}"]
-    assert [type(m) for m in model] == [ChannelPaddedConv3d, type(norm), nn.ReLU]
+    assert [type(m) for m in model] == [nn.Conv3d, type(norm), nn.ReLU]
 
 
 class Transitions(nn.Module):

@@ -1,12 +1,15 @@
-"""nn.Conv3d whose float16/bfloat16 CUDA calls with fewer than 8 input channels run on
-tensor cores.
+"""nn.Conv3d whose strided float16/bfloat16 CUDA calls with fewer than 8 input channels
+run on tensor cores.
 
-cuDNN runs such a convolution (a network's first layer: one to four imaging channels)
-with a generic kernel that does not use tensor cores (implicit_convolveNd_sgemm; MONAI
-UNet's residual Conv3d(1, 16, 3, stride 2) on 2x1x96^3 took 0.55 ms of its 1.6 ms of
-kernels). Zero channels appended to the input and the weight, up to 8, make it a
+cuDNN ran MONAI UNet's residual Conv3d(1, 16, 3, stride 2), inside the channels-last
+network that fuse() makes, with a generic kernel that does not use tensor cores
+(implicit_convolveNd_sgemm, about 0.4 ms of the network's 1.55 ms of kernels on an
+H100). Zero channels appended to the input and the weight, up to 8, make it a
 tensor-core convolution with the same sums: every product the padding adds is an exact
-zero. The block family's fallback pads its convolutions' input channels the same way.
+zero. Only strided layers pad: SegResNet's stride-1 Conv3d(1, 16, 3) ran slightly slower
+padded, and so did these layers timed alone, outside their networks
+(docs/performance.md). The block family's fallback pads its convolutions' input channels
+the same way.
 """
 
 from __future__ import annotations
@@ -26,14 +29,15 @@ def _with_zero_channels(t: Tensor, channels: int) -> Tensor:
 
 class ChannelPaddedConv3d(nn.Conv3d):
     """An nn.Conv3d (same parameters, state_dict keys and results) that pads fewer than 8
-    input channels with zero channels in float16/bfloat16 on CUDA (module docstring)."""
+    input channels with zero channels in float16/bfloat16 on CUDA (module docstring);
+    fuse() gives it to strided layers."""
 
     @classmethod
     def takes(cls, conv: nn.Module) -> bool:
-        """Whether `conv` is a plain nn.Conv3d with fewer than 8 input channels, one group
-        and zero padding."""
+        """Whether `conv` is a plain strided nn.Conv3d with fewer than 8 input channels, one
+        group and zero padding."""
         return (type(conv) is nn.Conv3d and conv.in_channels < _CHANNEL_MULTIPLE and conv.groups == 1
-                and conv.padding_mode == "zeros")
+                and conv.padding_mode == "zeros" and any(s > 1 for s in conv.stride))
 
     @classmethod
     def from_conv(cls, conv: nn.Conv3d) -> ChannelPaddedConv3d:
