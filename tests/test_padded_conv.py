@@ -14,16 +14,16 @@ from fuse_checks import assert_checkpoints_load_both_ways
 
 
 @pytest.mark.parametrize(("conv", "taken"), [
-    (nn.Conv3d(1, 16, 3, stride=2, padding=1), True),
-    (nn.Conv3d(7, 16, 1, stride=(1, 1, 2), bias=False), True),
-    (nn.Conv3d(1, 16, 3, padding=1), False),  # stride 1
-    (nn.Conv3d(8, 16, 3, stride=2), False),  # already a multiple of 8
-    (nn.Conv3d(4, 8, 3, stride=2, groups=2), False),
-    (nn.Conv3d(4, 8, 3, stride=2, padding=1, padding_mode="reflect"), False),
-    (nn.ConvTranspose3d(4, 8, 2, stride=2), False),
-    (ChannelPaddedConv3d(1, 4, 3, stride=2), False),  # only plain nn.Conv3d
+    (nn.Conv3d(2, 2, 3, padding=1), True),
+    (nn.Conv3d(7, 4, 1, stride=(1, 1, 2), bias=False), True),
+    (nn.Conv3d(1, 16, 3, stride=2, padding=1), False),  # 8 or more output channels
+    (nn.Conv3d(8, 4, 3), False),  # input channels already a multiple of 8
+    (nn.Conv3d(4, 4, 3, groups=2), False),
+    (nn.Conv3d(4, 4, 3, padding=1, padding_mode="reflect"), False),
+    (nn.ConvTranspose3d(4, 4, 2, stride=2), False),
+    (ChannelPaddedConv3d(1, 4, 3), False),  # only plain nn.Conv3d
 ])
-def test_takes_plain_strided_conv3d_with_fewer_than_8_input_channels(conv, taken):
+def test_takes_plain_conv3d_with_fewer_than_8_input_and_output_channels(conv, taken):
     assert ChannelPaddedConv3d.takes(conv) is taken
 
 

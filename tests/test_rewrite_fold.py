@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import cutlassfuse
-from cutlassfuse.padded_conv import ChannelPaddedConv3d
 
 from fuse_checks import assert_folded_checkpoints_load, randomized
 
@@ -35,15 +34,14 @@ def folded(model: nn.Module) -> cutlassfuse.FuseResult:
     return result
 
 
-# Sequential chains: the layers, what the slots hold after fuse() (a plain strided Conv3d
-# of four input channels pads them: ChannelPaddedConv3d), the report's line.
+# Sequential chains: the layers, what the slots hold after fuse(), the report's line.
 SEQUENTIAL_FOLDS = {
     "conv_batch_norm_leaky_relu": (
         lambda: [nn.Conv3d(4, C, 3, padding=1), nn.BatchNorm3d(C), nn.LeakyReLU(0.2)],
         [nn.Conv3d, nn.Identity, nn.LeakyReLU],
         "0: Conv3d(4->8, kernel=(3, 3, 3), stride=(1, 1, 1)) + BatchNorm3d(8) folded into Conv3d, LeakyReLU kept"),
     "conv_without_bias_batch_norm": (
-        lambda: [nn.Conv3d(4, C, 3, stride=2, bias=False), nn.BatchNorm3d(C)], [ChannelPaddedConv3d, nn.Identity],
+        lambda: [nn.Conv3d(4, C, 3, stride=2, bias=False), nn.BatchNorm3d(C)], [nn.Conv3d, nn.Identity],
         "0: Conv3d(4->8, kernel=(3, 3, 3), stride=(2, 2, 2)) + BatchNorm3d(8) folded into Conv3d"),
     "grouped_conv_batch_norm_without_affine": (
         lambda: [nn.Conv3d(4, C, 3, padding=1, groups=4), nn.BatchNorm3d(C, affine=False), nn.GELU()],

@@ -1,15 +1,15 @@
-"""nn.Conv3d whose strided float16/bfloat16 CUDA calls with fewer than 8 input channels
-run on tensor cores.
+"""nn.Conv3d whose float16/bfloat16 CUDA calls with fewer than 8 input and output
+channels run on tensor cores.
 
-cuDNN ran MONAI UNet's residual Conv3d(1, 16, 3, stride 2), inside the channels-last
-network that fuse() makes, with a generic kernel that does not use tensor cores
-(implicit_convolveNd_sgemm, about 0.4 ms of the network's 1.55 ms of kernels on an
+cuDNN ran MONAI UNet's last layer, a Conv3d(2, 2, 3) on 2x2x96^3 inside the
+channels-last network that fuse() makes, with a generic kernel that does not use tensor
+cores (implicit_convolveNd_sgemm, about 0.4 ms of the network's 1.55 ms of kernels on an
 H100). Zero channels appended to the input and the weight, up to 8, make it a
 tensor-core convolution with the same sums: every product the padding adds is an exact
-zero. Only strided layers pad: SegResNet's stride-1 Conv3d(1, 16, 3) ran slightly slower
-padded, and so did these layers timed alone, outside their networks
-(docs/performance.md). The block family's fallback pads its convolutions' input channels
-the same way.
+zero. Layers with 8 or more output channels are left as they are: padding SegResNet's
+Conv3d(1, 16, 3) made it slightly slower, and so it did every 1- and 4-channel layer of
+16 output channels timed alone (docs/performance.md). The block family's fallback pads
+its convolutions' input channels the same way.
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ def _with_zero_channels(t: Tensor, channels: int) -> Tensor:
 class ChannelPaddedConv3d(nn.Conv3d):
     """An nn.Conv3d (same parameters, state_dict keys and results) that pads fewer than 8
     input channels with zero channels in float16/bfloat16 on CUDA (module docstring);
-    fuse() gives it to strided layers."""
+    fuse() gives it to layers of fewer than 8 output channels too."""
 
     @classmethod
     def takes(cls, conv: nn.Module) -> bool:
-        """Whether `conv` is a plain strided nn.Conv3d with fewer than 8 input channels, one
-        group and zero padding."""
-        return (type(conv) is nn.Conv3d and conv.in_channels < _CHANNEL_MULTIPLE and conv.groups == 1
-                and conv.padding_mode == "zeros" and any(s > 1 for s in conv.stride))
+        """Whether `conv` is a plain nn.Conv3d with fewer than 8 input and output channels,
+        one group and zero padding."""
+        return (type(conv) is nn.Conv3d and conv.in_channels < _CHANNEL_MULTIPLE
+                and conv.out_channels < _CHANNEL_MULTIPLE and conv.groups == 1 and conv.padding_mode == "zeros")
 
     @classmethod
     def from_conv(cls, conv: nn.Conv3d) -> ChannelPaddedConv3d:

@@ -958,7 +958,7 @@ def _inputs_through(graph_module: torch.fx.GraphModule, function) -> None:
 
 
 def _pad_input_channels(model: nn.Module) -> list[str]:
-    """Replaces each plain strided nn.Conv3d with fewer than 8 input channels (outside the fused
+    """Replaces each plain nn.Conv3d with fewer than 8 input and output channels (outside the fused
     blocks, whose own convolutions pad the same way) by a ChannelPaddedConv3d holding its
     parameters; one line per replacement."""
     lines = []
