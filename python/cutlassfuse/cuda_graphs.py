@@ -12,8 +12,8 @@ signature, for the calls where a replay computes what the module's own forward w
 - every other call runs ``module(...)`` itself.
 
 A graph is captured on a signature's first call (two warm-up forwards on a side stream,
-then the capture) and kept for its input shapes, strides, dtypes and device and the
-settings a forward reads (cutlassfuse's backend flags and float32 mode, cuDNN's and
+then the capture) and kept for its input shapes, strides, dtypes and device, inference
+mode, and the settings a forward reads (cutlassfuse's backend flags and float32 mode, cuDNN's and
 cuBLAS's switches); at most ``max_graphs`` are kept, the least recently used dropped. A
 replay copies the arguments into the graph's input tensors and returns copies of its
 outputs, which the next replay overwrites. The parameters and buffers are read where
@@ -68,7 +68,10 @@ def _settings() -> tuple:
 
 
 def _signature(args: tuple[torch.Tensor, ...]) -> tuple:
-    return tuple((a.shape, a.stride(), a.dtype, a.device) for a in args) + _settings()
+    # Inference mode makes the graph's input tensors inference tensors, which no later call
+    # outside it may copy into.
+    return (tuple((a.shape, a.stride(), a.dtype, a.device) for a in args), torch.is_inference_mode_enabled(),
+            *_settings())
 
 
 @dataclass
