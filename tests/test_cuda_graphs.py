@@ -3,6 +3,7 @@ it calls the module itself, keeps the module's state_dict keys both ways, and re
 bad max_graphs; fuse(cuda_graphs=True) returns one."""
 
 import copy
+import pickle
 from collections import OrderedDict
 
 import pytest
@@ -58,3 +59,12 @@ def test_fuse_with_cuda_graphs_wraps_the_fused_model():
     with torch.no_grad():
         torch.testing.assert_close(result.model(x), model(x), rtol=1e-4, atol=1e-4)
     assert "max_graphs=4" in repr(result.model)
+
+
+def test_copies_and_pickles_without_graphs():
+    graphed = CUDAGraphed(block_model(), max_graphs=2)
+    graphed._graphs[("a signature",)] = None  # stands for a kept graph, which neither can copy
+    for copied in (copy.deepcopy(graphed), pickle.loads(pickle.dumps(graphed))):
+        assert copied.max_graphs == 2 and len(copied._graphs) == 0
+        assert list(copied.state_dict()) == list(graphed.state_dict())
+    assert len(graphed._graphs) == 1

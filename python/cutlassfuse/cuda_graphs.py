@@ -116,6 +116,13 @@ class CUDAGraphed(nn.Module):
     def extra_repr(self) -> str:
         return f"max_graphs={self.max_graphs}"
 
+    def __getstate__(self) -> dict:
+        # copy.deepcopy and pickle take the module without its graphs (which neither can
+        # copy): the copy captures its own.
+        state = self.__dict__.copy()
+        state["_graphs"], state["_members"] = OrderedDict(), set()
+        return state
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs or not self._replayable(args):
             return self.module(*args, **kwargs)
