@@ -1,7 +1,7 @@
 """A MONAI network accelerated with `cutlassfuse.fuse`: load its checkpoint, fuse, run.
 
     python examples/monai_unet.py [--network basicunet|segresnet|attentionunet] [--checkpoint model.pt]
-                                  [--channels-last]
+                                  [--channels-last] [--cuda-graphs]
 
 Builds one of MONAI's 3D segmentation networks, loads its checkpoint (a state_dict saved
 from the MONAI model; without one the weights stay as initialized), puts it in eval mode
@@ -10,7 +10,9 @@ activation pairs become cutlassfuse blocks, its conv -> BatchNorm3d pairs (Atten
 fold into the convolution. Prints fuse()'s report, then runs both models under
 torch.no_grad(), on a GPU in float16 on a 128^3 volume, on the CPU in float32 on a 32^3
 one: the largest difference between their outputs, and their times. ``--channels-last``
-runs both in channels_last_3d (the blocks keep it: their outputs are channels-last too).
+runs both in channels_last_3d (the blocks keep it: their outputs are channels-last too);
+``--cuda-graphs`` has the fused model replay its forward from CUDA graphs
+(``fuse(..., cuda_graphs=True)``; on the CPU it runs as it is).
 """
 
 import argparse
@@ -39,6 +41,7 @@ def main():
     parser.add_argument("--network", choices=NETWORKS, default="basicunet")
     parser.add_argument("--checkpoint", help="a state_dict saved from the MONAI network (torch.save)")
     parser.add_argument("--channels-last", action="store_true", help="model and input in channels_last_3d")
+    parser.add_argument("--cuda-graphs", action="store_true", help="the fused model replays CUDA graphs of its forward")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu",
                         help="cuda: float16 at 128^3; cpu: float32 at 32^3")
     args = parser.parse_args()
@@ -52,7 +55,7 @@ def main():
     if args.checkpoint:
         model.load_state_dict(torch.load(args.checkpoint, weights_only=True))
     model.eval()  # BatchNorm3d folds in eval mode only
-    result = cutlassfuse.fuse(copy.deepcopy(model))
+    result = cutlassfuse.fuse(copy.deepcopy(model), cuda_graphs=args.cuda_graphs)
     print(result)
 
     eager = model.to(device, dtype, memory_format=layout)

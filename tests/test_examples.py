@@ -41,8 +41,9 @@ def test_monai_example_loads_a_checkpoint_fuses_and_folds(tmp_path):
     checkpoint = tmp_path / "attention_unet.pt"
     torch.save(randomized(example.NETWORKS["attentionunet"](), seed=0).state_dict(), checkpoint)
     out = run_example("monai_unet.py", "--network", "attentionunet", "--checkpoint", str(checkpoint),
-                      "--channels-last", "--device", "cpu")
+                      "--channels-last", "--cuda-graphs", "--device", "cpu")
     assert out.startswith("cutlassfuse.fuse: 3 chain(s) fused, 20 norm(s) folded into their convolution\n"), out
+    assert "inference calls replay CUDA graphs of the fused forward" in out, out
     difference, scale = map(float, re.search(r"max \|fused - eager\| = (\S+), max \|eager\| = (\S+) ", out).groups())
     # float32 through 20 layers of random weights: eager's own error against float64 is
     # 5e-6 of the output's largest value here, the fused model's as much.
