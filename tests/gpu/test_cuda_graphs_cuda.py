@@ -106,3 +106,15 @@ def test_training_mode_and_autocast_run_the_forward():
         with torch.autocast("cuda", dtype=torch.float16):
             graphed(x)
     assert len(calls) == 2 and graphed.captured_graphs == 0
+
+
+def test_inference_mode_and_no_grad_keep_their_own_graphs():
+    fused, graphed, calls = fused_and_graphed()
+    x = inputs(1)[0]
+    with torch.inference_mode():
+        in_inference_mode = graphed(x)
+    with torch.no_grad():  # the graph's inputs of inference mode are inference tensors: not reused here
+        under_no_grad = graphed(x)
+        assert torch.equal(under_no_grad, fused(x))
+    assert torch.equal(in_inference_mode, under_no_grad)
+    assert graphed.captured_graphs == 2 and len(calls) == 6
