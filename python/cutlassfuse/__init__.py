@@ -21,13 +21,13 @@ from .block_modules import (  # noqa: E402
     ConvTranspose3dNormActivation,
     GroupNormActivation,
 )
-from .cuda_graphs import CUDAGraphed  # noqa: E402
 from .blocks import (  # noqa: E402
     conv3d_norm_activation,
     conv_transpose3d_norm_activation,
     explain_block,
     group_norm_activation,
 )
+from .cuda_graphs import CUDAGraphed  # noqa: E402
 from .info import info  # noqa: E402
 from .modules import ConvTranspose3dReLUGroupNorm  # noqa: E402
 from .ops import (  # noqa: E402

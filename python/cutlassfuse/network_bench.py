@@ -61,12 +61,11 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-from .cuda_graphs import CUDAGraphed
-
 from .bench import rotating_tensors
 
 # The block benchmark's timing, errors and table rows.
 from .block_bench import MAX_GRAD_MODE_OVER_NO_GRAD, Timed, max_abs_errors, medians_over_rounds, ratio, run_table
+from .cuda_graphs import CUDAGraphed
 from .rewrite import FuseResult, fuse
 
 PROFILED_CALLS = 3

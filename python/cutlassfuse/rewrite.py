@@ -35,8 +35,8 @@ from .block_modules import (
 )
 from .blocks import activation_of_module
 from .cuda_graphs import CUDAGraphed
-from .padded_conv import ChannelPaddedConv3d
 from .modules import ConvTranspose3dReLUGroupNorm
+from .padded_conv import ChannelPaddedConv3d
 
 _CONVS = (nn.Conv3d, nn.ConvTranspose3d)
 _NORMS = (nn.GroupNorm, nn.InstanceNorm3d)
