@@ -67,10 +67,12 @@ NormResult normalize(const at::Tensor& y, const std::optional<at::Tensor>& out, 
                      const Problem& p, bool keep, KernelOperands& operands) {
   const NvtxRange range("cutlassfuse.norm_activation");
   const GroupNormShape shape = group_norm_shape(p);
-  const StatisticsWorkspace stats(generic_stats_tiles(shape), shape, y.options());
+  const TilePartials tiles =
+      generic_stats_tiles(shape, at::cuda::getDeviceProperties(y.device().index())->multiProcessorCount);
+  const StatisticsWorkspace stats(tiles, shape, y.options());
   const ActivationLayout layout =
       y.is_contiguous() ? ActivationLayout::kChannelsFirst : ActivationLayout::kChannelsLast;
-  norm_activation_stats(*element_type(y.scalar_type()), y.data_ptr(), layout, norm.pre, shape, stats.data(),
+  norm_activation_stats(*element_type(y.scalar_type()), y.data_ptr(), layout, norm.pre, shape, tiles, stats.data(),
                         at::cuda::getCurrentCUDAStream());
   return finish_norm(y, out, stats, norm, p, keep, operands);
 }

@@ -91,7 +91,9 @@ ForwardOutputs FallbackCall::run() const {
   const void* bias_ptr = data_or_null(a.bias, bias);
   const GroupNormShape shape = group_norm_shape(p);
   StatisticsSources sources;
-  sources.regions[0] = {generic_stats_tiles(shape), shape.spatial, 0};
+  sources.regions[0] = {
+      generic_stats_tiles(shape, at::cuda::getDeviceProperties(y.device().index())->multiProcessorCount),
+      shape.spatial, 0};
   sources.region_count = 1;
   static_assert(sizeof(WelfordPartial) == 3 * sizeof(float));
   const auto options = a.input.options();
@@ -126,7 +128,7 @@ ForwardOutputs FallbackCall::run() const {
 
   const NvtxRange range("cutlassfuse.relu_group_norm");
   const PreNorm pre{bias_ptr, {ActivationKind::kReLU}};
-  norm_activation_stats(element, y.data_ptr(), layout, pre, shape, partials_ptr, stream);
+  norm_activation_stats(element, y.data_ptr(), layout, pre, shape, sources.regions[0].tiles, partials_ptr, stream);
   group_norm_finalize(finalize, stream);
   norm_activation_normalize(element, y.data_ptr(), layout, pre, scale_shift.data_ptr(), ActivationParams{}, shape,
                             outputs, stream);

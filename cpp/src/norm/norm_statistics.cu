@@ -18,6 +18,8 @@
 // multiple of kChannelsPerThread, NCDHW: spatial a multiple of kVector). Otherwise the
 // same kernel reads one element at a time, masking what lies past the tile's channels
 // or the segment's pixels.
+#include <algorithm>
+
 #include "cutlassfuse/common/device_utils.cuh"
 #include "cutlassfuse/norm/group_norm_finalize.cuh"
 #include "cutlassfuse/norm/group_norm_generic.h"
@@ -36,14 +38,14 @@ constexpr int kStatsBlocksPerSM = 3;
 // the activation, with several blocks resident per SM.
 constexpr int kChannelsPerThread = 4;
 // Tile sizes (generic_stats_tiles): tile_n a power of two from kChannelsPerThread to
-// kMaxTileN, tile_m a power of two from kMinTileM to kMaxTileM.
+// kMaxTileN; tile_m a multiple of kTileMGranule from kMinTileM to kMaxTileM.
 constexpr int kMaxTileN = 64;
-constexpr int kMaxTileM = 4096;
-// Tiles are as tall as leaves the grid about kTargetBlocks blocks, and no shorter than
-// kShortTileM: a (sample, group) of a large tensor then has hundreds of partials for
-// the finalize to merge, not thousands, while a small tensor still spreads over the GPU.
-constexpr int64_t kTargetBlocks = 1024;
-constexpr int kShortTileM = 256;
+// Tiles are as tall as makes the grid one wave of resident blocks (kStatsBlocksPerSM per
+// SM): a block's reduction and partials are paid once, while its loads stream, and no
+// last, partly filled wave follows. Up to kMaxTileM rows, which keeps a thread's float32
+// sums over a few hundred rows at most.
+constexpr int kMaxTileM = 16384;
+constexpr int kTileMGranule = 32;
 // Each segment costs a block one reduction: tiles hold the rows of at most about
 // kSamplesPerTile samples, down to kMinTileM rows.
 constexpr int kSamplesPerTile = 4;
@@ -394,19 +396,18 @@ int stats_tile_n(int64_t channels) {
   return tile_n;
 }
 
-int stats_tile_m(const GroupNormShape& shape, int tile_n) {
+int stats_tile_m(const GroupNormShape& shape, int tile_n, int sm_count) {
   const int64_t rows = shape.batch * shape.spatial;
   const int64_t tiles_n = ceil_div(shape.channels, int64_t{tile_n});
-  int tile_m = kMaxTileM;
-  while (tile_m > kShortTileM && ceil_div(rows, int64_t{tile_m}) * tiles_n < kTargetBlocks) tile_m /= 2;
-  while (tile_m > kMinTileM && tile_m > kSamplesPerTile * shape.spatial) tile_m /= 2;
-  return tile_m;
+  const int64_t wave_tiles_m = std::max<int64_t>(int64_t{sm_count} * kStatsBlocksPerSM / tiles_n, 1);
+  int64_t tile_m = ceil_div(ceil_div(rows, wave_tiles_m), int64_t{kTileMGranule}) * kTileMGranule;
+  tile_m = std::min<int64_t>(tile_m, std::max<int64_t>(kSamplesPerTile * shape.spatial, kMinTileM));
+  return static_cast<int>(std::clamp<int64_t>(tile_m, kMinTileM, kMaxTileM));
 }
 
 template <class T>
 void launch_stats(const void* y, ActivationLayout layout, const PreNorm& pre, const GroupNormShape& shape,
-                  WelfordPartial* partials, cudaStream_t stream) {
-  const TilePartials tiles = generic_stats_tiles(shape);
+                  const TilePartials& tiles, WelfordPartial* partials, cudaStream_t stream) {
   const StatsInput<T> a{static_cast<const T*>(y),
                         pre_terms<T>(pre),
                         shape.spatial,
@@ -431,14 +432,15 @@ void launch_stats(const void* y, ActivationLayout layout, const PreNorm& pre, co
 
 }  // namespace
 
-TilePartials generic_stats_tiles(const GroupNormShape& shape) {
+TilePartials generic_stats_tiles(const GroupNormShape& shape, int sm_count) {
   const int tile_n = stats_tile_n(shape.channels);
-  return TilePartials::for_tiles(shape, stats_tile_m(shape, tile_n), tile_n);
+  return TilePartials::for_tiles(shape, stats_tile_m(shape, tile_n, sm_count), tile_n);
 }
 
 void norm_activation_stats(ElementType element, const void* y, ActivationLayout layout, const PreNorm& pre,
-                           const GroupNormShape& shape, WelfordPartial* partials, cudaStream_t stream) {
-  with_type(element, [&](auto t) { launch_stats<decltype(t)>(y, layout, pre, shape, partials, stream); });
+                           const GroupNormShape& shape, const TilePartials& tiles, WelfordPartial* partials,
+                           cudaStream_t stream) {
+  with_type(element, [&](auto t) { launch_stats<decltype(t)>(y, layout, pre, shape, tiles, partials, stream); });
 }
 
 }  // namespace cutlassfuse

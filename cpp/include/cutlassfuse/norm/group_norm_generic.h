@@ -6,8 +6,8 @@
 //   out    = activate(after, pre(y) * scale + shift) (scale, shift: group_norm_finalize's)
 // with kIdentity where there is no activation.
 //   norm_activation_stats:     one read of y; partials of pre(y) in the TilePartials
-//                              layout of generic_stats_tiles(shape), one region for
-//                              group_norm_finalize (group_norm.h);
+//                              layout of generic_stats_tiles(shape, sm_count), one
+//                              region for group_norm_finalize (group_norm.h);
 //   norm_activation_normalize: out in place, or into a separate output in y's layout
 //                              (or NCDHW from an NDHWC y), optionally with pre(y)
 //                              written NDHWC beside it in the same pass (what the
@@ -27,7 +27,9 @@ namespace cutlassfuse {
 
 enum class ActivationLayout { kChannelsFirst, kChannelsLast };  // NCDHW / NDHWC, packed
 
-TilePartials generic_stats_tiles(const GroupNormShape& shape);
+// The statistics pass's tiles for a GPU of `sm_count` SMs: as many as stay resident at
+// once, so that each block pays its reduction once and no partial wave is left over.
+TilePartials generic_stats_tiles(const GroupNormShape& shape, int sm_count);
 
 // The value the norm reads: y + bias, then the activation before the norm (kIdentity: none).
 struct PreNorm {
@@ -35,8 +37,10 @@ struct PreNorm {
   ActivationParams activation;
 };
 
+// `tiles`: generic_stats_tiles(shape, ...), the layout `partials` was sized for.
 void norm_activation_stats(ElementType element, const void* y, ActivationLayout layout, const PreNorm& pre,
-                           const GroupNormShape& shape, WelfordPartial* partials, cudaStream_t stream);
+                           const GroupNormShape& shape, const TilePartials& tiles, WelfordPartial* partials,
+                           cudaStream_t stream);
 
 // Where norm_activation_normalize writes. Both null: y in place. `out` alone: the
 // output in y's layout, y left as it is; with out_channels_first, the output NCDHW
