@@ -91,9 +91,8 @@ ForwardOutputs FallbackCall::run() const {
   const void* bias_ptr = data_or_null(a.bias, bias);
   const GroupNormShape shape = group_norm_shape(p);
   StatisticsSources sources;
-  sources.regions[0] = {
-      generic_stats_tiles(shape, at::cuda::getDeviceProperties(y.device().index())->multiProcessorCount),
-      shape.spatial, 0};
+  const int sm_count = at::cuda::getDeviceProperties(y.device().index())->multiProcessorCount;
+  sources.regions[0] = {generic_stats_tiles(shape, sm_count), shape.spatial, 0};
   sources.region_count = 1;
   static_assert(sizeof(WelfordPartial) == 3 * sizeof(float));
   const auto options = a.input.options();
