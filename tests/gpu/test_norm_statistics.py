@@ -8,12 +8,16 @@ float64 and no further from it than eager in the same dtype, bitwise repeatable.
 from __future__ import annotations
 
 import copy
+import json
+import os
+import tempfile
 import zlib
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.profiler import ProfilerActivity, profile
 
 import cutlassfuse
 from cutlassfuse.testing import errors, poison_cuda_allocator
@@ -26,7 +30,7 @@ FLOOR = {torch.float16: 8e-3, torch.bfloat16: 6e-2, torch.float32: 2e-5}
 
 # (shape, num_groups)
 SHAPES = {
-    # 2 x 2.1M rows: tiles of 4096 rows, one straddling the samples; NCDHW pixels odd
+    # 2 x 2.1M rows: tiles of about 10^4 rows (one wave on an H100), one straddling the samples; NCDHW pixels odd
     "tall_tiles_odd_pixels": ((2, 4, 129, 127, 131), 2),
     # 2 x 1.08M rows, pixels a multiple of 8 (NCDHW vectors), samples not a multiple of the tile
     "tall_tiles_vectors": ((2, 4, 96, 100, 113), 4),
@@ -142,3 +146,34 @@ def test_activation_before_norm_on_tall_tiles(activation, channels_last, dtype):
     ours, theirs = errors(out, expected), errors(reference, expected)
     assert ours.max_abs <= max(1.5 * theirs.max_abs, FLOOR[dtype]), f"cutlassfuse {ours}, eager {theirs}"
     assert torch.equal(out, again), "two runs differ"
+
+
+def kernel_grids(fn, name: str) -> list[list[int]]:
+    """The grid of each launch of a kernel whose name holds `name` in one call of `fn`, from
+    torch.profiler's trace."""
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as trace:
+            events = json.load(trace)["traceEvents"]
+    return [event["args"]["grid"] for event in events
+            if event.get("cat") == "kernel" and name in event.get("name", "")]
+
+
+@pytest.mark.requires_sm90  # an H100's or H200's SM count: tiles within kMaxTileM rows on these shapes
+@pytest.mark.parametrize("shape", [(1, 16, 128, 128, 128), (2, 32, 48, 48, 48)], ids=["segres_norm", "two_samples"])
+def test_statistics_grid_is_one_wave(shape):
+    """The statistics kernel launches about as many tiles as stay resident at once (three
+    blocks per SM), each block reducing its tile once: no partly filled second wave."""
+    x = make_input(shape, torch.float16, True, seed_of("one_wave", *shape))
+    grids = kernel_grids(lambda: cutlassfuse.group_norm_activation(x, 8, activation="relu"),
+                         "norm_activation_stats_kernel")
+    assert len(grids) == 1, grids
+    blocks = grids[0][0] * grids[0][1] * grids[0][2]
+    resident = torch.cuda.get_device_properties(x.device).multi_processor_count * 3
+    assert 0.9 * resident <= blocks <= resident, (blocks, resident)
