@@ -166,8 +166,7 @@ def networks_table(path: Path) -> str:
             _optional_ms(r["compile_ms"]), _optional_ms(r["fused_ms"]), _optional_ms(r["compile_fused_ms"]),
             f"{float(r['eager_ms']) / float(r['fused_ms']):.2f}x",
             f"{float(r['compile_ms']) / float(r['fused_ms']):.2f}x" if r["compile_ms"] else "n/a",
-            # Files written before the CUDA-graph modes were timed have no such columns.
-            f"{_optional_ms(r.get('compile_graphs_ms'))} / {_optional_ms(r.get('graphed_ms'))}",
+            f"{_optional_ms(r['compile_graphs_ms'])} / {_optional_ms(r['graphed_ms'])}",
             f"{_optional_ms(r['eager_norm_ms'])} / {_optional_ms(r['fused_norm_ms'])}",
             _grad_mode_pair(r, "eager", "fused"),
             f"{_optional_ms(r['eager_train_ms'])} / {_optional_ms(r['fused_train_ms'])}",

@@ -401,7 +401,7 @@ int stats_tile_m(const GroupNormShape& shape, int tile_n, int sm_count) {
   const int64_t tiles_n = ceil_div(shape.channels, int64_t{tile_n});
   const int64_t wave_tiles_m = std::max<int64_t>(int64_t{sm_count} * kStatsBlocksPerSM / tiles_n, 1);
   int64_t tile_m = ceil_div(ceil_div(rows, wave_tiles_m), int64_t{kTileMGranule}) * kTileMGranule;
-  tile_m = std::min<int64_t>(tile_m, std::max<int64_t>(kSamplesPerTile * shape.spatial, kMinTileM));
+  tile_m = std::min<int64_t>(tile_m, kSamplesPerTile * shape.spatial);
   return static_cast<int>(std::clamp<int64_t>(tile_m, kMinTileM, kMaxTileM));
 }
 
