@@ -8,7 +8,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from cutlassfuse import ConvTranspose3dReLUGroupNorm
-from cutlassfuse.modules import PackedCopy
+from cutlassfuse.packed_copy import PackedCopy
 from cutlassfuse.testing import KernelBenchModel
 
 
@@ -132,12 +132,16 @@ def test_packed_copy_keeps_its_source_storage_alive():
 def test_module_drops_packed_copies_when_moved_or_cast():
     fused = ConvTranspose3dReLUGroupNorm(8, 16, 3, 4, bias=True)
     pack, calls = counting_pack()
-    fused._packed.setdefault("weight", PackedCopy()).get(fused.conv_transpose.weight, pack)
+
+    def copies():
+        return fused.__dict__.setdefault("_packed", {})
+
+    copies().setdefault("weight", PackedCopy()).get(fused.conv_transpose.weight, pack)
     fused.double()
-    assert fused._packed == {}
-    fused._packed.setdefault("weight", PackedCopy()).get(fused.conv_transpose.weight, pack)
+    assert copies() == {}
+    copies().setdefault("weight", PackedCopy()).get(fused.conv_transpose.weight, pack)
     fused.clear_packed_cache()
-    assert fused._packed == {}
+    assert copies() == {}
 
 
 @pytest.mark.parametrize("output_size", [(9, 9, 10), [2, 8, 10, 9, 12]])

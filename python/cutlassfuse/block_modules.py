@@ -5,10 +5,12 @@ alone, each computed by one op."""
 from __future__ import annotations
 
 import torch
+import torch.fx
 from torch import Tensor, nn
 from torch.nn.common_types import _size_3_t
 
 from .blocks import ACTIVATIONS, activation_of_module, as_five_d, explaining_op, in_shape_of
+from .packed_copy import PackedParameters
 
 _CONV_OP = torch.ops.cutlassfuse.conv3d_norm_activation.default
 _NORM_OP = torch.ops.cutlassfuse.group_norm_activation.default
@@ -99,6 +101,10 @@ def _norm_channels(norm: _Norm) -> int:
     return norm.num_channels if isinstance(norm, nn.GroupNorm) else norm.num_features
 
 
+def _channels_last(weight: Tensor) -> Tensor:
+    return weight.contiguous(memory_format=torch.channels_last_3d)
+
+
 def _conv_padding(conv: _Conv) -> tuple[int, int, int]:
     """The conv's padding as three ints: "valid" is none, "same" the symmetric padding
     that keeps the size, where the kernel and the dilation make it symmetric (an even
@@ -136,7 +142,7 @@ def _activation_repr(activation: nn.Module) -> list[str]:
     return options
 
 
-class _ConvNormActivation(nn.Module):
+class _ConvNormActivation(PackedParameters):
     """The parts Conv3dNormActivation and ConvTranspose3dNormActivation share: the
     modules' checks, from_modules, the call of the op and extra_repr."""
 
@@ -182,9 +188,26 @@ class _ConvNormActivation(nn.Module):
         children = self._modules
         conv, norm = children["conv"], children["norm"]
         name, parameter, weight = activation_of_module(children["activation"])
-        return (x, _tensor(conv, "weight"), _tensor(conv, "bias"), conv.stride, _conv_padding(conv), output_padding,
+        return (x, self._conv_weight(conv, x), _tensor(conv, "bias"), conv.stride, _conv_padding(conv), output_padding,
                 conv.groups, conv.dilation, self._transposed, _norm_groups(norm), _tensor(norm, "weight"),
                 _tensor(norm, "bias"), norm.eps, name, parameter, weight, self.activation_before_norm)
+
+    def _conv_weight(self, conv: _Conv, x: Tensor) -> Tensor:
+        """The conv's weight, or for channels-last input its channels-last copy, kept while
+        the weight is unchanged (PackedParameters): the layout cuDNN's and the fused
+        kernel's convolutions read, which they would otherwise make on every call (a
+        launch and an allocation per call, as long as the rest of a small layer's
+        kernels). Only where no gradient flows to the weight; the output's layout is the
+        input's either way."""
+        weight = _tensor(conv, "weight")
+        if isinstance(x, torch.fx.Proxy) or (weight.requires_grad and torch.is_grad_enabled()):
+            return weight
+        if x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last_3d):
+            return weight
+        if weight.is_contiguous(memory_format=torch.channels_last_3d):
+            return weight
+        packed = self._packed_copy("weight", weight, _channels_last)
+        return weight if packed is None else packed
 
     def explain(self, x: Tensor) -> str:
         """Which implementation ``self(x)`` runs in the current grad mode (kernel path, or

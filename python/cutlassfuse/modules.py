@@ -3,55 +3,16 @@
 from __future__ import annotations
 
 import torch
-import torch.fx
 import torch.utils.checkpoint
 from torch import Tensor, nn
 from torch.nn.common_types import _size_3_t
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .ops import _pack_bias, _pack_weight
+from .packed_copy import PackedParameters
 
 _OP = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm.default
 
-# Fused optimizers (Adam(fused=True), SGD(fused=True), ...) write the parameters without
-# bumping their version counters, so every optimizer step invalidates the packed copies.
-_optimizer_steps = 0
-
-
-def _count_optimizer_step(optimizer, args, kwargs) -> None:
-    global _optimizer_steps
-    _optimizer_steps += 1
-
-
-register_optimizer_step_post_hook(_count_optimizer_step)
-
-
-class PackedCopy:
-    """``pack(source)``, kept until the source changes: written in place (its version
-    counter, and any optimizer step), replaced, moved or cast (its address, dtype and
-    strides).
-
-    The entry holds the source's storage, so that no other tensor can take its address
-    while the copy is kept: the CUDA caching allocator hands a freed block straight back
-    to the next request of its size, so after ``.half().float()`` the new weight would
-    otherwise sit where the old one was, with the same version. Writes that bypass both
-    the version counter and the optimizer (through ``.data``, ``p.data.copy_(...)``, or a
-    captured optimizer step replayed from a CUDA graph) need ``clear_packed_cache()`` on
-    the module after them.
-    """
-
-    def __init__(self) -> None:
-        self._entry: tuple | None = None
-
-    def get(self, source: Tensor, pack) -> Tensor:
-        key = (_optimizer_steps, source.data_ptr(), source._version, source.dtype, source.device, source.shape,
-               source.stride())
-        if self._entry is None or self._entry[0] != key:
-            self._entry = (key, source.untyped_storage(), pack(source))
-        return self._entry[2]
-
-
-class ConvTranspose3dReLUGroupNorm(nn.Module):
+class ConvTranspose3dReLUGroupNorm(PackedParameters):
     """``GroupNorm(ReLU(ConvTranspose3d(x)))`` computed by one fused op.
 
     The constructor takes KernelBench's ``Model(in_channels, out_channels, kernel_size,
@@ -93,7 +54,6 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
             in_channels, out_channels, kernel_size, stride=stride, padding=padding,
             output_padding=output_padding, groups=conv_groups, bias=bias, dilation=dilation, **factory)
         self.group_norm = nn.GroupNorm(groups, out_channels, eps=eps, affine=affine, **factory)
-        self._packed: dict[str, PackedCopy] = {}
 
     @classmethod
     def from_modules(cls, conv: nn.ConvTranspose3d, norm: nn.GroupNorm, *,
@@ -111,7 +71,6 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
         block.conv_transpose = conv
         block.group_norm = norm
         block.recompute = recompute
-        block._packed = {}
         return block
 
     def _packed_weight(self) -> Tensor | None:
@@ -129,33 +88,6 @@ class ConvTranspose3dReLUGroupNorm(nn.Module):
         if conv.bias is None:
             return None
         return self._packed_copy("bias", conv.bias, lambda bias: _pack_bias(bias, conv.stride))
-
-    def clear_packed_cache(self) -> None:
-        """Drops the packed weight and bias: needed only after writes to the parameters
-        that neither a version counter nor an optimizer step shows (see ``PackedCopy``)."""
-        self._packed.clear()
-
-    def _packed_copy(self, name: str, tensor: Tensor, pack) -> Tensor | None:
-        # While torch.fx traces the module the parameter is a Proxy: the op permutes it then.
-        if isinstance(tensor, torch.fx.Proxy) or not tensor.is_cuda or torch.compiler.is_compiling():
-            return None
-        # Under autocast the op casts the weight and drops a packed copy of another dtype.
-        if torch.is_autocast_enabled("cuda") and tensor.dtype != torch.get_autocast_dtype("cuda"):
-            return None
-        # A parameter viewing part of a larger buffer (FSDP's gathered parameters) can be
-        # rewritten there without a version bump: packed on every call, never cached.
-        if tensor.storage_offset() != 0 or tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
-            return pack(tensor)
-        copy = self._packed.get(name)
-        if copy is None:
-            copy = self._packed[name] = PackedCopy()
-        return copy.get(tensor, pack)
-
-    def _apply(self, fn, recurse=True):
-        # .to(), .cuda(), .half(), ...: the copies are stale, and would hold GPU memory
-        # after .cpu().
-        self.clear_packed_cache()
-        return super()._apply(fn, recurse)
 
     def extra_repr(self) -> str:
         """The options as nn.ConvTranspose3d and nn.GroupNorm print theirs, defaults left

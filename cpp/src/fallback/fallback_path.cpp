@@ -22,6 +22,7 @@
 #include "cutlassfuse/common/nvtx.h"
 #include "cutlassfuse/norm/group_norm_generic.h"
 #include "dispatch/op_arguments.h"
+#include "norm/block_norm.h"
 
 namespace cutlassfuse {
 namespace {
@@ -90,19 +91,13 @@ ForwardOutputs FallbackCall::run() const {
   std::optional<at::Tensor> bias, gamma, beta;
   const void* bias_ptr = data_or_null(a.bias, bias);
   const GroupNormShape shape = group_norm_shape(p);
-  StatisticsSources sources;
   const int sm_count = at::cuda::getDeviceProperties(y.device().index())->multiProcessorCount;
-  sources.regions[0] = {generic_stats_tiles(shape, sm_count), shape.spatial, 0};
-  sources.region_count = 1;
-  static_assert(sizeof(WelfordPartial) == 3 * sizeof(float));
   const auto options = a.input.options();
-  at::Tensor partials = at::empty({sources.regions[0].tiles.slots(shape), 3}, options.dtype(at::kFloat));
-  auto* partials_ptr = reinterpret_cast<WelfordPartial*>(partials.data_ptr<float>());
-  at::Tensor scale_shift = at::empty({group_norm_scale_shift_bytes(shape)}, options.dtype(at::kByte));
+  const StatisticsWorkspace stats(generic_stats_tiles(shape, sm_count), shape, options);
   const GroupNormAffine affine{data_or_null(a.norm_weight, gamma), data_or_null(a.norm_bias, beta),
                                *affine_element_type(a)};
-  StatisticsFinalize finalize = statistics_finalize(partials_ptr, sources, element, shape, affine,
-                                                    static_cast<float>(p.eps), scale_shift.data_ptr());
+  StatisticsFinalize finalize = statistics_finalize(stats.data(), stats.sources, element, shape, affine,
+                                                    static_cast<float>(p.eps), stats.scale_shift);
   ForwardOutputs result;
   NormalizeOutputs outputs;
   if (call_.keep_for_backward) {
@@ -127,10 +122,11 @@ ForwardOutputs FallbackCall::run() const {
 
   const NvtxRange range("cutlassfuse.relu_group_norm");
   const PreNorm pre{bias_ptr, {ActivationKind::kReLU}};
-  norm_activation_stats(element, y.data_ptr(), layout, pre, shape, sources.regions[0].tiles, partials_ptr, stream);
+  norm_activation_stats(element, y.data_ptr(), layout, pre, shape, stats.sources.regions[0].tiles, stats.data(),
+                        stream);
   group_norm_finalize(finalize, stream);
-  norm_activation_normalize(element, y.data_ptr(), layout, pre, scale_shift.data_ptr(), ActivationParams{}, shape,
-                            outputs, stream);
+  norm_activation_normalize(element, y.data_ptr(), layout, pre, stats.scale_shift, ActivationParams{}, shape, outputs,
+                            stream);
   if (call_.kept == KeptTensor::kActivationSpaceToDepth)
     result.kept = activation_to_space_to_depth(result.kept, a.stride);
   return result;

@@ -9,8 +9,11 @@ namespace cutlassfuse {
 
 StatisticsWorkspace::StatisticsWorkspace(const TilePartials& tiles, const GroupNormShape& shape,
                                          const at::TensorOptions& options) {
-  static_assert(sizeof(WelfordPartial) == 3 * sizeof(float));
-  partials = at::empty({tiles.slots(shape), 3}, options.dtype(at::kFloat));
+  // The scale and shift start at a 256-byte boundary, as an allocation of their own would.
+  constexpr int64_t kAlignment = 256;
+  const int64_t partial_bytes = ceil_div(tiles.slots(shape) * int64_t{sizeof(WelfordPartial)}, kAlignment) * kAlignment;
+  bytes = at::empty({partial_bytes + group_norm_scale_shift_bytes(shape)}, options.dtype(at::kByte));
+  scale_shift = static_cast<char*>(bytes.data_ptr()) + partial_bytes;
   sources.regions[0] = {tiles, shape.spatial, 0};
   sources.region_count = 1;
 }
@@ -23,11 +26,10 @@ NormResult finish_norm(const at::Tensor& y, const std::optional<at::Tensor>& out
       y.is_contiguous() ? ActivationLayout::kChannelsFirst : ActivationLayout::kChannelsLast;
   const GroupNormShape shape = group_norm_shape(p);
   const auto options = y.options();
-  const at::Tensor scale_shift = at::empty({group_norm_scale_shift_bytes(shape)}, options.dtype(at::kByte));
   const GroupNormAffine affine{data_or_null(norm.gamma, operands.gamma), data_or_null(norm.beta, operands.beta),
                                *affine_element_type(norm.gamma, norm.beta)};
   StatisticsFinalize finalize = statistics_finalize(stats.data(), stats.sources, element, shape, affine,
-                                                    static_cast<float>(p.eps), scale_shift.data_ptr());
+                                                    static_cast<float>(p.eps), stats.scale_shift);
   finalize.mean_shift = stats.mean_shift;
   NormResult result;
   result.out = out.has_value() ? *out : y;
@@ -43,7 +45,7 @@ NormResult finish_norm(const at::Tensor& y, const std::optional<at::Tensor>& out
     outputs.out = out->data_ptr();
     outputs.out_channels_first = out->is_contiguous();
   }
-  norm_activation_normalize(element, const_cast<void*>(y.const_data_ptr()), layout, norm.pre, scale_shift.data_ptr(),
+  norm_activation_normalize(element, const_cast<void*>(y.const_data_ptr()), layout, norm.pre, stats.scale_shift,
                             norm.after, shape, outputs, stream);
   return result;
 }

@@ -22,16 +22,19 @@ struct NormResult {
   at::Tensor out, mean, rstd;
 };
 
-// A call's partials, one region laid out as `tiles` over `shape`.
+// A call's partials, one region laid out as `tiles` over `shape`, and the finalize's
+// per-channel scale and shift after them: one allocation, as the host's time per call
+// counts on small layers.
 struct StatisticsWorkspace {
-  at::Tensor partials;
+  at::Tensor bytes;
   StatisticsSources sources;
+  void* scale_shift = nullptr;
 
   StatisticsWorkspace(const TilePartials& tiles, const GroupNormShape& shape, const at::TensorOptions& options);
   // What the partials' values lack, added to each mean (StatisticsFinalize::mean_shift).
   const void* mean_shift = nullptr;
 
-  WelfordPartial* data() const { return reinterpret_cast<WelfordPartial*>(partials.data_ptr<float>()); }
+  WelfordPartial* data() const { return static_cast<WelfordPartial*>(bytes.data_ptr()); }
 };
 
 // The norm's affine parameters and the activations around it, as the kernels read them.
