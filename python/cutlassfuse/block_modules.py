@@ -5,7 +5,6 @@ alone, each computed by one op."""
 from __future__ import annotations
 
 import torch
-import torch.fx
 from torch import Tensor, nn
 from torch.nn.common_types import _size_3_t
 
@@ -200,7 +199,11 @@ class _ConvNormActivation(PackedParameters):
         kernels). Only where no gradient flows to the weight; the output's layout is the
         input's either way."""
         weight = _tensor(conv, "weight")
-        if isinstance(x, torch.fx.Proxy) or (weight.requires_grad and torch.is_grad_enabled()):
+        # Anything else (a Proxy while torch.fx traces, a wrong input) reaches the op as it
+        # is, which says what is wrong with it.
+        if not isinstance(x, Tensor) or x.dim() != 5 or not x.is_cuda:
+            return weight
+        if weight.requires_grad and torch.is_grad_enabled():
             return weight
         if x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last_3d):
             return weight
