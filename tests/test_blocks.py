@@ -223,6 +223,34 @@ def test_conv3d_rejects_output_padding_and_mismatched_channels():
         cutlassfuse.conv3d_norm_activation(x, torch.randn(6, 4, 7, 3, 3), num_groups=2)
 
 
+@pytest.mark.parametrize(("packed", "error", "message"), [
+    (lambda w: w.permute(0, 2, 3, 4, 1).contiguous(), ValueError, "packed_weight must have weight's shape"),
+    (lambda w: w.double().contiguous(memory_format=torch.channels_last_3d), TypeError,
+     "packed_weight must have weight's dtype"),
+    (lambda w: w.clone(), ValueError, "packed_weight must be channels_last_3d"),
+])
+def test_packed_weight_must_be_the_weight_channels_last(packed, error, message):
+    """The op's packed_weight, which the block modules pass (their kept copy of the weight)."""
+    x = torch.randn(1, 4, 5, 5, 5)
+    w = torch.randn(6, 4, 3, 3, 3)
+    for device in ("cpu", "meta"):
+        xd, wd = x.to(device), w.to(device)
+        with pytest.raises(error, match=message):
+            torch.ops.cutlassfuse.conv3d_norm_activation(xd, wd, None, [1] * 3, [0] * 3, [0] * 3, 1, [1] * 3, False, 2,
+                                                         None, None, 1e-5, "relu", 0.0, None, False, packed(wd))
+
+
+def test_packed_weight_changes_nothing_on_the_cpu():
+    """The reference reads the weight; a valid packed copy gives the same output."""
+    x = torch.randn(1, 4, 5, 5, 5)
+    w = torch.randn(6, 4, 3, 3, 3)
+    arguments = [x, w, None, [1] * 3, [1] * 3, [0] * 3, 1, [1] * 3, False, 2, None, None, 1e-5, "silu", 0.0, None,
+                 False]
+    packed = w.contiguous(memory_format=torch.channels_last_3d)
+    op = torch.ops.cutlassfuse.conv3d_norm_activation
+    assert torch.equal(op(*arguments, packed), op(*arguments))
+
+
 def test_activation_of_module_rejects_others():
     with pytest.raises(ValueError, match="not one the fused blocks compute"):
         activation_of_module(nn.ReLU6())

@@ -101,7 +101,8 @@ def _norm_channels(norm: _Norm) -> int:
 
 
 def _channels_last(weight: Tensor) -> Tensor:
-    return weight.contiguous(memory_format=torch.channels_last_3d)
+    with torch.no_grad():  # a copy of the values: the weight's gradient flows through the weight itself
+        return weight.contiguous(memory_format=torch.channels_last_3d)
 
 
 def _conv_padding(conv: _Conv) -> tuple[int, int, int]:
@@ -187,30 +188,30 @@ class _ConvNormActivation(PackedParameters):
         children = self._modules
         conv, norm = children["conv"], children["norm"]
         name, parameter, weight = activation_of_module(children["activation"])
-        return (x, self._conv_weight(conv, x), _tensor(conv, "bias"), conv.stride, _conv_padding(conv), output_padding,
+        return (x, _tensor(conv, "weight"), _tensor(conv, "bias"), conv.stride, _conv_padding(conv), output_padding,
                 conv.groups, conv.dilation, self._transposed, _norm_groups(norm), _tensor(norm, "weight"),
-                _tensor(norm, "bias"), norm.eps, name, parameter, weight, self.activation_before_norm)
+                _tensor(norm, "bias"), norm.eps, name, parameter, weight, self.activation_before_norm,
+                self._packed_weight(conv, x))
 
-    def _conv_weight(self, conv: _Conv, x: Tensor) -> Tensor:
-        """The conv's weight, or for channels-last input its channels-last copy, kept while
-        the weight is unchanged (PackedParameters): the layout cuDNN's and the fused
-        kernel's convolutions read, which they would otherwise make on every call (a
-        launch and an allocation per call, as long as the rest of a small layer's
-        kernels). Only where no gradient flows to the weight; the output's layout is the
-        input's either way."""
+    def _packed_weight(self, conv: _Conv, x: Tensor) -> Tensor | None:
+        """The conv's weight in channels_last_3d, kept while the weight is unchanged
+        (PackedParameters), for the calls that convolve channels-last: channels-last input,
+        and float16/bfloat16 input on CUDA, which the kernels convolve channels-last. The
+        op reads it in place of the weight there (same values, so the same output), which
+        spares a copy of the weight per call: an allocation and a launch, as long as the
+        rest of a small layer's kernels. The weight itself stays the op's argument, so the
+        output's layout and the weight's gradient are the weight's. None elsewhere."""
         weight = _tensor(conv, "weight")
         # Anything else (a Proxy while torch.fx traces, a wrong input) reaches the op as it
         # is, which says what is wrong with it.
         if not isinstance(x, Tensor) or x.dim() != 5 or not x.is_cuda:
-            return weight
-        if weight.requires_grad and torch.is_grad_enabled():
-            return weight
-        if x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last_3d):
-            return weight
+            return None
         if weight.is_contiguous(memory_format=torch.channels_last_3d):
-            return weight
-        packed = self._packed_copy("weight", weight, _channels_last)
-        return weight if packed is None else packed
+            return None
+        sixteen_bits = x.dtype in (torch.float16, torch.bfloat16)
+        if not sixteen_bits and (x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last_3d)):
+            return None
+        return self._packed_copy("weight", weight, _channels_last)
 
     def explain(self, x: Tensor) -> str:
         """Which implementation ``self(x)`` runs in the current grad mode (kernel path, or

@@ -280,10 +280,26 @@ def _check_input(input: Tensor, shape: str) -> None:
                       lambda: f"cutlassfuse: input must be a floating-point tensor, got {input.dtype}")
 
 
+def _check_packed_weight(packed: Tensor | None, weight: Tensor) -> None:
+    """A module's kept copy of the weight: the weight's shape, dtype and device, channels-last."""
+    if packed is None:
+        return
+    torch._check(packed.device == weight.device,
+                 lambda: f"cutlassfuse: expected all tensors to be on the same device, but found packed_weight on "
+                         f"{packed.device} and input on {weight.device}")
+    torch._check_value(packed.shape == weight.shape, lambda: f"cutlassfuse: packed_weight must have weight's shape "
+                                                             f"{list(weight.shape)}, got {list(packed.shape)}")
+    torch._check_type(packed.dtype == weight.dtype, lambda: f"cutlassfuse: packed_weight must have weight's dtype "
+                                                            f"{weight.dtype}, got {packed.dtype}")
+    torch._check_value(packed.is_contiguous(memory_format=torch.channels_last_3d),
+                       lambda: "cutlassfuse: packed_weight must be channels_last_3d (weight.contiguous(memory_format="
+                               f"torch.channels_last_3d)), got strides {packed.stride()}")
+
+
 @torch.library.register_fake(_BLOCK)
 def _block_fake(input, weight, bias, stride, padding, output_padding, groups, dilation, transposed, num_groups,
                 norm_weight, norm_bias, eps, activation, activation_parameter, activation_weight,
-                activation_before_norm):
+                activation_before_norm, packed_weight=None):
     """The block's output without computing it; the same checks, exception kinds and
     messages as the C++ validation."""
     _check_input(input, "(N, C_in, D, H, W)")
@@ -329,6 +345,7 @@ def _block_fake(input, weight, bias, stride, padding, output_padding, groups, di
     torch._check_value(out_channels > 0, lambda: "cutlassfuse: weight gives zero output channels")
     torch._check_value(all(k > 0 for k in weight.shape[2:]),
                        lambda: f"cutlassfuse: kernel size must be positive, got weight shape {tuple(weight.shape)}")
+    _check_packed_weight(packed_weight, weight)
     spatial = _conv_output_size(input.shape[2:], weight.shape[2:], stride, padding, output_padding, dilation,
                                 transposed)
     torch._check_value(all(extent > 0 for extent in spatial),

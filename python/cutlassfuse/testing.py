@@ -187,6 +187,19 @@ def packed_operands(inputs: dict) -> dict:
                 packed_bias=None if bias is None else _pack_bias(bias, inputs.get("stride", 1)))
 
 
+def device_operations(fn) -> list[str]:
+    """Names of the kernels, copies and memsets one call of ``fn`` runs on the GPU (after
+    a first call, which may set things up)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
 def poison_cuda_allocator(nbytes: int) -> None:
     """Leaves NaN in the CUDA caching allocator's free memory, so that an element an op
     allocates but fails to write reads back as NaN rather than as stale plausible data.

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 
-from cutlassfuse.testing import (RELATIVE_TOLERANCE, errors, make_inputs, op_arguments, packed_operands,
-                                 poison_cuda_allocator, reference_float64)
+from cutlassfuse.testing import (RELATIVE_TOLERANCE, device_operations, errors, make_inputs, op_arguments,
+                                 packed_operands, poison_cuda_allocator, reference_float64)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.requires_sm90]
 
@@ -29,16 +28,6 @@ def layer_call(seed, batch=2, size=(8, 16, 16), kernel=3, stride=1, channels_las
 def run(args: dict) -> torch.Tensor:
     """The layer's call, packed operands included (the op's own arguments, as the module passes them)."""
     return torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm(*op_arguments(args))
-
-
-def device_operations(fn) -> list[str]:
-    """Names of the kernels, copies and memsets one call runs on the GPU."""
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
 def assert_operations(names: list[str], expected: list[str]) -> None:

@@ -58,7 +58,17 @@ struct ConvNormActivationArgs : ConvolutionArgs {
   double eps;
   ActivationArgs activation;
   bool activation_before_norm;
+  // The weight in channels_last_3d, equal to it (a module's kept copy); absent: the
+  // kernels convert the weight where they read it channels-last.
+  const std::optional<at::Tensor>& packed_weight;
 };
+
+// The weight as the channels-last convolutions read it: the packed copy when given.
+inline at::Tensor channels_last_weight(const ConvNormActivationArgs& a) {
+  return a.packed_weight.has_value() && a.packed_weight->defined()
+             ? *a.packed_weight
+             : a.weight.contiguous(at::MemoryFormat::ChannelsLast3d);
+}
 
 struct NormActivationArgs {
   const at::Tensor& input;

@@ -15,8 +15,8 @@
 // pads_input_channels).
 //
 // A float16/bfloat16 block with NCDHW input and output convolves channels-last operands:
-// the input through this project's transpose (ATen's cuDNN convolution then makes its
-// own channels-last copy of the weight, which is small), so that cuDNN writes its output
+// the input through this project's transpose and the weight channels-last (a module's
+// packed copy, else a copy made per call), so that cuDNN writes its output
 // NDHWC without the transpose it adds for an NCDHW output, and the normalize writes the
 // output NCDHW through its on-chip transpose, in the pass it makes anyway. A call keeping
 // for its backward keeps that channels-last output (kept_conv_output_memory_format).
@@ -128,8 +128,11 @@ class FallbackBlock final : public PlannedBlock {
         const int64_t channels = ceil_div(a.input.size(1), 8) * 8;
         input = with_zero_channels(a.input, channels);
         weight = with_zero_channels(a.weight, channels);
-      } else if (channels_last) {
-        input = convert_memory_format_cuda(a.input, /*channels_last=*/true);
+      } else {
+        if (channels_last) input = convert_memory_format_cuda(a.input, /*channels_last=*/true);
+        // cuDNN reads the weight in a channels-last input's layout: the packed copy, when
+        // given, spares ATen's conversion of the weight.
+        if (input.suggest_memory_format() == at::MemoryFormat::ChannelsLast3d) weight = channels_last_weight(a);
       }
       const at::MemoryFormat y_format = keep            ? kept_conv_output_memory_format(a)
                                         : channels_last ? at::MemoryFormat::ChannelsLast3d

@@ -20,8 +20,8 @@ namespace {
 bool aligned_for_tma(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0; }
 
 // The operands as the kernel reads them: NDHWC input (through cutlassfuse's transpose
-// from NCDHW), the weight in channels-last order (ATen's copy, a no-op for a weight
-// already channels-last).
+// from NCDHW), the weight in channels-last order (channels_last_weight: the packed copy,
+// or ATen's copy, a no-op for a weight already channels-last).
 at::Tensor channels_last_input(const at::Tensor& input) {
   return input.is_contiguous(at::MemoryFormat::ChannelsLast3d)
              ? input
@@ -56,7 +56,7 @@ class FusedBlock final : public PlannedBlock {
     const c10::cuda::CUDAGuard device_guard(a.input.device());
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     const at::Tensor input = channels_last_input(a.input);
-    const at::Tensor filter = a.weight.contiguous(at::MemoryFormat::ChannelsLast3d);
+    const at::Tensor filter = channels_last_weight(a);
     const at::Tensor y = at::empty({p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]},
                                    input.options().memory_format(at::MemoryFormat::ChannelsLast3d));
     const GroupNormShape shape = group_norm_shape(p);
@@ -131,7 +131,8 @@ std::string tensor_unsupported_reason(const ConvNormActivationArgs& a) {
   // channels-last (no copy is made); a misaligned address would make a faulting descriptor.
   if (a.input.is_contiguous(at::MemoryFormat::ChannelsLast3d) && !aligned_for_tma(a.input))
     return "input data not 16-byte aligned (a view at an offset; TMA needs aligned addresses)";
-  if (a.weight.is_contiguous(at::MemoryFormat::ChannelsLast3d) && !aligned_for_tma(a.weight))
+  const at::Tensor& filter = present(a.packed_weight) ? *a.packed_weight : a.weight;
+  if (filter.is_contiguous(at::MemoryFormat::ChannelsLast3d) && !aligned_for_tma(filter))
     return "weight data not 16-byte aligned (a view at an offset; TMA needs aligned addresses)";
   return {};
 }

@@ -102,7 +102,7 @@ std::vector<bool> needed(AutogradContext* ctx, const variable_list& saved, size_
 
 // Argument positions in the block schema of its tensors.
 enum BlockTensor { kInput, kWeight, kBias, kNormWeight, kNormBias, kSlopes, kBlockTensors };
-constexpr int kBlockSchemaArguments = 17;
+constexpr int kBlockSchemaArguments = 18;
 constexpr int kBlockSchemaPosition[kBlockTensors] = {0, 1, 2, 10, 11, 15};
 
 class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> {

@@ -74,11 +74,22 @@ void check_statistic(const at::Tensor& t, const char* name, int64_t batch, int64
                    t.scalar_type());
 }
 
+// A module's kept copy of the weight: its shape, dtype and device, channels-last.
+void check_packed_weight(const std::optional<at::Tensor>& packed, const at::Tensor& weight) {
+  if (!packed.has_value() || !packed->defined()) return;
+  check_like(*packed, "packed_weight", weight, "weight");
+  TORCH_CHECK_VALUE(packed->is_contiguous(at::MemoryFormat::ChannelsLast3d),
+                    "cutlassfuse: packed_weight must be channels_last_3d (weight.contiguous(memory_format="
+                    "torch.channels_last_3d)), got strides ",
+                    packed->strides());
+}
+
 }  // namespace
 
 BlockProblem validate_block(const ConvNormActivationArgs& a) {
   BlockProblem block;
   block.conv = validate_convolution(a);
+  check_packed_weight(a.packed_weight, a.weight);
   block.transposed = a.transposed;
   validate_norm(a.num_groups, block.conv.out_channels, a.eps, a.norm_weight, a.norm_bias, a.input);
   block.conv.num_groups = a.num_groups;
