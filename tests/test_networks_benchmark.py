@@ -37,7 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # The chains fuse() replaces in each tiny network (tests/test_rewrite_monai.py says which).
 CHAINS = {"unet": 13, "basicunet": 18, "dynunet": 14, "segresnet": 25}
 UNTRACEABLE_NOTE = ("forward() not traced: TraceError: forward() asks the type of a traced value "
-                    "(torch.jit.isinstance), which a trace cannot answer")
+                    "(torch.jit.isinstance), which a trace cannot answer; the traced forward() of conv_0, down_1, "
+                    "down_2, down_3, down_4, upcat_4.convs, upcat_3.convs, upcat_2.convs, upcat_1.convs runs in "
+                    "their place")
 GRADIENT_NOTE = "fused gradient error largest at "
 
 

@@ -261,6 +261,56 @@ class TwoChainsOneConv(UpNorm):
         return self.norm(F.relu(self.up(x))) + self.other_norm(F.relu(self.up(x * 2)))
 
 
+class ContainersAroundBlocks(nn.Module):
+    """MONAI's layout: each conv in a container with a nested one of norm, dropout with p=0
+    and activation, and nn.Identity between them."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = nn.Sequential(nn.Conv3d(4, 8, 3, padding=1),
+                                  nn.Sequential(nn.InstanceNorm3d(8, affine=True), nn.Dropout(0.0), nn.PReLU()))
+        self.skip = nn.Identity()
+        self.up = nn.Sequential(nn.ConvTranspose3d(8, 4, 2, stride=2),
+                                nn.Sequential(nn.GroupNorm(2, 4), nn.Dropout3d(0.0), nn.SiLU()))
+
+    def forward(self, x):
+        return self.up(self.skip(self.down(x)))
+
+
+def called_modules(graph_module: torch.fx.GraphModule) -> list[nn.Module]:
+    return [graph_module.get_submodule(node.target) for node in graph_module.graph.nodes if node.op == "call_module"]
+
+
+def test_containers_around_fused_blocks_leave_the_traced_model():
+    """Chains the Sequential rewrite fused inside a traceable model: the trace runs in its
+    place and calls the two blocks alone, neither their containers nor the calls that
+    return their input; outputs and checkpoint keys are the original model's."""
+    original = randomized(ContainersAroundBlocks().double(), seed=0)
+    x = torch.rand(2, 4, 3, 3, 3, dtype=torch.float64)
+    result = cutlassfuse.fuse(copy.deepcopy(original))
+    assert isinstance(result.model, torch.fx.GraphModule) and len(result.replaced) == 2, str(result)
+    assert [type(module) for module in called_modules(result.model)] == [
+        cutlassfuse.Conv3dNormActivation, cutlassfuse.ConvTranspose3dNormActivation]
+    torch.testing.assert_close(result.model(x), original(x))
+    assert_checkpoints_load_both_ways(ContainersAroundBlocks, (torch.rand(2, 4, 3, 3, 3),))
+
+
+def test_a_plain_sequential_model_keeps_its_type_and_indexing():
+    model = up_block(8, 8, 2)
+    result = cutlassfuse.fuse(model)
+    assert result.model is model and isinstance(model[0], ConvTranspose3dReLUGroupNorm)
+
+
+def test_a_container_with_hooks_stays_a_call_that_runs_them():
+    model = ContainersAroundBlocks()
+    calls = []
+    model.down.register_forward_hook(lambda module, args, output: calls.append(output.shape))
+    result = cutlassfuse.fuse(model)
+    assert model.down in called_modules(result.model)
+    result.model(torch.rand(2, 4, 3, 3, 3))
+    assert calls == [torch.Size([2, 8, 3, 3, 3])]
+
+
 CHECKPOINT_MODELS = {
     "nested_sequential": (NestedSequential, lambda: (torch.rand(2, 4, 3, 3, 3),)),
     "chain_in_code": (ChainInCode, lambda: (torch.rand(2, 4, 3, 3, 3),)),

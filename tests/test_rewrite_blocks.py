@@ -169,7 +169,7 @@ LEFT_ALONE = {
     "padding_mode": (lambda: [nn.Conv3d(4, C, 3, padding=1, padding_mode="reflect"), nn.GroupNorm(2, C), nn.ReLU()],
                      "0: the conv's padding_mode must be 'zeros', got 'reflect'", ["GroupNormActivation"]),
     "forward_hooks": (lambda: [hooked_conv(), nn.GroupNorm(2, C), nn.ReLU()],
-                      "0: Conv3d has forward hooks, which the rewritten model would not run", ["GroupNormActivation"]),
+                      "0: Conv3d has hooks, which the rewritten model would not run", ["GroupNormActivation"]),
 }
 
 

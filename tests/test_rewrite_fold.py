@@ -107,7 +107,7 @@ LEFT_ALONE = {
     "batch_statistics": (lambda: [nn.Conv3d(4, C, 1), nn.BatchNorm3d(C, track_running_stats=False)],
                          "1: BatchNorm3d without running statistics (track_running_stats=False) uses batch statistics"),
     "forward_hooks": (lambda: [hooked_conv(), nn.BatchNorm3d(C)],
-                      "0: Conv3d has forward hooks, which the rewritten model would not run"),
+                      "0: Conv3d has hooks, which the rewritten model would not run"),
     "dropout_between": (lambda: [nn.Conv3d(4, C, 1), nn.Dropout3d(0.2), nn.BatchNorm3d(C)],
                         "1: Dropout3d(p=0.2) between conv and norm"),
 }

@@ -136,11 +136,21 @@ def _running_statistics_problem(norm: nn.Module) -> str | None:
     return None
 
 
+def _has_hooks(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks)
+
+
+def _returns_input(module: nn.Module) -> bool:
+    """nn.Identity and dropout with p=0: their output is their input, in either mode."""
+    return isinstance(module, nn.Identity) or (isinstance(module, _DROPOUTS) and module.p == 0)
+
+
 def _module_layer(module: nn.Module, path: str) -> _Layer | None:
     """What `module` (at `path`) is in a chain, or None for a layer that ends one."""
-    hooked = bool(module._forward_hooks or module._forward_pre_hooks)
-    problem = f"{type(module).__name__} has forward hooks, which the rewritten model would not run" if hooked else None
-    if isinstance(module, nn.Identity) or (isinstance(module, _DROPOUTS) and module.p == 0):
+    hooked = _has_hooks(module)
+    problem = f"{type(module).__name__} has hooks, which the rewritten model would not run" if hooked else None
+    if _returns_input(module):
         return None if hooked else _Layer("noop", path, path, module)
     if isinstance(module, _DROPOUTS):
         return _Layer("dropout", path, path, module, _dropout_text(module))
@@ -481,11 +491,13 @@ def _type_check_of_traced_values(check):
 
 
 class _Tracer(torch.fx.Tracer):
-    """Keeps already fused blocks (from the Sequential pass) opaque, and refuses code that
-    asks the type of a traced value."""
+    """Keeps already fused blocks (from the Sequential pass) and modules with hooks opaque
+    (a call of the module runs its hooks; a trace through its forward() would not), and
+    refuses code that asks the type of a traced value."""
 
     def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
-        return isinstance(module, _FUSED) or super().is_leaf_module(module, qualified_name)
+        return (isinstance(module, _FUSED) or _has_hooks(module)
+                or super().is_leaf_module(module, qualified_name))
 
     def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> torch.fx.Graph:
         check = torch.jit.isinstance
@@ -728,15 +740,35 @@ def _trace_in_either_mode(model: nn.Module) -> torch.fx.Graph:
 def _fuse_graph(graph_module: torch.fx.GraphModule, model: nn.Module, found: _Found, prefix: str = "") -> nn.Module:
     """The same rewrite in a torch.fx trace of `model`'s forward() (`model` at `prefix` in
     the model fuse() takes), for chains written in code: the modules, and the functional
-    norms and activations, each intermediate used once. `model` where it has none."""
+    norms and activations, each intermediate used once. The rewritten trace where it
+    fused a chain, or where it holds a block that the nn.Sequential rewrite fused and
+    `model` is not a plain nn.Sequential (whose rewrite in place keeps its indexing);
+    `model` elsewhere. The trace calls the layers themselves: the containers around them
+    (nn.Sequential, MONAI's Convolution and ADN, ...) and the calls that return their
+    input go, each a module call of host time, which networks of small layers feel."""
     rewritten_before = len(found.replaced) + len(found.folded)
     _fuse_chains(_TracedChain(graph_module, prefix), list(graph_module.graph.nodes), found)
-    if len(found.replaced) + len(found.folded) == rewritten_before:
+    holds_block = type(model) is not nn.Sequential and any(isinstance(module, _FUSED)
+                                                            for module in graph_module.modules())
+    if len(found.replaced) + len(found.folded) == rewritten_before and not holds_block:
         return model
+    _drop_calls_returning_input(graph_module)
     graph_module.graph.lint()
     graph_module.delete_all_unused_submodules()
     graph_module.recompile()
     return graph_module
+
+
+def _drop_calls_returning_input(graph_module: torch.fx.GraphModule) -> None:
+    """Takes the calls of modules that return their input (`_returns_input`, without
+    hooks) out of the trace, their users reading the input instead."""
+    for node in list(graph_module.graph.nodes):
+        if node.op != "call_module" or len(node.args) != 1 or node.kwargs:
+            continue
+        module = graph_module.get_submodule(node.target)
+        if _returns_input(module) and not _has_hooks(module):
+            node.replace_all_uses_with(node.args[0])
+            graph_module.graph.erase_node(node)
 
 
 @dataclass
@@ -1085,7 +1117,7 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = N
             not_traced = f"{type(error).__name__}: {error}"
             traced_children = _fuse_traced_children(model, "", found)
             if traced_children:
-                not_traced += f"; fused in the traced forward() of {', '.join(traced_children)}"
+                not_traced += f"; the traced forward() of {', '.join(traced_children)} runs in their place"
     _keep_original_keys(model, original, found.folds)
     result = FuseResult(model, found.replaced, not_traced=not_traced, folded=found.folded)
     if graph_module is not None:
