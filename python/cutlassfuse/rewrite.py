@@ -1054,13 +1054,17 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = N
     nested nn.Sequentials (MONAI's Convolution: the conv, then its ADN's norm, dropout
     and activation). With ``trace=True`` the forward code is then traced with torch.fx
     and chains written there (modules, F.group_norm and F.instance_norm, the functional
-    activations) are fused too; the result is then a torch.fx.GraphModule. Models
+    activations) are fused too. Where the trace holds a fused block (unless the model is
+    a plain nn.Sequential, whose indexing the in-place rewrite keeps) the result is the
+    rewritten trace, a torch.fx.GraphModule that calls the layers themselves: the
+    containers around them and the calls of nn.Identity and of dropout with p=0 go
+    (modules with hooks stay calls that run them). Models
     torch.fx cannot trace, whose forward() branches on train/eval mode (a trace would
     freeze the branch taken) or asks a traced value's type (torch.jit.isinstance, which
     a trace answers wrongly), keep the Sequential rewrite and the result says why; their
     children's forward() code is then traced child by child (a child's children where the
-    child cannot be traced), and the chains found there are fused, each such child
-    becoming its rewritten trace (the result names them). The fused blocks hold the
+    child cannot be traced), and each child whose trace holds a fused block becomes that
+    trace (the result names them). The fused blocks hold the
     original parameter objects. The result lists every chain fused (where, what, what it
     became), every norm folded (``folded``: where, what, the activation kept) and every
     candidate left alone, with the reason.
