@@ -763,7 +763,8 @@ def _drop_calls_returning_input(graph_module: torch.fx.GraphModule) -> None:
     """Takes the calls of modules that return their input (`_returns_input`, without
     hooks) out of the trace, their users reading the input instead."""
     for node in list(graph_module.graph.nodes):
-        if node.op != "call_module" or len(node.args) != 1 or node.kwargs:
+        one_node_argument = len(node.args) == 1 and not node.kwargs and isinstance(node.args[0], torch.fx.Node)
+        if node.op != "call_module" or not one_node_argument:
             continue
         module = graph_module.get_submodule(node.target)
         if _returns_input(module) and not _has_hooks(module):
