@@ -104,7 +104,9 @@ if wanted tests; then
     | tee "$LOGS/gpu-tests.log"
   status+=("gpu tests: $(tail -1 "$LOGS/gpu-tests.log")")
   if [[ -z "${GPU_TESTS:-}" ]]; then
-    timeout 420 "$PYTHON" -m pytest tests --ignore=tests/gpu -n 8 -q -p no:cacheprovider 2>&1 | tee "$LOGS/other-tests.log"
+    # -rf: the failed tests' names in the summary; one worker per core keeps the suite under the timeout.
+    timeout 420 "$PYTHON" -m pytest tests --ignore=tests/gpu -n "$(nproc)" -q -rf -p no:cacheprovider 2>&1 \
+      | tee "$LOGS/other-tests.log"
     status+=("other tests: $(tail -1 "$LOGS/other-tests.log")")
   fi
 fi
