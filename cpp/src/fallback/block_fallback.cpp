@@ -147,7 +147,7 @@ class FallbackBlock final : public PlannedBlock {
     const bool before = b.position == ActivationPosition::kBeforeNorm;
     const NormEpilogue norm{a.norm_weight, a.norm_bias,
                             PreNorm{data_or_null(a.bias, operands.bias), before ? act : ActivationParams{}},
-                            before ? ActivationParams{} : act};
+                            before ? ActivationParams{} : act, residual_in(a, block_output_memory_format(a))};
     // Written beside y when y is kept, or NCDHW from channels-last y; else in place.
     std::optional<at::Tensor> out;
     if (keep || block_output_memory_format(a) != y.suggest_memory_format())
