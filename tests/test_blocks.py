@@ -251,6 +251,89 @@ def test_packed_weight_changes_nothing_on_the_cpu():
     assert torch.equal(op(*arguments, packed), op(*arguments))
 
 
+@pytest.mark.parametrize(("transposed", "activation", "before"),
+                         [(False, "prelu", False), (True, "silu", True), (False, "leaky_relu", False)])
+@pytest.mark.parametrize("residual_format", [torch.contiguous_format, torch.channels_last_3d], ids=["ncdhw", "cl"])
+def test_residual_is_added_to_the_output(transposed, activation, before, residual_format):
+    """act(norm(conv(x))) + residual (MONAI's ResidualUnit), the residual in either layout;
+    the output keeps the input's layout."""
+    conv, norm, act = make_block(transposed, activation, num_groups=2, bias=True, affine=True, stride=2)
+    x = torch.randn(2, 4, 3, 4, 3, dtype=torch.float64)
+    expected = eager(x, conv, norm, act, before)
+    residual = torch.randn_like(expected).contiguous(memory_format=residual_format)
+    name, parameter, weight = activation_of_module(act)
+    function = cutlassfuse.conv_transpose3d_norm_activation if transposed else cutlassfuse.conv3d_norm_activation
+    extra = {"output_padding": conv.output_padding} if transposed else {}
+    out = function(x, conv.weight, conv.bias, stride=conv.stride, padding=conv.padding, num_groups=2,
+                   norm_weight=norm.weight, norm_bias=norm.bias, activation=name, activation_parameter=parameter,
+                   activation_weight=weight, activation_before_norm=before, residual=residual, **extra)
+    torch.testing.assert_close(out, expected + residual)
+    assert out.is_contiguous()
+    block_type = cutlassfuse.ConvTranspose3dNormActivation if transposed else cutlassfuse.Conv3dNormActivation
+    block = block_type.from_modules(conv, norm, act, activation_before_norm=before)
+    torch.testing.assert_close(block(x, residual=residual), expected + residual)
+
+
+def test_residual_gradcheck():
+    """The residual's gradient is the output's; the others are the block's."""
+    conv, norm, act = make_block(False, "prelu", num_groups=2, bias=True, affine=True, stride=1)
+    x = torch.randn(1, 4, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    residual = torch.randn(1, 6, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    block = cutlassfuse.Conv3dNormActivation.from_modules(conv, norm, act)
+
+    def f(x, residual, *unused):
+        return block(x, residual=residual)
+
+    torch.autograd.gradcheck(f, (x, residual, *block.parameters()))
+    torch.autograd.gradgradcheck(lambda x, residual: block(x, residual=residual), (x, residual))
+
+
+def test_residual_gradient_beside_a_packed_weight():
+    """The packed weight (no gradient) and the residual both given: each gradient reaches
+    its own input."""
+    conv, norm, act = make_block(False, "relu", num_groups=2, bias=True, affine=True, stride=1)
+    x = torch.randn(1, 4, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    residual = torch.randn(1, 6, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    packed = conv.weight.detach().contiguous(memory_format=torch.channels_last_3d)
+
+    def f(x, residual, weight):
+        return torch.ops.cutlassfuse.conv3d_norm_activation(
+            x, weight, conv.bias, [1, 1, 1], [1, 1, 1], [0, 0, 0], 1, [1, 1, 1], False, 2, norm.weight, norm.bias,
+            1e-5, "relu", 0.0, None, False, packed, residual)
+
+    torch.autograd.gradcheck(f, (x, residual, conv.weight))
+
+
+def test_residual_opcheck():
+    conv, norm, act = make_block(False, "relu", num_groups=2, bias=True, affine=True, stride=1)
+    x = torch.randn(1, 4, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    residual = torch.randn(1, 6, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    args = (x, conv.weight, conv.bias, [1, 1, 1], [1, 1, 1], [0, 0, 0], 1, [1, 1, 1], False, 2, norm.weight,
+            norm.bias, 1e-5, "relu", 0.0, None, False, None, residual)
+    torch.library.opcheck(torch.ops.cutlassfuse.conv3d_norm_activation.default, args)
+
+
+@pytest.mark.parametrize(("residual", "error", "message"), [
+    (lambda out: out[:, :3], ValueError,
+     r"residual must have the output's shape \[1, 6, 5, 5, 5\], got \[1, 3, 5, 5, 5\]"),
+    (lambda out: out.double(), TypeError, "residual must have the input's dtype"),
+    (lambda out: out.to("meta"), RuntimeError, "expected all tensors to be on the same device"),
+])
+def test_residual_must_match_the_output(residual, error, message):
+    """The same exception and message from the op (C++) and its fake kernel (meta)."""
+    x = torch.randn(1, 4, 5, 5, 5)
+    w = torch.randn(6, 4, 3, 3, 3)
+    out = torch.randn(1, 6, 5, 5, 5)
+    for device in ("cpu", "meta"):
+        xd, wd = x.to(device), w.to(device)
+        bad = residual(out.to(device))
+        if device == "meta" and bad.device.type == "meta":
+            continue  # on meta, a meta residual is on the input's device
+        with pytest.raises(error, match=message):
+            torch.ops.cutlassfuse.conv3d_norm_activation(xd, wd, None, [1] * 3, [1] * 3, [0] * 3, 1, [1] * 3, False, 2,
+                                                         None, None, 1e-5, "relu", 0.0, None, False, None, bad)
+
+
 def test_activation_of_module_rejects_others():
     with pytest.raises(ValueError, match="not one the fused blocks compute"):
         activation_of_module(nn.ReLU6())

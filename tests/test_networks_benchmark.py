@@ -149,9 +149,20 @@ def test_gradient_errors_name_the_parameter_and_count_nan_as_infinite():
     key = "down_layers.1.1.conv1.conv.weight"  # a conv that fuse() moved into a block
     assert key not in dict(fused.named_parameters())
     fused.state_dict(keep_vars=True)[key].register_hook(lambda grad: grad * math.nan)
-    errors = gradient_errors({"eager": eager, "fused": fused}, x)
+    errors = gradient_errors({"eager": eager, "fused": fused}, [x])
     assert 0 < errors["eager"].max_abs <= 1e-4
     assert errors["fused"].max_abs == math.inf and errors["fused"].parameter == key
+
+
+def test_gradient_errors_are_the_largest_over_the_inputs():
+    eager, fused, x = tiny_models()
+    models = {"eager": eager, "fused": fused}
+    inputs = [x, 4 * x, -x]
+    each = [gradient_errors(models, [one]) for one in inputs]
+    errors = gradient_errors(models, inputs)
+    for name in models:
+        assert errors[name].max_abs == max(error[name].max_abs for error in each)
+    assert len({error["eager"].max_abs for error in each}) == len(inputs)  # the inputs' errors differ
 
 
 def row(**values) -> Row:

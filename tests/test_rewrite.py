@@ -311,6 +311,45 @@ def test_a_container_with_hooks_stays_a_call_that_runs_them():
     assert calls == [torch.Size([2, 8, 3, 3, 3])]
 
 
+class ResidualUnit(nn.Module):
+    """MONAI's ResidualUnit: two conv blocks and a residual conv, their sum; then a block
+    whose output takes a per-channel shift (broadcast), and one added in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.unit0 = nn.Sequential(nn.Conv3d(4, 8, 3, padding=1), nn.InstanceNorm3d(8), nn.PReLU())
+        self.unit1 = nn.Sequential(nn.Conv3d(8, 8, 3, padding=1), nn.InstanceNorm3d(8), nn.PReLU())
+        self.residual = nn.Conv3d(4, 8, 1)
+        self.shifted = nn.Sequential(nn.Conv3d(8, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.SiLU())
+        self.shift = nn.Parameter(torch.randn(1, 8, 1, 1, 1))
+        self.last = nn.Sequential(nn.Conv3d(8, 8, 3, padding=1), nn.GroupNorm(2, 8))
+
+    def forward(self, x):
+        y = self.unit1(self.unit0(x)) + self.residual(x)
+        y = self.shifted(y) + self.shift
+        z = self.last(y)
+        z += y
+        return z
+
+
+def test_a_blocks_output_added_to_another_value_is_added_by_its_op():
+    """Each add of a conv block's output that nothing else reads becomes the block's call
+    with the other value as its residual; one that does not fit the output (a broadcast
+    shift) is still PyTorch's add; the outputs and gradients are the original model's."""
+    original = randomized(ResidualUnit().double(), seed=0)
+    result = cutlassfuse.fuse(copy.deepcopy(original))
+    assert len(result.replaced) == 4 and len(result.residual_adds) == 3, str(result)
+    assert "unit1.0: + residual -> the block's residual" in str(result)
+    graph = result.model.graph
+    assert not any(n.op == "call_function" and "add" in str(n.target) for n in graph.nodes), result.model.code
+    assert sum("residual" in n.kwargs for n in graph.nodes if n.op == "call_module") == 3
+    x = torch.rand(2, 4, 3, 4, 3, dtype=torch.float64, requires_grad=True)
+    expected = original(x)
+    got = result.model(x)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(torch.autograd.grad(got.sum(), x)[0], torch.autograd.grad(expected.sum(), x)[0])
+
+
 CHECKPOINT_MODELS = {
     "nested_sequential": (NestedSequential, lambda: (torch.rand(2, 4, 3, 3, 3),)),
     "chain_in_code": (ChainInCode, lambda: (torch.rand(2, 4, 3, 3, 3),)),

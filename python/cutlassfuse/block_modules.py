@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.common_types import _size_3_t
 
-from .blocks import ACTIVATIONS, activation_of_module, as_five_d, explaining_op, in_shape_of
+from .blocks import ACTIVATIONS, _conv_output_size, activation_of_module, as_five_d, explaining_op, in_shape_of
 from .packed_copy import PackedParameters
 
 _CONV_OP = torch.ops.cutlassfuse.conv3d_norm_activation.default
@@ -179,19 +179,48 @@ class _ConvNormActivation(PackedParameters):
         block._set_modules(conv, norm, activation, activation_before_norm)
         return block
 
-    def _call(self, x: Tensor, output_padding: tuple[int, ...]):
+    def _plus(self, x: Tensor, output_padding: tuple[int, ...], residual: Tensor | None) -> Tensor:
+        """The block's output plus `residual` as PyTorch's add computes it: added by the op as
+        it writes the output where the residual has the output's shape, dtype and device,
+        by PyTorch's add (broadcasting, type promotion) elsewhere."""
+        if residual is None:
+            return self._call(x, output_padding, None)
+        if (isinstance(x, Tensor) and isinstance(residual, Tensor) and x.dim() == 5
+                and residual.dtype == x.dtype and residual.device == x.device
+                and tuple(residual.shape) == self._output_shape(x, output_padding)):
+            return self._call(x, output_padding, residual)
+        return self._call(x, output_padding, None) + residual
+
+    def _output_padding(self, x: Tensor, output_size: list[int] | None) -> tuple[int, ...]:
+        conv = self.conv
+        if not self._transposed:
+            if output_size is not None:
+                raise TypeError(f"cutlassfuse: {type(self).__name__} takes no output_size")
+            return (0, 0, 0)
+        if output_size is None:
+            return conv.output_padding
+        return tuple(conv._output_padding(x, output_size, conv.stride, conv.padding, conv.kernel_size, 3,
+                                          conv.dilation))
+
+    def _output_shape(self, x: Tensor, output_padding: tuple[int, ...]) -> tuple[int, ...]:
+        conv = self.conv
+        spatial = _conv_output_size(x.shape[2:], conv.kernel_size, conv.stride, _conv_padding(conv), output_padding,
+                                    conv.dilation, self._transposed)
+        return (x.shape[0], conv.out_channels, *spatial)
+
+    def _call(self, x: Tensor, output_padding: tuple[int, ...], residual: Tensor | None):
         # The op itself, not the functional wrapper: the modules already hold their
         # options as 3-tuples, and small calls are bound by the host's time per call.
-        return _CONV_OP(*self._op_arguments(x, output_padding))
+        return _CONV_OP(*self._op_arguments(x, output_padding, residual))
 
-    def _op_arguments(self, x: Tensor, output_padding: tuple[int, ...]) -> tuple:
+    def _op_arguments(self, x: Tensor, output_padding: tuple[int, ...], residual: Tensor | None = None) -> tuple:
         children = self._modules
         conv, norm = children["conv"], children["norm"]
         name, parameter, weight = activation_of_module(children["activation"])
         return (x, _tensor(conv, "weight"), _tensor(conv, "bias"), conv.stride, _conv_padding(conv), output_padding,
                 conv.groups, conv.dilation, self._transposed, _norm_groups(norm), _tensor(norm, "weight"),
                 _tensor(norm, "bias"), norm.eps, name, parameter, weight, self.activation_before_norm,
-                self._packed_weight(conv, x))
+                self._packed_weight(conv, x), residual)
 
     def _packed_weight(self, conv: _Conv, x: Tensor) -> Tensor | None:
         """The conv's weight in channels_last_3d, kept while the weight is unchanged
@@ -213,11 +242,11 @@ class _ConvNormActivation(PackedParameters):
             return None
         return self._packed_copy("weight", weight, _channels_last)
 
-    def explain(self, x: Tensor) -> str:
-        """Which implementation ``self(x)`` runs in the current grad mode (kernel path, or
-        PyTorch's composite) and why; a call in grad mode with parameters that require grad
-        keeps what its backward reads."""
-        arguments = self._op_arguments(x, tuple(getattr(self.conv, "output_padding", (0, 0, 0))))
+    def explain(self, x: Tensor, *, residual: Tensor | None = None) -> str:
+        """Which implementation ``self(x, residual=residual)`` runs in the current grad mode
+        (kernel path, or PyTorch's composite) and why; a call in grad mode with parameters
+        that require grad keeps what its backward reads."""
+        arguments = self._op_arguments(x, tuple(getattr(self.conv, "output_padding", (0, 0, 0))), residual)
         return explaining_op(arguments)(*arguments)
 
     def extra_repr(self) -> str:
@@ -294,8 +323,12 @@ class Conv3dNormActivation(_ConvNormActivation):
             _activation_module(activation, activation_parameter, prelu_parameters, out_channels, factory),
             activation_before_norm)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self._call(x, (0, 0, 0))
+    def forward(self, x: Tensor, *, residual: Tensor | None = None) -> Tensor:
+        """The block of ``x``; with ``residual``, ``self(x) + residual`` (a residual
+        connection after the block), which the op adds as it writes the output where the
+        residual has the output's shape, dtype and device (any layout), and PyTorch's add
+        computes otherwise."""
+        return self._plus(x, (0, 0, 0), residual)
 
 
 class ConvTranspose3dNormActivation(_ConvNormActivation):
@@ -344,15 +377,11 @@ class ConvTranspose3dNormActivation(_ConvNormActivation):
             _activation_module(activation, activation_parameter, prelu_parameters, out_channels, factory),
             activation_before_norm)
 
-    def forward(self, x: Tensor, output_size: list[int] | None = None) -> Tensor:
+    def forward(self, x: Tensor, output_size: list[int] | None = None, *, residual: Tensor | None = None) -> Tensor:
         """``output_size`` as in ``nn.ConvTranspose3d.forward``: picks the output padding
-        that gives this (D, H, W) (U-Net decoders pass the skip connection's size)."""
-        conv = self.conv
-        output_padding = conv.output_padding
-        if output_size is not None:
-            output_padding = tuple(conv._output_padding(x, output_size, conv.stride, conv.padding, conv.kernel_size, 3,
-                                                        conv.dilation))
-        return self._call(x, output_padding)
+        that gives this (D, H, W) (U-Net decoders pass the skip connection's size);
+        ``residual`` as Conv3dNormActivation's."""
+        return self._plus(x, self._output_padding(x, output_size), residual)
 
 
 class GroupNormActivation(nn.Module):

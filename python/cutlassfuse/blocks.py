@@ -74,7 +74,7 @@ def _block_arguments(transposed: bool, a: dict) -> tuple:
             _triple(a.get("output_padding", 0), "output_padding"), _int64(int(a["groups"]), "groups"),
             _triple(a["dilation"], "dilation"), transposed, _int64(int(a["num_groups"]), "num_groups"),
             a["norm_weight"], a["norm_bias"], float(a["eps"]), name, parameter, a["activation_weight"],
-            bool(a["activation_before_norm"]))
+            bool(a["activation_before_norm"]), None, a["residual"])
 
 
 def _norm_arguments(a: dict) -> tuple:
@@ -100,23 +100,28 @@ def conv3d_norm_activation(
     activation_parameter: float | None = None,
     activation_weight: Tensor | None = None,
     activation_before_norm: bool = False,
+    residual: Tensor | None = None,
 ) -> Tensor:
     """``act(F.group_norm(F.conv3d(input, weight, bias, stride, padding, dilation, groups),
     num_groups, norm_weight, norm_bias, eps))`` in one op, or with
-    ``activation_before_norm=True`` ``F.group_norm(act(F.conv3d(...)), ...)``.
+    ``activation_before_norm=True`` ``F.group_norm(act(F.conv3d(...)), ...)``; with
+    ``residual`` (the output's shape and the input's dtype, any layout) that plus
+    ``residual``, added as the output is written (a residual connection after the block,
+    MONAI's ResidualUnit).
 
     The positional arguments are those of ``torch.nn.functional.conv3d``. InstanceNorm3d
     is ``num_groups`` = the output channels. ``activation``: one of ``ACTIVATIONS``;
     ``activation_parameter`` is LeakyReLU's negative_slope and ELU's alpha (None: their
     torch.nn defaults, 0.01 and 1.0); ``activation_weight`` is PReLU's weight (1 or
     C_out values). The output has the input's dtype, and is channels_last_3d when the
-    input or the weight is, contiguous otherwise (as PyTorch's convolution).
+    input or the weight is, contiguous otherwise (as PyTorch's convolution); a residual
+    in the other layout is read through a copy in the output's.
     """
     return torch.ops.cutlassfuse.conv3d_norm_activation(*_block_arguments(False, dict(
         input=input, weight=weight, bias=bias, stride=stride, padding=padding, dilation=dilation, groups=groups,
         num_groups=num_groups, norm_weight=norm_weight, norm_bias=norm_bias, eps=eps, activation=activation,
         activation_parameter=activation_parameter, activation_weight=activation_weight,
-        activation_before_norm=activation_before_norm)))
+        activation_before_norm=activation_before_norm, residual=residual)))
 
 
 def conv_transpose3d_norm_activation(
@@ -137,6 +142,7 @@ def conv_transpose3d_norm_activation(
     activation_parameter: float | None = None,
     activation_weight: Tensor | None = None,
     activation_before_norm: bool = False,
+    residual: Tensor | None = None,
 ) -> Tensor:
     """``conv3d_norm_activation`` with ``torch.nn.functional.conv_transpose3d``'s
     convolution and positional arguments (weight (C_in, C_out / groups, kD, kH, kW))."""
@@ -144,7 +150,7 @@ def conv_transpose3d_norm_activation(
         input=input, weight=weight, bias=bias, stride=stride, padding=padding, output_padding=output_padding,
         groups=groups, dilation=dilation, num_groups=num_groups, norm_weight=norm_weight, norm_bias=norm_bias,
         eps=eps, activation=activation, activation_parameter=activation_parameter, activation_weight=activation_weight,
-        activation_before_norm=activation_before_norm)))
+        activation_before_norm=activation_before_norm, residual=residual)))
 
 
 def as_five_d(input: Tensor) -> Tensor:
@@ -296,10 +302,25 @@ def _check_packed_weight(packed: Tensor | None, weight: Tensor) -> None:
                                f"torch.channels_last_3d)), got strides {packed.stride()}")
 
 
+def _check_residual(residual: Tensor | None, shape: tuple, input: Tensor) -> None:
+    """The residual added to the block's output: the output's shape, the input's dtype and device."""
+    if residual is None:
+        return
+    torch._check(residual.device == input.device,
+                 lambda: f"cutlassfuse: expected all tensors to be on the same device, but found residual on "
+                         f"{residual.device} and input on {input.device}")
+    torch._check_value(tuple(residual.shape) == tuple(shape),
+                       lambda: f"cutlassfuse: residual must have the output's shape {list(shape)}, got "
+                               f"{list(residual.shape)}")
+    torch._check_type(residual.dtype == input.dtype,
+                      lambda: f"cutlassfuse: residual must have the input's dtype {input.dtype}, got "
+                              f"{residual.dtype}")
+
+
 @torch.library.register_fake(_BLOCK)
 def _block_fake(input, weight, bias, stride, padding, output_padding, groups, dilation, transposed, num_groups,
                 norm_weight, norm_bias, eps, activation, activation_parameter, activation_weight,
-                activation_before_norm, packed_weight=None):
+                activation_before_norm, packed_weight=None, residual=None):
     """The block's output without computing it; the same checks, exception kinds and
     messages as the C++ validation."""
     _check_input(input, "(N, C_in, D, H, W)")
@@ -359,6 +380,7 @@ def _block_fake(input, weight, bias, stride, padding, output_padding, groups, di
     _check_vector(bias, "bias", out_channels, input, same_dtype=True)
     _check_norm_activation(input, out_channels, num_groups, norm_weight, norm_bias, eps, activation,
                            activation_parameter, activation_weight)
+    _check_residual(residual, (input.shape[0], out_channels, *spatial), input)
     channels_last = torch.channels_last_3d in (suggest_memory_format(input), suggest_memory_format(weight))
     return torch.empty((input.shape[0], out_channels, *spatial), dtype=input.dtype, device=input.device,
                        memory_format=torch.channels_last_3d if channels_last else torch.contiguous_format)

@@ -86,12 +86,14 @@ class FuseResult:
     folded: list[str] = field(default_factory=list)  # one line per norm folded into its conv: where, what
     channels_last: bool = False  # whether the model's activations run channels-last (fuse's channels_last)
     padded: list[str] = field(default_factory=list)  # the plain Conv3d layers whose input channels pad to 8
+    # one line per add of a block's output that the block's op now computes: where, what
+    residual_adds: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         head = f"cutlassfuse.fuse: {len(self.replaced)} chain(s) fused"
         if self.folded:
             head += f", {len(self.folded)} norm(s) folded into their convolution"
-        lines = [head] + [f"  {line}" for line in self.replaced + self.folded + self.padded]
+        lines = [head] + [f"  {line}" for line in self.replaced + self.residual_adds + self.folded + self.padded]
         lines += [f"  left alone: {line}" for line in self.left_alone]
         if self.not_traced:
             lines.append(f"  (forward() not traced: {self.not_traced})")
@@ -213,6 +215,7 @@ class _Found:
     the folds' matches), and the chains left alone (by path: why)."""
 
     replaced: list[str] = field(default_factory=list)
+    residual_adds: list[str] = field(default_factory=list)
     folded: list[str] = field(default_factory=list)
     folds: list[_Match] = field(default_factory=list)
     notes: dict[str, str] = field(default_factory=dict)
@@ -753,6 +756,7 @@ def _fuse_graph(graph_module: torch.fx.GraphModule, model: nn.Module, found: _Fo
     if len(found.replaced) + len(found.folded) == rewritten_before and not holds_block:
         return model
     _drop_calls_returning_input(graph_module)
+    _fuse_residual_adds(graph_module, found, prefix)
     graph_module.graph.lint()
     graph_module.delete_all_unused_submodules()
     graph_module.recompile()
@@ -770,6 +774,49 @@ def _drop_calls_returning_input(graph_module: torch.fx.GraphModule) -> None:
         if _returns_input(module) and not _has_hooks(module):
             node.replace_all_uses_with(node.args[0])
             graph_module.graph.erase_node(node)
+
+
+def _added_tensors(node: torch.fx.Node) -> tuple | None:
+    """The two operands of an out-of-place or in-place add of two traced values (``a + b``,
+    ``a += b``, ``torch.add(a, b)``, ``a.add(b)``, without alpha), else None."""
+    is_add = (node.op == "call_function" and node.target in (operator.add, operator.iadd, torch.add)) or (
+        node.op == "call_method" and node.target in ("add", "add_"))
+    if not is_add or len(node.args) != 2 or node.kwargs:
+        return None
+    return node.args if all(isinstance(a, torch.fx.Node) for a in node.args) else None
+
+
+def _block_called_once(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Whether `node` calls a conv block (without hooks, with no residual yet) whose output
+    nothing else reads."""
+    if node.op != "call_module" or len(node.users) != 1 or "residual" in node.kwargs:
+        return False
+    module = graph_module.get_submodule(node.target)
+    return isinstance(module, _ConvNormActivation) and not _has_hooks(module)
+
+
+def _fuse_residual_adds(graph_module: torch.fx.GraphModule, found: _Found, prefix: str) -> None:
+    """A conv block's output added to another value (MONAI's ResidualUnit, DynUNet's
+    residual blocks) becomes the block's call with that value as its ``residual``: the op
+    adds it as it writes the output where it fits, PyTorch's add elsewhere, one pass over
+    the output fewer. The block's output must have no other reader: an in-place add then
+    writes only what it alone would have read."""
+    graph = graph_module.graph
+    for node in list(graph.nodes):
+        operands = _added_tensors(node)
+        if operands is None:
+            continue
+        for block_call, residual in (operands, operands[::-1]):
+            if not _block_called_once(graph_module, block_call):
+                continue
+            with graph.inserting_before(node):
+                summed = graph.call_module(block_call.target, block_call.args,
+                                           {**block_call.kwargs, "residual": residual})
+            node.replace_all_uses_with(summed)
+            graph.erase_node(node)
+            graph.erase_node(block_call)
+            found.residual_adds.append(f"{prefix}{block_call.target}: + {residual.name} -> the block's residual")
+            break
 
 
 @dataclass
@@ -1124,7 +1171,8 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = N
             if traced_children:
                 not_traced += f"; the traced forward() of {', '.join(traced_children)} runs in their place"
     _keep_original_keys(model, original, found.folds)
-    result = FuseResult(model, found.replaced, not_traced=not_traced, folded=found.folded)
+    result = FuseResult(model, found.replaced, not_traced=not_traced, folded=found.folded,
+                        residual_adds=found.residual_adds)
     if graph_module is not None:
         result.model = _fuse_graph(graph_module, model, found)
         if result.model is not model:

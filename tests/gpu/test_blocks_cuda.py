@@ -22,6 +22,7 @@ from cutlassfuse import GroupNormActivation
 from cutlassfuse.blocks import ACTIVATIONS, activation_of_module
 from cutlassfuse.testing import (
     ACTIVATION_MODULES,
+    device_operations,
     errors,
     norm_activation_backward_by_autograd,
     poison_cuda_allocator,
@@ -469,6 +470,11 @@ def test_input_channels_padded_for_the_tensor_cores(in_channels, dtype, channels
     path = cutlassfuse.explain_block(cutlassfuse.conv3d_norm_activation, x, modules[0].weight, stride=2, padding=1,
                                      num_groups=16, activation="prelu", activation_weight=modules[2].weight)
     assert path.startswith("fallback:") and "zero-padded to a multiple of 8" in path, path
+    with torch.no_grad():
+        names = device_operations(lambda: block(x, *modules, False))
+    # The input and the weight padded in one pass each, no fill and copy of ATen's.
+    assert sum("pad_channels_ndhwc_kernel" in n for n in names) == 2, names
+    assert not any("FillFunctor" in n for n in names), names
     assert_block_no_further_from_float64_than_eager(x, modules, modules64, False, memory_format)
     tracked = block(x, *modules, False)
     assert tracked.grad_fn is not None

@@ -61,7 +61,16 @@ struct ConvNormActivationArgs : ConvolutionArgs {
   // The weight in channels_last_3d, equal to it (a module's kept copy); absent: the
   // kernels convert the weight where they read it channels-last.
   const std::optional<at::Tensor>& packed_weight;
+  // Added to the block's output (a residual connection: act(norm(conv(x))) + residual),
+  // of the output's shape and dtype, in any layout; absent: none.
+  const std::optional<at::Tensor>& residual;
 };
+
+// The residual in the output's memory format, as the normalize reads it; absent: none.
+inline std::optional<at::Tensor> residual_in(const ConvNormActivationArgs& a, at::MemoryFormat format) {
+  if (!a.residual.has_value() || !a.residual->defined()) return std::nullopt;
+  return a.residual->contiguous(format);
+}
 
 // The weight as the channels-last convolutions read it: the packed copy when given.
 inline at::Tensor channels_last_weight(const ConvNormActivationArgs& a) {

@@ -234,6 +234,32 @@ repeat_row_kernel(const unsigned char* __restrict__ row, int64_t row_bytes, int6
   }
 }
 
+// One 16-byte vector of kVector output channels a thread (grid-stride), the source's
+// values for the channels it has and zeros after them; consecutive threads take
+// consecutive vectors of a pixel, then consecutive pixels, so the stores are contiguous
+// and the loads of a one-channel NCDHW source are too.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+pad_channels_ndhwc_kernel(const T* __restrict__ src, bool channels_last_source, T* __restrict__ dst, int channels,
+                          int padded_channels, int64_t spatial, int64_t vectors) {
+  const int vectors_per_pixel = padded_channels / kVector;
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < vectors; i += int64_t{gridDim.x} * kThreads) {
+    const int64_t pixel = i / vectors_per_pixel;  // n * spatial + s
+    const int c0 = static_cast<int>(i - pixel * vectors_per_pixel) * kVector;
+    const int64_t n = pixel / spatial;
+    const int64_t s = pixel - n * spatial;
+    float v[kVector];
+#pragma unroll
+    for (int k = 0; k < kVector; ++k) {
+      const int c = c0 + k;
+      v[k] = c >= channels
+                 ? 0.f
+                 : to_float(channels_last_source ? src[pixel * channels + c] : src[(n * channels + c) * spatial + s]);
+    }
+    store_vector(dst + i * kVector, v);
+  }
+}
+
 dim3 tile_grid(int64_t batch, int64_t channels, int64_t spatial) {
   return dim3(static_cast<unsigned>(ceil_div(spatial, kTile)), static_cast<unsigned>(ceil_div(channels, kTile)),
               static_cast<unsigned>(batch));
@@ -289,6 +315,27 @@ void ncdhw_to_ndhwc(ElementType element, const void* src, void* dst, int64_t bat
 void ndhwc_to_ncdhw(ElementType element, const void* src, void* dst, int64_t batch, int64_t channels, int64_t spatial,
                     cudaStream_t stream) {
   transpose<false>("ndhwc_to_ncdhw", element, src, dst, batch, channels, spatial, stream);
+}
+
+void pad_channels_ndhwc(ElementType element, const void* src, bool channels_last_source, void* dst, int64_t batch,
+                        int64_t channels, int64_t padded_channels, int64_t spatial, cudaStream_t stream) {
+  if (padded_channels % kVector != 0 || padded_channels < channels)
+    throw std::invalid_argument(
+        "cutlassfuse: pad_channels_ndhwc pads to a multiple of 8 channels, at least the source's");
+  const int64_t vectors = batch * spatial * (padded_channels / kVector);
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(vectors, kThreads), 65535));
+  const auto launch = [&](auto typed) {
+    using T = decltype(typed);
+    pad_channels_ndhwc_kernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<const T*>(src), channels_last_source,
+                                                                  static_cast<T*>(dst), static_cast<int>(channels),
+                                                                  static_cast<int>(padded_channels), spatial, vectors);
+  };
+  switch (element) {
+    case ElementType::kFloat16: launch(__half{}); break;
+    case ElementType::kBFloat16: launch(__nv_bfloat16{}); break;
+    default: throw std::invalid_argument("cutlassfuse: pad_channels_ndhwc takes float16 or bfloat16");
+  }
+  check_launch("pad_channels_ndhwc_kernel");
 }
 
 void repeat_row(const void* row, int64_t row_bytes, int64_t copies, void* dst, cudaStream_t stream) {

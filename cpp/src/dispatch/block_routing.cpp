@@ -20,10 +20,19 @@ Routed<BlockKernelPath, PlannedBlock> route(const BlockCall& call) {
   return route_first<PlannedBlock>(kBlockKernelPaths, call);
 }
 
+// What a call's residual costs besides the add in the normalize: a copy where it is in
+// the other layout than the output.
+std::string residual_explanation(const ConvNormActivationArgs& a) {
+  if (!a.residual.has_value() || !a.residual->defined()) return "";
+  const bool converted = !a.residual->is_contiguous(block_output_memory_format(a));
+  return std::string("; the residual added as the output is written") +
+         (converted ? " (a copy of it in the output's layout first)" : "");
+}
+
 std::string explain_block(const ConvNormActivationArgs& a, bool keep_for_backward) {
   const BlockProblem b = validate_block(a);
   const CallOptions options = current_options();
-  return route({a, b, options, keep_for_backward}).explanation(kBlockReferenceDescription);
+  return route({a, b, options, keep_for_backward}).explanation(kBlockReferenceDescription) + residual_explanation(a);
 }
 
 }  // namespace

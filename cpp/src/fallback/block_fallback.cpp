@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cutlassfuse/block.h"
+#include "cutlassfuse/common/layout.h"
 #include "cutlassfuse/common/nvtx.h"
 #include "cutlassfuse/norm/group_norm_generic.h"
 #include "cutlassfuse/op.h"
@@ -94,11 +95,23 @@ bool pads_input_channels(const ConvNormActivationArgs& a) {
   return !a.transposed && a.groups == 1 && (type == at::kHalf || type == at::kBFloat16) && a.input.size(1) % 8 != 0;
 }
 
-// `t` ([*, C, D, H, W]) with zero channels after its C, up to `channels`, channels-last.
+// `t` ([*, C, D, H, W], 16 bits) with zero channels after its C, up to `channels` (a
+// multiple of 8), channels-last: one pass of pad_channels_ndhwc for a packed NCDHW or
+// channels-last `t` (an allocation and a launch, where ATen's fill, view and copy took
+// three operations and two passes over the padded tensor), ATen's otherwise.
 at::Tensor with_zero_channels(const at::Tensor& t, int64_t channels) {
   std::vector<int64_t> sizes = t.sizes().vec();
   sizes[1] = channels;
-  at::Tensor padded = at::zeros(sizes, t.options().memory_format(at::MemoryFormat::ChannelsLast3d));
+  const at::TensorOptions options = t.options().memory_format(at::MemoryFormat::ChannelsLast3d);
+  const bool ncdhw = t.is_contiguous();
+  if (t.numel() > 0 && (ncdhw || t.is_contiguous(at::MemoryFormat::ChannelsLast3d))) {
+    at::Tensor padded = at::empty(sizes, options);
+    pad_channels_ndhwc(*element_type(t.scalar_type()), t.const_data_ptr(), /*channels_last_source=*/!ncdhw,
+                       padded.data_ptr(), t.size(0), t.size(1), channels, t.numel() / (t.size(0) * t.size(1)),
+                       at::cuda::getCurrentCUDAStream());
+    return padded;
+  }
+  at::Tensor padded = at::zeros(sizes, options);
   padded.narrow(1, 0, t.size(1)).copy_(t);
   return padded;
 }
@@ -147,7 +160,7 @@ class FallbackBlock final : public PlannedBlock {
     const bool before = b.position == ActivationPosition::kBeforeNorm;
     const NormEpilogue norm{a.norm_weight, a.norm_bias,
                             PreNorm{data_or_null(a.bias, operands.bias), before ? act : ActivationParams{}},
-                            before ? ActivationParams{} : act};
+                            before ? ActivationParams{} : act, residual_in(a, block_output_memory_format(a))};
     // Written beside y when y is kept, or NCDHW from channels-last y; else in place.
     std::optional<at::Tensor> out;
     if (keep || block_output_memory_format(a) != y.suggest_memory_format())

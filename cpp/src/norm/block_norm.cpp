@@ -41,6 +41,7 @@ NormResult finish_norm(const at::Tensor& y, const std::optional<at::Tensor>& out
   }
   group_norm_finalize(finalize, stream);
   NormalizeOutputs outputs;
+  if (norm.residual.has_value()) outputs.residual = norm.residual->const_data_ptr();
   if (out.has_value()) {
     outputs.out = out->data_ptr();
     outputs.out_channels_first = out->is_contiguous();

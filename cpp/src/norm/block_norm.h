@@ -43,6 +43,7 @@ struct NormEpilogue {
   const std::optional<at::Tensor>& beta;
   PreNorm pre;  // what the normalize adds to y before normalizing (bias, activation before the norm)
   ActivationParams after;
+  std::optional<at::Tensor> residual;  // added to the output, in the output's layout; absent: none
 };
 
 // Finalize and normalize `y` (packed NCDHW or NDHWC) whose partials are in `stats`:

@@ -23,6 +23,24 @@ constexpr int kChunk = kThreads * kPerThread;
 // bounds guarantee two.
 constexpr int kResidentPerSm = 2;
 
+bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The output plus the residual's value at the output's `index` (the residual in the
+// output's layout), where a residual is given: the block's sum, rounded once.
+template <class T>
+__device__ __forceinline__ float plus_residual(const T* __restrict__ residual, int64_t index, float v) {
+  return residual == nullptr ? v : v + to_float(residual[index]);
+}
+
+template <class T>
+__device__ __forceinline__ void add_residual(const T* __restrict__ residual, int64_t index, float (&v)[kVector]) {
+  if (residual == nullptr) return;
+  float r[kVector];
+  load_vector(residual + index, r);
+#pragma unroll
+  for (int k = 0; k < kVector; ++k) v[k] += r[k];
+}
+
 // v[i] = after(v[i] * scale + shift), v[i] of channel(i) with scale_shift(i).
 template <int N, class ScaleShift, class Channel>
 __device__ __forceinline__ void apply_norm_after(const ActivationParams& after, float (&v)[N],
@@ -41,8 +59,8 @@ __device__ __forceinline__ void apply_norm_after(const ActivationParams& after, 
 template <class T>
 __global__ void __launch_bounds__(kThreads)
 normalize_channels_first_kernel(const T* y, PreTerms<T> pre, const float2* __restrict__ scale_shift,
-                                ActivationParams after, int64_t spatial, int channels, int64_t chunks_per_plane,
-                                T* out) {
+                                ActivationParams after, int64_t spatial, int channels, int64_t chunks_per_plane, T* out,
+                                const T* __restrict__ residual) {
   const int64_t plane = blockIdx.x / chunks_per_plane;
   const int64_t begin = (blockIdx.x % chunks_per_plane) * kChunk + threadIdx.x;
   const int c = static_cast<int>(plane % channels);
@@ -61,7 +79,7 @@ normalize_channels_first_kernel(const T* y, PreTerms<T> pre, const float2* __res
 #pragma unroll
   for (int j = 0; j < kPerThread; ++j) {
     const int64_t i = begin + j * kThreads;
-    if (i < spatial) out_row[i] = from_float<T>(v[j]);
+    if (i < spatial) out_row[i] = from_float<T>(plus_residual(residual, plane * spatial + i, v[j]));
   }
 }
 
@@ -79,8 +97,8 @@ template <class T, bool kVectorPixels>
 __device__ void normalize_tile_keeping(const T* __restrict__ y, const PreTerms<T>& pre,
                                        const float2* __restrict__ scale_shift, const ActivationParams& after,
                                        int64_t spatial, int channels, T* __restrict__ out,
-                                       float (*tile)[kTransposeTile + 1], int64_t n, int64_t pixel_begin,
-                                       int channel_begin) {
+                                       const T* __restrict__ residual, float (*tile)[kTransposeTile + 1], int64_t n,
+                                       int64_t pixel_begin, int channel_begin) {
   constexpr int kLanesPerChannel = kVectorPixels ? kTransposeTile / kVector : kTransposeTile;
   constexpr int kWidth = kVectorPixels ? kVector : 1;  // pixels of a row
   constexpr int kRows = kVector / kWidth;              // rows at once
@@ -116,11 +134,12 @@ __device__ void normalize_tile_keeping(const T* __restrict__ y, const PreTerms<T
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       if (channel_begin + i + r * kRowStep >= channels) break;
-      T* dst = out + (n * channels + channel[r]) * spatial + pixel;
+      const int64_t index = (n * channels + channel[r]) * spatial + pixel;
       if constexpr (kVectorPixels) {
-        store_vector(dst, v);
+        add_residual(residual, index, v);
+        store_vector(out + index, v);
       } else {
-        *dst = from_float<T>(v[r]);
+        out[index] = from_float<T>(plus_residual(residual, index, v[r]));
       }
     }
   }
@@ -154,13 +173,14 @@ template <class T, bool kVectorPixels, bool kVectorChannels>
 __global__ void __launch_bounds__(kThreads)
 normalize_keeping_channels_first_kernel(const T* __restrict__ y, PreTerms<T> pre,
                                         const float2* __restrict__ scale_shift, ActivationParams after, int64_t spatial,
-                                        int channels, T* __restrict__ out, T* __restrict__ activation) {
+                                        int channels, T* __restrict__ out, T* __restrict__ activation,
+                                        const T* __restrict__ residual) {
   __shared__ float tile[kTransposeTile][kTransposeTile + 1];  // [channel][pixel]
   const int64_t n = blockIdx.y;
   const int64_t pixel_begin = int64_t{blockIdx.x} * kTransposeTile;
   const int channel_begin = static_cast<int>(blockIdx.z) * kTransposeTile;
-  normalize_tile_keeping<T, kVectorPixels>(y, pre, scale_shift, after, spatial, channels, out, tile, n, pixel_begin,
-                                           channel_begin);
+  normalize_tile_keeping<T, kVectorPixels>(y, pre, scale_shift, after, spatial, channels, out, residual, tile, n,
+                                           pixel_begin, channel_begin);
   __syncthreads();
   store_tile_channels_last<T, kVectorChannels>(tile, spatial, channels, activation, n, pixel_begin, channel_begin);
 }
@@ -168,14 +188,15 @@ normalize_keeping_channels_first_kernel(const T* __restrict__ y, PreTerms<T> pre
 template <class T>
 void launch_normalize_keeping_channels_first(const T* y, const PreTerms<T>& pre, const float2* scale_shift,
                                              const ActivationParams& after, const GroupNormShape& shape, T* out,
-                                             T* activation, cudaStream_t stream) {
+                                             T* activation, const T* residual, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(ceil_div(shape.spatial, kTransposeTile)), static_cast<unsigned>(shape.batch),
                   static_cast<unsigned>(ceil_div(shape.channels, kTransposeTile)));
   const int channels = static_cast<int>(shape.channels);
   const auto launch = [&](auto kernel) {
-    kernel<<<grid, kThreads, 0, stream>>>(y, pre, scale_shift, after, shape.spatial, channels, out, activation);
+    kernel<<<grid, kThreads, 0, stream>>>(y, pre, scale_shift, after, shape.spatial, channels, out, activation,
+                                          residual);
   };
-  const bool vector_pixels = shape.spatial % kVector == 0;
+  const bool vector_pixels = shape.spatial % kVector == 0 && aligned(out) && aligned(residual);
   const bool vector_channels = shape.channels % kVector == 0;
   if (vector_pixels) {
     vector_channels ? launch(normalize_keeping_channels_first_kernel<T, true, true>)
@@ -194,7 +215,7 @@ template <class T>
 __global__ void __launch_bounds__(kThreads)
 normalize_channels_last_kernel(const T* y, PreTerms<T> pre, const float2* __restrict__ scale_shift,
                                ActivationParams after, int64_t spatial, int channels, int64_t chunks_per_sample, T* out,
-                               T* activation) {
+                               T* activation, const T* __restrict__ residual) {
   const int64_t n = blockIdx.x / chunks_per_sample;
   const int64_t begin = (blockIdx.x % chunks_per_sample) * kChunk;
   const int64_t count = spatial * channels;
@@ -227,7 +248,7 @@ normalize_channels_last_kernel(const T* y, PreTerms<T> pre, const float2* __rest
 #pragma unroll
   for (int j = 0; j < kPerThread; ++j) {
     const int k = threadIdx.x + j * kThreads;
-    if (begin + k < count) out[offset + k] = from_float<T>(v[j]);
+    if (begin + k < count) out[offset + k] = from_float<T>(plus_residual(residual, offset + k, v[j]));
   }
 }
 
@@ -322,7 +343,7 @@ template <class T>
 __global__ void __launch_bounds__(kThreads, kResidentPerSm)
     normalize_channels_last_vectors_kernel(const T* y, PreTerms<T> pre, const float2* __restrict__ scale_shift,
                                            ActivationParams after, int64_t spatial, int channels, int blocks_per_sample,
-                                           T* out, T* activation) {
+                                           T* out, T* activation, const T* __restrict__ residual) {
   const int n = static_cast<int>(blockIdx.x) / blocks_per_sample;
   const int part = static_cast<int>(blockIdx.x) - n * blocks_per_sample;
   const int row_vectors = channels / kVector;
@@ -350,6 +371,7 @@ __global__ void __launch_bounds__(kThreads, kResidentPerSm)
       terms.apply_pre(pre.activation, v);
       if (activation != nullptr) store_vector(activation + offset, v);
       terms.apply_norm_after(after, v);
+      add_residual(residual, offset, v);
       store_vector(out + offset, v);
     }
   }
@@ -395,8 +417,8 @@ struct TransposeTiles {
     return y + (n * spatial + pixel_begin(t)) * channels + channel_begin;
   }
   template <class T>
-  __device__ T* in_out(T* out, int64_t t) const {
-    return out + (n * channels + channel_begin) * spatial + pixel_begin(t);
+  __device__ T* in_out(T* out, int64_t t) const {  // also the residual's, null where none is given
+    return out == nullptr ? nullptr : out + (n * channels + channel_begin) * spatial + pixel_begin(t);
   }
 };
 
@@ -491,7 +513,8 @@ __device__ __forceinline__ void normalize_values_into_tile(const T* __restrict__
 // lane, a warp along 32 pixels of a row.
 template <class T, bool kVectorPixels>
 __device__ __forceinline__ void store_tile_channels_first(const float* tile, const TransposeTiles& g, int pixels,
-                                                          T* __restrict__ out_origin) {
+                                                          T* __restrict__ out_origin,
+                                                          const T* __restrict__ residual_origin) {
   if constexpr (kVectorPixels) {
     const int segments_log2 = g.pixels_log2 - 5;  // of 32 pixels, per row
     const int count = (g.rows + 7) / 8 * 8 << (g.pixels_log2 - 3);
@@ -503,6 +526,7 @@ __device__ __forceinline__ void store_tile_channels_first(const float* tile, con
       float v[kVector];
 #pragma unroll
       for (int k = 0; k < kVector; ++k) v[k] = tile[row * g.row_stride + p + k];
+      add_residual(residual_origin, row * g.spatial + p, v);
       store_vector(out_origin + row * g.spatial + p, v);
     }
   } else {
@@ -510,7 +534,10 @@ __device__ __forceinline__ void store_tile_channels_first(const float* tile, con
     for (int e = static_cast<int>(threadIdx.x); e < count; e += kThreads) {
       const int row = e >> g.pixels_log2;
       const int p = e & ((1 << g.pixels_log2) - 1);
-      if (p < pixels) out_origin[row * g.spatial + p] = from_float<T>(tile[row * g.row_stride + p]);
+      if (p < pixels) {
+        const int64_t index = int64_t{row} * g.spatial + p;
+        out_origin[index] = from_float<T>(plus_residual(residual_origin, index, tile[row * g.row_stride + p]));
+      }
     }
   }
 }
@@ -521,7 +548,7 @@ template <class T, bool kVectorChannels, bool kVectorPixels>
 __global__ void __launch_bounds__(kThreads, kResidentPerSm)
     normalize_to_channels_first_kernel(const T* __restrict__ y, PreTerms<T> pre, const float2* __restrict__ scale_shift,
                                        ActivationParams after, int64_t spatial, int channels, int tile_pixels_log2,
-                                       T* __restrict__ out) {
+                                       T* __restrict__ out, const T* __restrict__ residual) {
   __shared__ float tile[kTileValues<T> + kTransposeTile];  // rows of 2^k values, 64 at most, each padded by one
   const TransposeTiles g(spatial, channels, tile_pixels_log2);
   const float2* sample_scale_shift = scale_shift + g.n * channels;
@@ -537,14 +564,14 @@ __global__ void __launch_bounds__(kThreads, kResidentPerSm)
       __syncthreads();
       const int64_t next = t + gridDim.x;
       if (next < tiles) column.load(g.in_y(y, next), channels, g.pixels(next), loaded);
-      store_tile_channels_first<T, kVectorPixels>(tile, g, g.pixels(t), g.in_out(out, t));
+      store_tile_channels_first<T, kVectorPixels>(tile, g, g.pixels(t), g.in_out(out, t), g.in_out(residual, t));
       __syncthreads();
     }
   } else {
     for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
       normalize_values_into_tile(g.in_y(y, t), pre, sample_scale_shift, after, g, g.pixels(t), tile);
       __syncthreads();
-      store_tile_channels_first<T, kVectorPixels>(tile, g, g.pixels(t), g.in_out(out, t));
+      store_tile_channels_first<T, kVectorPixels>(tile, g, g.pixels(t), g.in_out(out, t), g.in_out(residual, t));
       __syncthreads();
     }
   }
@@ -571,8 +598,6 @@ int64_t resident_blocks() {
   return int64_t{sms} * kResidentPerSm;
 }
 
-bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // Whether a thread can take y's channels-last rows a vector of channels at a time, the
 // channels' constants in its registers (ChannelVector): rows of whole vectors, y aligned.
 bool takes_channel_vectors(const GroupNormShape& shape, const ActivationParams& pre, const ActivationParams& after,
@@ -583,15 +608,15 @@ bool takes_channel_vectors(const GroupNormShape& shape, const ActivationParams& 
 // Whether normalize_channels_last_vectors_kernel takes the call: vector channels, at most
 // a block's threads of vectors a row, the outputs aligned too.
 bool channels_last_vectors(const GroupNormShape& shape, const ActivationParams& pre, const ActivationParams& after,
-                           const void* y, const void* out, const void* activation) {
+                           const void* y, const void* out, const void* activation, const void* residual) {
   return takes_channel_vectors(shape, pre, after, y) && shape.channels / kVector <= kThreads && aligned(out) &&
-         (activation == nullptr || aligned(activation));
+         aligned(activation) && aligned(residual);
 }
 
 template <class T>
 void launch_normalize_channels_last_vectors(const T* y, const PreTerms<T>& pre, const float2* scale_shift,
                                             const ActivationParams& after, const GroupNormShape& shape, T* out,
-                                            T* activation, cudaStream_t stream) {
+                                            T* activation, const T* residual, cudaStream_t stream) {
   const int channels = static_cast<int>(shape.channels);
   const int row_vectors = channels / kVector;
   const int threads = kThreads / row_vectors * row_vectors;
@@ -601,13 +626,13 @@ void launch_normalize_channels_last_vectors(const T* y, const PreTerms<T>& pre, 
   const int64_t parts = std::min(ceil_div(shape.spatial * row_vectors, int64_t{threads} * kUnroll<T>),
                                  std::max<int64_t>(1, resident_blocks() / shape.batch));
   kernel<<<static_cast<unsigned>(shape.batch * parts), threads, 0, stream>>>(
-      y, pre, scale_shift, after, shape.spatial, channels, static_cast<int>(parts), out, activation);
+      y, pre, scale_shift, after, shape.spatial, channels, static_cast<int>(parts), out, activation, residual);
 }
 
 template <class T>
 void launch_normalize_to_channels_first(const T* y, const PreTerms<T>& pre, const float2* scale_shift,
                                         const ActivationParams& after, const GroupNormShape& shape, T* out,
-                                        cudaStream_t stream) {
+                                        const T* residual, cudaStream_t stream) {
   const int channels = static_cast<int>(shape.channels);
   int channels_log2 = 0;  // of min(channels, kTransposeTile), rounded up
   while ((1 << channels_log2) < std::min(channels, kTransposeTile)) ++channels_log2;
@@ -620,9 +645,10 @@ void launch_normalize_to_channels_first(const T* y, const PreTerms<T>& pre, cons
         std::min(pixel_tiles, std::max<int64_t>(1, resident_blocks() / (shape.batch * channel_tiles)));
     const dim3 grid(static_cast<unsigned>(walkers), static_cast<unsigned>(shape.batch),
                     static_cast<unsigned>(channel_tiles));
-    kernel<<<grid, kThreads, 0, stream>>>(y, pre, scale_shift, after, shape.spatial, channels, tile_pixels_log2, out);
+    kernel<<<grid, kThreads, 0, stream>>>(y, pre, scale_shift, after, shape.spatial, channels, tile_pixels_log2, out,
+                                          residual);
   };
-  const bool vector_pixels = shape.spatial % kVector == 0 && aligned(out);
+  const bool vector_pixels = shape.spatial % kVector == 0 && aligned(out) && aligned(residual);
   if (takes_channel_vectors(shape, pre.activation, after, y)) {
     vector_pixels ? launch(normalize_to_channels_first_kernel<T, true, true>)
                   : launch(normalize_to_channels_first_kernel<T, true, false>);
@@ -641,28 +667,29 @@ void launch_normalize(void* y, ActivationLayout layout, const PreNorm& pre_norm,
   const auto* ss = static_cast<const float2*>(scale_shift);
   auto* out = static_cast<T*>(outputs.out == nullptr ? y : outputs.out);
   auto* activation = static_cast<T*>(outputs.activation);
+  const auto* residual = static_cast<const T*>(outputs.residual);
   const int channels = static_cast<int>(shape.channels);
   if (layout == ActivationLayout::kChannelsLast && outputs.out_channels_first) {
     if (outputs.out == nullptr || activation != nullptr)
       throw std::invalid_argument(
           "cutlassfuse: norm_activation_normalize writes NCDHW from an NDHWC y only into a separate out, keeping no "
           "activation");
-    launch_normalize_to_channels_first<T>(data, pre, ss, after, shape, out, stream);
+    launch_normalize_to_channels_first<T>(data, pre, ss, after, shape, out, residual, stream);
   } else if (layout == ActivationLayout::kChannelsLast &&
-             channels_last_vectors(shape, pre.activation, after, data, out, activation)) {
-    launch_normalize_channels_last_vectors<T>(data, pre, ss, after, shape, out, activation, stream);
+             channels_last_vectors(shape, pre.activation, after, data, out, activation, residual)) {
+    launch_normalize_channels_last_vectors<T>(data, pre, ss, after, shape, out, activation, residual, stream);
   } else if (layout == ActivationLayout::kChannelsLast) {
     const int64_t chunks = ceil_div(shape.spatial * shape.channels, kChunk);
     const auto blocks = static_cast<unsigned>(shape.batch * chunks);
-    normalize_channels_last_kernel<T>
-        <<<blocks, kThreads, 0, stream>>>(data, pre, ss, after, shape.spatial, channels, chunks, out, activation);
+    normalize_channels_last_kernel<T><<<blocks, kThreads, 0, stream>>>(data, pre, ss, after, shape.spatial, channels,
+                                                                       chunks, out, activation, residual);
   } else if (activation == nullptr) {
     const int64_t chunks = ceil_div(shape.spatial, kChunk);
     const auto blocks = static_cast<unsigned>(shape.batch * shape.channels * chunks);
     normalize_channels_first_kernel<T>
-        <<<blocks, kThreads, 0, stream>>>(data, pre, ss, after, shape.spatial, channels, chunks, out);
+        <<<blocks, kThreads, 0, stream>>>(data, pre, ss, after, shape.spatial, channels, chunks, out, residual);
   } else {
-    launch_normalize_keeping_channels_first<T>(data, pre, ss, after, shape, out, activation, stream);
+    launch_normalize_keeping_channels_first<T>(data, pre, ss, after, shape, out, activation, residual, stream);
   }
   check_launch("norm_activation_normalize_kernel");
 }

@@ -104,7 +104,8 @@ class FusedBlock final : public PlannedBlock {
     std::optional<at::Tensor> out;
     if (keep || block_output_memory_format(a) == at::MemoryFormat::Contiguous)
       out = at::empty(y.sizes(), y.options().memory_format(block_output_memory_format(a)));
-    const NormEpilogue norm{a.norm_weight, a.norm_bias, PreNorm{deferred_bias, {}}, before ? ActivationParams{} : act};
+    const NormEpilogue norm{a.norm_weight, a.norm_bias, PreNorm{deferred_bias, {}}, before ? ActivationParams{} : act,
+                            residual_in(a, block_output_memory_format(a))};
     NormResult r = finish_norm(y, out, stats, norm, p, keep, operands);
     return {std::move(r.out), keep ? y : at::Tensor(), std::move(r.mean), std::move(r.rstd)};
   }

@@ -101,9 +101,11 @@ std::vector<bool> needed(AutogradContext* ctx, const variable_list& saved, size_
 }
 
 // Argument positions in the block schema of its tensors.
-enum BlockTensor { kInput, kWeight, kBias, kNormWeight, kNormBias, kSlopes, kBlockTensors };
-constexpr int kBlockSchemaArguments = 18;
-constexpr int kBlockSchemaPosition[kBlockTensors] = {0, 1, 2, 10, 11, 15};
+// The packed weight takes no gradient, but its edge (where given) comes before the
+// residual's, so it is a slot of its own.
+enum BlockTensor { kInput, kWeight, kBias, kNormWeight, kNormBias, kSlopes, kPackedWeight, kResidual, kBlockTensors };
+constexpr int kBlockSchemaArguments = 19;
+constexpr int kBlockSchemaPosition[kBlockTensors] = {0, 1, 2, 10, 11, 15, 17, 18};
 
 class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> {
  public:
@@ -112,8 +114,12 @@ class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> 
       const at::AutoDispatchBelowADInplaceOrView below_autograd;
       return block_for_backward_op().call(CUTLASSFUSE_BLOCK_ARGUMENTS);
     }();
+    // Every tensor argument in schema order, so that needed() counts their edges: the
+    // packed weight (the module's kept copy, no gradient) and the residual (whose
+    // gradient is the output's) are saved for that alone.
     ctx->save_for_backward({input, weight, or_undefined(bias), or_undefined(norm_weight), or_undefined(norm_bias),
-                            or_undefined(activation_weight), y, mean, rstd});
+                            or_undefined(activation_weight), or_undefined(packed_weight), or_undefined(residual), y,
+                            mean, rstd});
     SavedActivation{*activation_from_name(activation), activation_parameter, {}}.save(ctx);
     ctx->saved_data["before_norm"] = activation_before_norm;
     ctx->saved_data["num_groups"] = num_groups;
@@ -165,6 +171,7 @@ class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> 
     grads[kNormWeight] = parameter_grad(need[kNormWeight], g.gamma, saved[kNormWeight]);
     grads[kNormBias] = parameter_grad(need[kNormBias], g.beta, saved[kNormBias]);
     grads[kSlopes] = parameter_grad(need[kSlopes], g.slopes, saved[kSlopes]);
+    grads[kResidual] = parameter_grad(need[kResidual], grad, saved[kResidual]);
     return grads;
   }
 
@@ -179,7 +186,8 @@ class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> 
     const at::ScalarType type = x.scalar_type();
     x = at::group_norm(x, ctx->saved_data["num_groups"].toInt(), as_type(or_none(t[kNormWeight]), type),
                        as_type(or_none(t[kNormBias]), type), ctx->saved_data["eps"].toDouble());
-    return before ? x : apply_activation(x, kind, parameter, or_none(t[kSlopes]));
+    if (!before) x = apply_activation(x, kind, parameter, or_none(t[kSlopes]));
+    return t[kResidual].defined() ? x + t[kResidual] : x;
   }
 };
 
@@ -235,9 +243,10 @@ class GroupNormActivation : public torch::autograd::Function<GroupNormActivation
 };
 
 at::Tensor block_autograd(CUTLASSFUSE_BLOCK_PARAMETERS) {
-  const bool tracked = at::GradMode::is_enabled() &&
-                       (input.requires_grad() || weight.requires_grad() || requires_grad(bias) ||
-                        requires_grad(norm_weight) || requires_grad(norm_bias) || requires_grad(activation_weight));
+  const bool tracked =
+      at::GradMode::is_enabled() &&
+      (input.requires_grad() || weight.requires_grad() || requires_grad(bias) || requires_grad(norm_weight) ||
+       requires_grad(norm_bias) || requires_grad(activation_weight) || requires_grad(residual));
   if (!tracked) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     return block_op().call(CUTLASSFUSE_BLOCK_ARGUMENTS);

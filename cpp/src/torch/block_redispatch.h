@@ -17,10 +17,11 @@ namespace cutlassfuse {
       at::IntArrayRef padding, at::IntArrayRef output_padding, int64_t groups, at::IntArrayRef dilation,             \
       bool transposed, int64_t num_groups, const OptionalTensor &norm_weight, const OptionalTensor &norm_bias,       \
       double eps, c10::string_view activation, double activation_parameter, const OptionalTensor &activation_weight, \
-      bool activation_before_norm, const OptionalTensor &packed_weight
-#define CUTLASSFUSE_BLOCK_ARGUMENTS                                                                            \
-  input, weight, bias, stride, padding, output_padding, groups, dilation, transposed, num_groups, norm_weight, \
-      norm_bias, eps, activation, activation_parameter, activation_weight, activation_before_norm, packed_weight
+      bool activation_before_norm, const OptionalTensor &packed_weight, const OptionalTensor &residual
+#define CUTLASSFUSE_BLOCK_ARGUMENTS                                                                               \
+  input, weight, bias, stride, padding, output_padding, groups, dilation, transposed, num_groups, norm_weight,    \
+      norm_bias, eps, activation, activation_parameter, activation_weight, activation_before_norm, packed_weight, \
+      residual
 
 #define CUTLASSFUSE_NORM_PARAMETERS                                                                                \
   const at::Tensor &input, int64_t num_groups, const OptionalTensor &norm_weight, const OptionalTensor &norm_bias, \

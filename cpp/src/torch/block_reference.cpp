@@ -36,10 +36,11 @@ BlockForBackward block_forward(const ConvNormActivationArgs& a) {
   const ActivationArgs identity{"identity", 0., std::nullopt};
   if (a.activation_before_norm)
     x = apply_activation(x, kind_of(a.activation), a.activation.parameter, a.activation.weight);
-  const auto [out, mean, rstd] =
-      group_norm_then(x, a.num_groups, a.norm_weight, a.norm_bias, a.eps,
-                      a.activation_before_norm ? identity : a.activation, block_output_memory_format(a));
-  return {out, y, mean, rstd};
+  const at::MemoryFormat format = block_output_memory_format(a);
+  const auto [out, mean, rstd] = group_norm_then(x, a.num_groups, a.norm_weight, a.norm_bias, a.eps,
+                                                 a.activation_before_norm ? identity : a.activation, format);
+  const std::optional<at::Tensor> residual = residual_in(a, format);
+  return {residual ? (out + *residual).contiguous(format) : out, y, mean, rstd};
 }
 
 }  // namespace

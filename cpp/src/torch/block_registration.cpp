@@ -15,7 +15,7 @@ constexpr const char* kBlockArguments =
     "(Tensor input, Tensor weight, Tensor? bias, int[3] stride, int[3] padding, int[3] output_padding, int groups, "
     "int[3] dilation, bool transposed, int num_groups, Tensor? norm_weight, Tensor? norm_bias, float eps, "
     "str activation, float activation_parameter, Tensor? activation_weight, bool activation_before_norm, "
-    "Tensor? packed_weight=None)";
+    "Tensor? packed_weight=None, Tensor? residual=None)";
 constexpr const char* kNormArguments =
     "(Tensor input, int num_groups, Tensor? norm_weight, Tensor? norm_bias, float eps, str activation, "
     "float activation_parameter, Tensor? activation_weight)";
@@ -34,7 +34,8 @@ Result block_kernel(CUTLASSFUSE_BLOCK_PARAMETERS) {
                eps,
                {activation, activation_parameter, activation_weight},
                activation_before_norm,
-               packed_weight});
+               packed_weight,
+               residual});
 }
 
 template <class Result, Result (*Impl)(const NormActivationArgs&)>
@@ -70,8 +71,9 @@ using BlockArgs = ConvNormActivationArgs;
 using NormArgs = NormActivationArgs;
 
 // Under torch.autocast the convolution's operands run in the autocast dtype, as
-// nn.Conv3d's do; the norm's and the activation's parameters are taken as they are. A
-// packed weight of another dtype than the cast weight's is dropped.
+// nn.Conv3d's do, and so does the residual (added to the output, which has their dtype);
+// the norm's and the activation's parameters are taken as they are. A packed weight of
+// another dtype than the cast weight's is dropped.
 template <c10::DeviceType Device>
 at::Tensor block_autocast(CUTLASSFUSE_BLOCK_PARAMETERS) {
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(
@@ -79,11 +81,12 @@ at::Tensor block_autocast(CUTLASSFUSE_BLOCK_PARAMETERS) {
   const at::ScalarType dtype = at::autocast::get_autocast_dtype(Device);
   const auto cast = [&](const at::Tensor& t) { return at::autocast::cached_cast(dtype, t, Device); };
   const OptionalTensor cast_bias = present(bias) ? OptionalTensor(cast(*bias)) : bias;
+  const OptionalTensor cast_residual = present(residual) ? OptionalTensor(cast(*residual)) : residual;
   const OptionalTensor packed =
       present(packed_weight) && packed_weight->scalar_type() == dtype ? packed_weight : std::nullopt;
   return block_op().call(cast(input), cast(weight), cast_bias, stride, padding, output_padding, groups, dilation,
                          transposed, num_groups, norm_weight, norm_bias, eps, activation, activation_parameter,
-                         activation_weight, activation_before_norm, packed);
+                         activation_weight, activation_before_norm, packed, cast_residual);
 }
 
 // The references as a backend's kernels: the CPU's, and CUDA's in a build without CUDA

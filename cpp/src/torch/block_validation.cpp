@@ -84,6 +84,17 @@ void check_packed_weight(const std::optional<at::Tensor>& packed, const at::Tens
                     packed->strides());
 }
 
+// The residual added to the output: the output's shape and the input's dtype and device.
+void check_residual(const std::optional<at::Tensor>& residual, const Problem& p, const at::Tensor& input) {
+  if (!residual.has_value() || !residual->defined()) return;
+  check_same_device(input, "residual", *residual);
+  const std::array<int64_t, 5> shape{p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]};
+  TORCH_CHECK_VALUE(residual->sizes() == c10::IntArrayRef(shape), "cutlassfuse: residual must have the output's shape ",
+                    c10::IntArrayRef(shape), ", got ", residual->sizes());
+  TORCH_CHECK_TYPE(residual->scalar_type() == input.scalar_type(), "cutlassfuse: residual must have the input's dtype ",
+                   input.scalar_type(), ", got ", residual->scalar_type());
+}
+
 }  // namespace
 
 BlockProblem validate_block(const ConvNormActivationArgs& a) {
@@ -96,6 +107,7 @@ BlockProblem validate_block(const ConvNormActivationArgs& a) {
   block.conv.eps = a.eps;
   block.activation = validate_activation(a.activation, a.input, block.conv.out_channels);
   block.position = a.activation_before_norm ? ActivationPosition::kBeforeNorm : ActivationPosition::kAfterNorm;
+  check_residual(a.residual, block.conv, a.input);
   return block;
 }
 

@@ -38,6 +38,13 @@ void split_float32_ndhwc(const void* src, bool channels_last_source, void* dst, 
 void scale_tf32_ndhwc(const void* src, bool channels_last_source, const Tf32OperandScales* scales, void* dst,
                       int64_t batch, int64_t channels, int64_t spatial, cudaStream_t stream);
 
+// src float16/bfloat16, [batch, channels, spatial] (NCDHW) or [batch, spatial, channels]
+// (channels_last_source), packed; dst [batch, spatial, padded_channels], zeros in the
+// channels from `channels` on: a layer's input or weight made a tensor-core convolution's
+// (16-bit channels in multiples of 8) in one pass. padded_channels % 8 == 0.
+void pad_channels_ndhwc(ElementType element, const void* src, bool channels_last_source, void* dst, int64_t batch,
+                        int64_t channels, int64_t padded_channels, int64_t spatial, cudaStream_t stream);
+
 // dst[i * row_bytes + j] = row[j] for i < copies, j < row_bytes.
 void repeat_row(const void* row, int64_t row_bytes, int64_t copies, void* dst, cudaStream_t stream);
 

@@ -48,14 +48,17 @@ void norm_activation_stats(ElementType element, const void* y, ActivationLayout 
 // convolution run on channels-last operands the transpose of its output). Keeping what
 // the backward of ReLU + GroupNorm reads: `out` in y's layout and `activation` (pre(y))
 // NDHWC, which may be y itself when y is NDHWC (each element is read and written by one
-// thread); not with an NCDHW `out` from an NDHWC y.
+// thread); not with an NCDHW `out` from an NDHWC y. `residual`, where given, is added to
+// the output (a block's residual connection): the output's shape, element type and
+// layout, never the output itself.
 struct NormalizeOutputs {
   void* out = nullptr;
   void* activation = nullptr;
   bool out_channels_first = false;
+  const void* residual = nullptr;
 };
 
-// out = after(pre(y) * scale + shift), scale_shift: float2 per (sample, channel).
+// out = after(pre(y) * scale + shift) [+ residual], scale_shift: float2 per (sample, channel).
 void norm_activation_normalize(ElementType element, void* y, ActivationLayout layout, const PreNorm& pre,
                                const void* scale_shift, const ActivationParams& after, const GroupNormShape& shape,
                                const NormalizeOutputs& outputs, cudaStream_t stream);
