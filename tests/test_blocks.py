@@ -5,6 +5,7 @@ autograd), fake kernels (opcheck, meta tensors) and argument validation."""
 from __future__ import annotations
 
 import itertools
+import weakref
 
 import pytest
 import torch
@@ -302,6 +303,43 @@ def test_residual_gradient_beside_a_packed_weight():
             1e-5, "relu", 0.0, None, False, packed, residual)
 
     torch.autograd.gradcheck(f, (x, residual, conv.weight))
+
+
+def test_the_graph_does_not_keep_the_residual():
+    """The backward needs only whether a residual was given (its gradient is the
+    output's), so the autograd graph lets the residual go once the call has read it."""
+    conv, norm, act = make_block(False, "relu", num_groups=2, bias=True, affine=True, stride=1)
+    block = cutlassfuse.Conv3dNormActivation.from_modules(conv, norm, act)
+    x = torch.randn(1, 4, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    source = torch.randn(1, 6, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    residual = source * 2  # not a leaf: only the caller and a saving graph hold it
+    kept = weakref.ref(residual)
+    out = block(x, residual=residual)
+    del residual
+    assert kept() is None
+    out.sum().backward()
+    torch.testing.assert_close(source.grad, torch.full_like(source, 2.0))
+
+
+def test_a_residual_is_checked_against_each_calls_output_shape():
+    """Whether the op takes the residual follows the output shape of each call (other
+    input sizes, conv arguments changed between calls); a residual of another shape is
+    PyTorch's add, broadcast or refused as PyTorch refuses it."""
+    conv, norm, act = make_block(False, "relu", num_groups=2, bias=True, affine=True, stride=1)
+    block = cutlassfuse.Conv3dNormActivation.from_modules(conv, norm, act)
+    small = torch.randn(1, 4, 3, 3, 3, dtype=torch.float64)
+    large = torch.randn(1, 4, 4, 4, 4, dtype=torch.float64)
+    for x in (small, large, small):
+        residual = torch.randn(block(x).shape, dtype=torch.float64)
+        torch.testing.assert_close(block(x, residual=residual), block(x) + residual)
+    shift = torch.randn(1, 6, 1, 1, 1, dtype=torch.float64)
+    torch.testing.assert_close(block(large, residual=shift), block(large) + shift)
+    fitting = torch.randn(block(large).shape, dtype=torch.float64)
+    block(large, residual=fitting)
+    block.conv.stride = (2, 2, 2)  # the output shrinks: the residual no longer fits
+    with pytest.raises(RuntimeError, match="must match the size"):
+        block(large, residual=fitting)
+    torch.testing.assert_close(block(large, residual=shift), block(large) + shift)
 
 
 def test_residual_opcheck():

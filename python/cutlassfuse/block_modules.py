@@ -187,7 +187,7 @@ class _ConvNormActivation(PackedParameters):
             return self._call(x, output_padding, None)
         if (isinstance(x, Tensor) and isinstance(residual, Tensor) and x.dim() == 5
                 and residual.dtype == x.dtype and residual.device == x.device
-                and tuple(residual.shape) == self._output_shape(x, output_padding)):
+                and residual.shape == self._output_shape(x, output_padding)):
             return self._call(x, output_padding, residual)
         return self._call(x, output_padding, None) + residual
 
@@ -202,11 +202,19 @@ class _ConvNormActivation(PackedParameters):
         return tuple(conv._output_padding(x, output_size, conv.stride, conv.padding, conv.kernel_size, 3,
                                           conv.dilation))
 
-    def _output_shape(self, x: Tensor, output_padding: tuple[int, ...]) -> tuple[int, ...]:
+    def _output_shape(self, x: Tensor, output_padding: tuple[int, ...]) -> torch.Size:
+        """The block's output shape for `x`, kept per input shape and conv arguments: the
+        check of a residual's shape is on every call's path, and its arithmetic costs more
+        host time than a dictionary lookup."""
         conv = self.conv
-        spatial = _conv_output_size(x.shape[2:], conv.kernel_size, conv.stride, _conv_padding(conv), output_padding,
-                                    conv.dilation, self._transposed)
-        return (x.shape[0], conv.out_channels, *spatial)
+        key = (x.shape, output_padding, conv.kernel_size, conv.stride, conv.padding, conv.dilation, conv.out_channels)
+        shapes = self.__dict__.setdefault("_output_shapes", {})
+        shape = shapes.get(key)
+        if shape is None:
+            spatial = _conv_output_size(x.shape[2:], conv.kernel_size, conv.stride, _conv_padding(conv),
+                                        output_padding, conv.dilation, self._transposed)
+            shape = shapes[key] = torch.Size((x.shape[0], conv.out_channels, *spatial))
+        return shape
 
     def _call(self, x: Tensor, output_padding: tuple[int, ...], residual: Tensor | None):
         # The op itself, not the functional wrapper: the modules already hold their

@@ -90,20 +90,31 @@ variable_list differentiable_gradients(const at::Tensor& out, const variable_lis
   return grads;
 }
 
+// Which of the first `count` saved tensors the call passed (an absent optional is saved
+// undefined).
+std::vector<bool> given_of(const variable_list& saved, size_t count) {
+  std::vector<bool> given(count);
+  for (size_t i = 0; i < count; ++i) given[i] = saved[i].defined();
+  return given;
+}
+
 // needs_input_grad counts the tensors the call passed (absent optionals take no edge).
-std::vector<bool> needed(AutogradContext* ctx, const variable_list& saved, size_t count) {
-  std::vector<bool> need(count, false);
+std::vector<bool> needed(AutogradContext* ctx, const std::vector<bool>& given) {
+  std::vector<bool> need(given.size(), false);
   size_t edge = 0;
-  for (size_t i = 0; i < count; ++i) {
-    if (saved[i].defined()) need[i] = ctx->needs_input_grad(edge++);
+  for (size_t i = 0; i < given.size(); ++i) {
+    if (given[i]) need[i] = ctx->needs_input_grad(edge++);
   }
   return need;
 }
 
-// Argument positions in the block schema of its tensors.
-// The packed weight takes no gradient, but its edge (where given) comes before the
-// residual's, so it is a slot of its own.
+// Argument positions in the block schema of its tensors. The packed weight takes no
+// gradient, but its edge (where given) comes before the residual's, so it is a slot of
+// its own. The backward reads the tensors before the packed weight; of the packed weight
+// and the residual (whose gradient is the output's) it needs only whether they were
+// given, so neither is saved: the graph does not keep the residual alive.
 enum BlockTensor { kInput, kWeight, kBias, kNormWeight, kNormBias, kSlopes, kPackedWeight, kResidual, kBlockTensors };
+constexpr int kSavedBlockTensors = kPackedWeight;
 constexpr int kBlockSchemaArguments = 19;
 constexpr int kBlockSchemaPosition[kBlockTensors] = {0, 1, 2, 10, 11, 15, 17, 18};
 
@@ -114,12 +125,10 @@ class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> 
       const at::AutoDispatchBelowADInplaceOrView below_autograd;
       return block_for_backward_op().call(CUTLASSFUSE_BLOCK_ARGUMENTS);
     }();
-    // Every tensor argument in schema order, so that needed() counts their edges: the
-    // packed weight (the module's kept copy, no gradient) and the residual (whose
-    // gradient is the output's) are saved for that alone.
     ctx->save_for_backward({input, weight, or_undefined(bias), or_undefined(norm_weight), or_undefined(norm_bias),
-                            or_undefined(activation_weight), or_undefined(packed_weight), or_undefined(residual), y,
-                            mean, rstd});
+                            or_undefined(activation_weight), y, mean, rstd});
+    ctx->saved_data["packed_weight_given"] = present(packed_weight);
+    ctx->saved_data["residual_given"] = present(residual);
     SavedActivation{*activation_from_name(activation), activation_parameter, {}}.save(ctx);
     ctx->saved_data["before_norm"] = activation_before_norm;
     ctx->saved_data["num_groups"] = num_groups;
@@ -135,11 +144,18 @@ class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> 
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const variable_list saved = ctx->get_saved_variables();
-    const std::vector<bool> need = needed(ctx, saved, kBlockTensors);
-    const variable_list inputs(saved.begin(), saved.begin() + kBlockTensors);
-    const variable_list grads = at::GradMode::is_enabled()
-                                    ? differentiable_gradients(recompute(ctx, inputs), inputs, need, grad_outputs[0])
-                                    : gradients(ctx, saved, need, grad_outputs[0]);
+    std::vector<bool> given = given_of(saved, kSavedBlockTensors);
+    given.push_back(ctx->saved_data["packed_weight_given"].toBool());
+    given.push_back(ctx->saved_data["residual_given"].toBool());
+    const std::vector<bool> need = needed(ctx, given);
+    const variable_list inputs(saved.begin(), saved.begin() + kSavedBlockTensors);
+    variable_list grads =
+        at::GradMode::is_enabled()
+            ? differentiable_gradients(recompute(ctx, inputs), inputs,
+                                       {need.begin(), need.begin() + kSavedBlockTensors}, grad_outputs[0])
+            : gradients(ctx, saved, need, grad_outputs[0]);
+    grads.resize(kBlockTensors);
+    grads[kResidual] = need[kResidual] ? grad_outputs[0] : at::Tensor();
     variable_list schema_grads(kBlockSchemaArguments);
     for (int i = 0; i < kBlockTensors; ++i) schema_grads[kBlockSchemaPosition[i]] = grads[i];
     return schema_grads;
@@ -152,10 +168,10 @@ class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> 
                                  const at::Tensor& grad) {
     const at::Tensor &input = saved[kInput], &weight = saved[kWeight];
     NormGradients g = norm_activation_gradients(
-        grad, saved[kBlockTensors], saved[kBias], saved[kBlockTensors + 1], saved[kBlockTensors + 2],
+        grad, saved[kSavedBlockTensors], saved[kBias], saved[kSavedBlockTensors + 1], saved[kSavedBlockTensors + 2],
         saved[kNormWeight], saved[kNormBias], ctx->saved_data["num_groups"].toInt(),
         SavedActivation::of(ctx, saved[kSlopes]), ctx->saved_data["before_norm"].toBool());
-    variable_list grads(kBlockTensors);
+    variable_list grads(kSavedBlockTensors);
     if (need[kInput] || need[kWeight]) {
       const std::vector<int64_t> stride = ints(ctx, "stride"), padding = ints(ctx, "padding"),
                                  output_padding = ints(ctx, "output_padding"), dilation = ints(ctx, "dilation");
@@ -171,7 +187,6 @@ class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> 
     grads[kNormWeight] = parameter_grad(need[kNormWeight], g.gamma, saved[kNormWeight]);
     grads[kNormBias] = parameter_grad(need[kNormBias], g.beta, saved[kNormBias]);
     grads[kSlopes] = parameter_grad(need[kSlopes], g.slopes, saved[kSlopes]);
-    grads[kResidual] = parameter_grad(need[kResidual], grad, saved[kResidual]);
     return grads;
   }
 
@@ -186,8 +201,7 @@ class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> 
     const at::ScalarType type = x.scalar_type();
     x = at::group_norm(x, ctx->saved_data["num_groups"].toInt(), as_type(or_none(t[kNormWeight]), type),
                        as_type(or_none(t[kNormBias]), type), ctx->saved_data["eps"].toDouble());
-    if (!before) x = apply_activation(x, kind, parameter, or_none(t[kSlopes]));
-    return t[kResidual].defined() ? x + t[kResidual] : x;
+    return before ? x : apply_activation(x, kind, parameter, or_none(t[kSlopes]));
   }
 };
 
@@ -213,7 +227,7 @@ class GroupNormActivation : public torch::autograd::Function<GroupNormActivation
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const variable_list saved = ctx->get_saved_variables();
-    const std::vector<bool> need = needed(ctx, saved, kNormTensors);
+    const std::vector<bool> need = needed(ctx, given_of(saved, kNormTensors));
     const variable_list inputs(saved.begin(), saved.begin() + kNormTensors);
     const ActivationKind kind = SavedActivation::kind_of(ctx);
     const double parameter = ctx->saved_data["activation_parameter"].toDouble();
