@@ -3,7 +3,8 @@
 #   1. install any wheels in .whl/ (for machines without network access: e.g. the
 #      nvidia-cutlass wheel) into /tmp/site,
 #   2. build and install cutlassfuse against the machine's torch (incremental: the
-#      ignored build/ folder is reused),
+#      ignored build/ folder is reused), or install the wheel of the same sources carried
+#      in .wheels/ (each build leaves its wheel in $OUT/wheels/),
 #   3. the selected steps (STEPS, default all, in this order):
 #        tests      the GPU tests (pytest -m gpu tests/gpu, or GPU_TESTS's selection), then
 #                   every other test against this build (pytest tests --ignore=tests/gpu,
@@ -85,10 +86,27 @@ if wanted compare; then
      >"$LOGS/baseline-build.log" 2>&1) &
   baseline_build=$!
 fi
+# The compiled extension is keyed by every file its build reads besides the Python
+# package: a wheel of the same key in .wheels/<key>/ (carried from an earlier run) installs
+# in seconds, with this tree's Python files copied over its own; otherwise the build's
+# wheel goes to $OUT/wheels/<key>/, to carry into the next run as .wheels/.
+build_key() {
+  find cpp pyproject.toml requirements-build.txt -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16
+}
+install_wheel() {
+  "$PYTHON" -m pip install -q --no-deps --no-index --force-reinstall "$1" >>"$LOGS/build.log" 2>&1
+}
 start=$(date +%s)
-if "$PYTHON" -m pip install --no-build-isolation --no-deps --no-index -v -C cmake.define.CUTLASSFUSE_BASELINE_KERNELS=ON . \
-  >"$LOGS/build.log" 2>&1; then
-  status+=("build: ok in $(( $(date +%s) - start )) s")
+key="$(build_key)"
+cached="$(ls .wheels/"$key"/cutlassfuse-*.whl 2>/dev/null | head -1)"
+if [[ -n "$cached" ]] && install_wheel "$cached"; then
+  package="$("$PYTHON" -c 'import importlib.util as u; print(u.find_spec("cutlassfuse").submodule_search_locations[0])')"
+  cp -r python/cutlassfuse/. "$package"/
+  status+=("build: wheel $key carried, installed in $(( $(date +%s) - start )) s")
+elif "$PYTHON" -m pip wheel --no-build-isolation --no-deps --no-index -v -w "$OUT/wheels/$key" \
+     -C cmake.define.CUTLASSFUSE_BASELINE_KERNELS=ON . >"$LOGS/build.log" 2>&1 \
+   && install_wheel "$(ls "$OUT/wheels/$key"/cutlassfuse-*.whl | head -1)"; then
+  status+=("build: ok in $(( $(date +%s) - start )) s (wheel $key in \$OUT/wheels)")
 else
   tail -50 "$LOGS/build.log"; echo "build failed"; exit 1
 fi
