@@ -118,6 +118,58 @@ constexpr int kSavedBlockTensors = kPackedWeight;
 constexpr int kBlockSchemaArguments = 19;
 constexpr int kBlockSchemaPosition[kBlockTensors] = {0, 1, 2, 10, 11, 15, 17, 18};
 
+// The block call's non-tensor arguments as its backward reads them: two saved_data
+// entries (a list of ints, a list of doubles), where one entry per argument cost a
+// hash-map insert each, and an allocation for each int list, on every call in grad mode.
+struct SavedBlockArguments {
+  std::array<int64_t, 3> stride, padding, output_padding, dilation;
+  int64_t groups, num_groups;
+  bool transposed, before_norm, packed_weight_given, residual_given;
+  ActivationKind activation;
+  double eps, activation_parameter;
+
+  void save(AutogradContext* ctx) const {
+    std::vector<int64_t> ints;
+    ints.reserve(kInts);
+    for (const auto* values : {&stride, &padding, &output_padding, &dilation})
+      ints.insert(ints.end(), values->begin(), values->end());
+    ints.insert(ints.end(), {groups, num_groups, transposed, before_norm, packed_weight_given, residual_given,
+                             static_cast<int64_t>(activation)});
+    ctx->saved_data["block_ints"] = std::move(ints);
+    ctx->saved_data["block_doubles"] = std::vector<double>{eps, activation_parameter};
+  }
+
+  static SavedBlockArguments of(AutogradContext* ctx) {
+    const std::vector<int64_t> ints = ctx->saved_data["block_ints"].toIntVector();
+    const std::vector<double> doubles = ctx->saved_data["block_doubles"].toDoubleVector();
+    SavedBlockArguments a{};
+    auto next = ints.begin();
+    for (auto* values : {&a.stride, &a.padding, &a.output_padding, &a.dilation}) {
+      std::copy_n(next, 3, values->begin());
+      next += 3;
+    }
+    a.groups = *next++;
+    a.num_groups = *next++;
+    a.transposed = *next++;
+    a.before_norm = *next++;
+    a.packed_weight_given = *next++;
+    a.residual_given = *next++;
+    a.activation = static_cast<ActivationKind>(*next);
+    a.eps = doubles[0];
+    a.activation_parameter = doubles[1];
+    return a;
+  }
+
+  SavedActivation saved_activation(const at::Tensor& weight) const {
+    return {activation, activation_parameter, weight};
+  }
+
+ private:
+  static constexpr size_t kInts = 4 * 3 + 7;
+};
+
+std::array<int64_t, 3> three(at::IntArrayRef values) { return {values[0], values[1], values[2]}; }
+
 class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> {
  public:
   static at::Tensor forward(AutogradContext* ctx, CUTLASSFUSE_BLOCK_PARAMETERS) {
@@ -127,33 +179,36 @@ class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> 
     }();
     ctx->save_for_backward({input, weight, or_undefined(bias), or_undefined(norm_weight), or_undefined(norm_bias),
                             or_undefined(activation_weight), y, mean, rstd});
-    ctx->saved_data["packed_weight_given"] = present(packed_weight);
-    ctx->saved_data["residual_given"] = present(residual);
-    SavedActivation{*activation_from_name(activation), activation_parameter, {}}.save(ctx);
-    ctx->saved_data["before_norm"] = activation_before_norm;
-    ctx->saved_data["num_groups"] = num_groups;
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["stride"] = stride.vec();
-    ctx->saved_data["padding"] = padding.vec();
-    ctx->saved_data["output_padding"] = output_padding.vec();
-    ctx->saved_data["dilation"] = dilation.vec();
-    ctx->saved_data["groups"] = groups;
-    ctx->saved_data["transposed"] = transposed;
+    SavedBlockArguments{three(stride),
+                        three(padding),
+                        three(output_padding),
+                        three(dilation),
+                        groups,
+                        num_groups,
+                        transposed,
+                        activation_before_norm,
+                        present(packed_weight),
+                        present(residual),
+                        *activation_from_name(activation),
+                        eps,
+                        activation_parameter}
+        .save(ctx);
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const variable_list saved = ctx->get_saved_variables();
+    const SavedBlockArguments a = SavedBlockArguments::of(ctx);
     std::vector<bool> given = given_of(saved, kSavedBlockTensors);
-    given.push_back(ctx->saved_data["packed_weight_given"].toBool());
-    given.push_back(ctx->saved_data["residual_given"].toBool());
+    given.push_back(a.packed_weight_given);
+    given.push_back(a.residual_given);
     const std::vector<bool> need = needed(ctx, given);
     const variable_list inputs(saved.begin(), saved.begin() + kSavedBlockTensors);
     variable_list grads =
         at::GradMode::is_enabled()
-            ? differentiable_gradients(recompute(ctx, inputs), inputs,
-                                       {need.begin(), need.begin() + kSavedBlockTensors}, grad_outputs[0])
-            : gradients(ctx, saved, need, grad_outputs[0]);
+            ? differentiable_gradients(recompute(a, inputs), inputs, {need.begin(), need.begin() + kSavedBlockTensors},
+                                       grad_outputs[0])
+            : gradients(a, saved, need, grad_outputs[0]);
     grads.resize(kBlockTensors);
     grads[kResidual] = need[kResidual] ? grad_outputs[0] : at::Tensor();
     variable_list schema_grads(kBlockSchemaArguments);
@@ -162,26 +217,19 @@ class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> 
   }
 
  private:
-  static std::vector<int64_t> ints(AutogradContext* ctx, const char* key) { return ctx->saved_data[key].toIntVector(); }
-
-  static variable_list gradients(AutogradContext* ctx, const variable_list& saved, const std::vector<bool>& need,
-                                 const at::Tensor& grad) {
+  static variable_list gradients(const SavedBlockArguments& a, const variable_list& saved,
+                                 const std::vector<bool>& need, const at::Tensor& grad) {
     const at::Tensor &input = saved[kInput], &weight = saved[kWeight];
     NormGradients g = norm_activation_gradients(
         grad, saved[kSavedBlockTensors], saved[kBias], saved[kSavedBlockTensors + 1], saved[kSavedBlockTensors + 2],
-        saved[kNormWeight], saved[kNormBias], ctx->saved_data["num_groups"].toInt(),
-        SavedActivation::of(ctx, saved[kSlopes]), ctx->saved_data["before_norm"].toBool());
+        saved[kNormWeight], saved[kNormBias], a.num_groups, a.saved_activation(saved[kSlopes]), a.before_norm);
     variable_list grads(kSavedBlockTensors);
     if (need[kInput] || need[kWeight]) {
-      const std::vector<int64_t> stride = ints(ctx, "stride"), padding = ints(ctx, "padding"),
-                                 output_padding = ints(ctx, "output_padding"), dilation = ints(ctx, "dilation");
       // ATen's gradients only: the CUTLASS conv-gradient kernels' rule was measured on the
       // original op's layers.
-      std::tie(grads[kInput], grads[kWeight]) =
-          convolution_backward(std::move(g.input), input, weight,
-                               {stride, padding, output_padding, dilation, ctx->saved_data["groups"].toInt()},
-                               ctx->saved_data["transposed"].toBool(), {need[kInput], need[kWeight]},
-                               /*cutlass_kernels=*/false);
+      std::tie(grads[kInput], grads[kWeight]) = convolution_backward(
+          std::move(g.input), input, weight, {a.stride, a.padding, a.output_padding, a.dilation, a.groups},
+          a.transposed, {need[kInput], need[kWeight]}, /*cutlass_kernels=*/false);
     }
     grads[kBias] = parameter_grad(need[kBias], g.bias, saved[kBias]);
     grads[kNormWeight] = parameter_grad(need[kNormWeight], g.gamma, saved[kNormWeight]);
@@ -190,18 +238,14 @@ class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> 
     return grads;
   }
 
-  static at::Tensor recompute(AutogradContext* ctx, const variable_list& t) {
-    const ActivationKind kind = SavedActivation::kind_of(ctx);
-    const double parameter = ctx->saved_data["activation_parameter"].toDouble();
-    const bool before = ctx->saved_data["before_norm"].toBool();
-    at::Tensor x = at::convolution(t[kInput], t[kWeight], or_none(t[kBias]), ints(ctx, "stride"), ints(ctx, "padding"),
-                                   ints(ctx, "dilation"), ctx->saved_data["transposed"].toBool(),
-                                   ints(ctx, "output_padding"), ctx->saved_data["groups"].toInt());
-    if (before) x = apply_activation(x, kind, parameter, or_none(t[kSlopes]));
+  static at::Tensor recompute(const SavedBlockArguments& a, const variable_list& t) {
+    at::Tensor x = at::convolution(t[kInput], t[kWeight], or_none(t[kBias]), a.stride, a.padding, a.dilation,
+                                   a.transposed, a.output_padding, a.groups);
+    if (a.before_norm) x = apply_activation(x, a.activation, a.activation_parameter, or_none(t[kSlopes]));
     const at::ScalarType type = x.scalar_type();
-    x = at::group_norm(x, ctx->saved_data["num_groups"].toInt(), as_type(or_none(t[kNormWeight]), type),
-                       as_type(or_none(t[kNormBias]), type), ctx->saved_data["eps"].toDouble());
-    return before ? x : apply_activation(x, kind, parameter, or_none(t[kSlopes]));
+    x = at::group_norm(x, a.num_groups, as_type(or_none(t[kNormWeight]), type), as_type(or_none(t[kNormBias]), type),
+                       a.eps);
+    return a.before_norm ? x : apply_activation(x, a.activation, a.activation_parameter, or_none(t[kSlopes]));
   }
 };
 
