@@ -28,6 +28,7 @@
 #include "torch/block_redispatch.h"
 #include "torch/conv_backward.h"
 #include "torch/redispatch.h"
+#include "torch/saved_arguments.h"
 
 namespace cutlassfuse {
 namespace {
@@ -52,6 +53,24 @@ enum Saved { kInput, kWeight, kBias, kNormWeight, kNormBias, kDifferentiable, kK
 // Backward returns one gradient per argument of the schema (registration.cpp).
 constexpr int kOpArguments = 14;
 
+// The call's non-tensor arguments as the backward reads them (saved_arguments.h).
+struct SavedArguments {
+  SavedConvGeometry conv;
+  KeptTensor kept;
+  int64_t num_groups;
+  double eps;
+
+  static SavedArguments of(AutogradContext* ctx) {
+    SavedArgumentsReader r(ctx);
+    SavedArguments a{};
+    a.conv = SavedConvGeometry::read(r);
+    a.kept = static_cast<KeptTensor>(r.next_int());
+    a.num_groups = r.next_int();
+    a.eps = r.next_double();
+    return a;
+  }
+};
+
 class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTransposeReluGroupNorm> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
@@ -73,14 +92,12 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
     auto or_undefined = [](const OptionalTensor& t) { return present(t) ? *t : at::Tensor(); };
     ctx->save_for_backward(
         {input, weight, or_undefined(bias), or_undefined(norm_weight), or_undefined(norm_bias), kept, mean, rstd});
-    ctx->saved_data["kept"] = static_cast<int64_t>(kept_tensor);
-    ctx->saved_data["num_groups"] = num_groups;
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["stride"] = stride.vec();
-    ctx->saved_data["padding"] = padding.vec();
-    ctx->saved_data["output_padding"] = output_padding.vec();
-    ctx->saved_data["groups"] = groups;
-    ctx->saved_data["dilation"] = dilation.vec();
+    SavedArgumentsWriter w;
+    SavedConvGeometry::write(w, stride, padding, output_padding, dilation, groups);
+    w.add(static_cast<int64_t>(kept_tensor));
+    w.add(num_groups);
+    w.add(eps);
+    std::move(w).save(ctx);
     return out;
   }
 
@@ -91,17 +108,13 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
     if (at::GradMode::is_enabled()) return differentiable_backward(ctx, saved, need, grad_outputs[0]);
     const at::Tensor &input = saved[kInput], &weight = saved[kWeight], &bias = saved[kBias];
     const at::Tensor &norm_weight = saved[kNormWeight], &norm_bias = saved[kNormBias];
-    const auto ints = [&](const char* key) { return ctx->saved_data[key].toIntVector(); };
-    const std::vector<int64_t> stride = ints("stride"), padding = ints("padding"),
-                               output_padding = ints("output_padding"), dilation = ints("dilation");
-    auto [dz, dgamma, dbeta, dbias] =
-        norm_backward(grad_outputs[0], saved, static_cast<KeptTensor>(ctx->saved_data["kept"].toInt()),
-                      ctx->saved_data["num_groups"].toInt());
+    const SavedArguments a = SavedArguments::of(ctx);
+    auto [dz, dgamma, dbeta, dbias] = norm_backward(grad_outputs[0], saved, a.kept, a.num_groups);
     at::Tensor grad_input, grad_weight;
     if (need[kInput] || need[kWeight]) {
-      std::tie(grad_input, grad_weight) = convolution_backward(
-          std::move(dz), input, weight, {stride, padding, output_padding, dilation, ctx->saved_data["groups"].toInt()},
-          /*transposed=*/true, {need[kInput], need[kWeight]}, /*cutlass_kernels=*/true);
+      std::tie(grad_input, grad_weight) =
+          convolution_backward(std::move(dz), input, weight, a.conv.geometry(),
+                               /*transposed=*/true, {need[kInput], need[kWeight]}, /*cutlass_kernels=*/true);
     }
 
     variable_list grads(kOpArguments);  // the non-tensor arguments and the packed copies get none
@@ -136,14 +149,15 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
   // kernel has no derivative of its own).
   static variable_list differentiable_backward(AutogradContext* ctx, const variable_list& saved,
                                                const std::array<bool, kDifferentiable>& need, const at::Tensor& grad) {
-    const auto ints = [&](const char* key) { return ctx->saved_data[key].toIntVector(); };
+    const SavedArguments a = SavedArguments::of(ctx);
+    const SavedConvGeometry& g = a.conv;
     const at::Tensor& bias = saved[kBias];
     const at::Tensor& norm_weight = saved[kNormWeight];
     const at::Tensor& norm_bias = saved[kNormBias];
-    const at::Tensor y = at::group_norm(
-        at::relu(at::conv_transpose3d(saved[kInput], saved[kWeight], bias, ints("stride"), ints("padding"),
-                                      ints("output_padding"), ctx->saved_data["groups"].toInt(), ints("dilation"))),
-        ctx->saved_data["num_groups"].toInt(), norm_weight, norm_bias, ctx->saved_data["eps"].toDouble());
+    const at::Tensor y =
+        at::group_norm(at::relu(at::conv_transpose3d(saved[kInput], saved[kWeight], bias, g.stride, g.padding,
+                                                     g.output_padding, g.groups, g.dilation)),
+                       a.num_groups, norm_weight, norm_bias, a.eps);
     variable_list wanted;
     for (int i = 0; i < kDifferentiable; ++i) {
       if (need[i]) wanted.push_back(saved[i]);

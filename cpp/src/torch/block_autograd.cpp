@@ -21,6 +21,7 @@
 #include "torch/aten_norm.h"
 #include "torch/block_redispatch.h"
 #include "torch/conv_backward.h"
+#include "torch/saved_arguments.h"
 
 namespace cutlassfuse {
 namespace {
@@ -118,57 +119,47 @@ constexpr int kSavedBlockTensors = kPackedWeight;
 constexpr int kBlockSchemaArguments = 19;
 constexpr int kBlockSchemaPosition[kBlockTensors] = {0, 1, 2, 10, 11, 15, 17, 18};
 
-// The block call's non-tensor arguments as its backward reads them: two saved_data
-// entries (a list of ints, a list of doubles), where one entry per argument cost a
-// hash-map insert each, and an allocation for each int list, on every call in grad mode.
+// The block call's non-tensor arguments as its backward reads them (saved_arguments.h).
 struct SavedBlockArguments {
-  std::array<int64_t, 3> stride, padding, output_padding, dilation;
-  int64_t groups, num_groups;
-  bool transposed, before_norm, packed_weight_given, residual_given;
+  SavedConvGeometry conv;
+  bool transposed;
+  int64_t num_groups;
+  double eps;
   ActivationKind activation;
-  double eps, activation_parameter;
+  double activation_parameter;
+  bool before_norm, packed_weight_given, residual_given;
 
-  void save(AutogradContext* ctx) const {
-    std::vector<int64_t> ints;
-    ints.reserve(kInts);
-    for (const auto* values : {&stride, &padding, &output_padding, &dilation})
-      ints.insert(ints.end(), values->begin(), values->end());
-    ints.insert(ints.end(), {groups, num_groups, transposed, before_norm, packed_weight_given, residual_given,
-                             static_cast<int64_t>(activation)});
-    ctx->saved_data["block_ints"] = std::move(ints);
-    ctx->saved_data["block_doubles"] = std::vector<double>{eps, activation_parameter};
+  static void save(AutogradContext* ctx, CUTLASSFUSE_BLOCK_PARAMETERS) {
+    SavedArgumentsWriter w;
+    SavedConvGeometry::write(w, stride, padding, output_padding, dilation, groups);
+    for (const bool flag : {transposed, activation_before_norm, present(packed_weight), present(residual)})
+      w.add(static_cast<int64_t>(flag));
+    w.add(num_groups);
+    w.add(static_cast<int64_t>(*activation_from_name(activation)));
+    w.add(eps);
+    w.add(activation_parameter);
+    std::move(w).save(ctx);
   }
 
   static SavedBlockArguments of(AutogradContext* ctx) {
-    const std::vector<int64_t> ints = ctx->saved_data["block_ints"].toIntVector();
-    const std::vector<double> doubles = ctx->saved_data["block_doubles"].toDoubleVector();
+    SavedArgumentsReader r(ctx);
     SavedBlockArguments a{};
-    auto next = ints.begin();
-    for (auto* values : {&a.stride, &a.padding, &a.output_padding, &a.dilation}) {
-      std::copy_n(next, 3, values->begin());
-      next += 3;
-    }
-    a.groups = *next++;
-    a.num_groups = *next++;
-    a.transposed = *next++;
-    a.before_norm = *next++;
-    a.packed_weight_given = *next++;
-    a.residual_given = *next++;
-    a.activation = static_cast<ActivationKind>(*next);
-    a.eps = doubles[0];
-    a.activation_parameter = doubles[1];
+    a.conv = SavedConvGeometry::read(r);
+    a.transposed = r.next_int();
+    a.before_norm = r.next_int();
+    a.packed_weight_given = r.next_int();
+    a.residual_given = r.next_int();
+    a.num_groups = r.next_int();
+    a.activation = static_cast<ActivationKind>(r.next_int());
+    a.eps = r.next_double();
+    a.activation_parameter = r.next_double();
     return a;
   }
 
   SavedActivation saved_activation(const at::Tensor& weight) const {
     return {activation, activation_parameter, weight};
   }
-
- private:
-  static constexpr size_t kInts = 4 * 3 + 7;
 };
-
-std::array<int64_t, 3> three(at::IntArrayRef values) { return {values[0], values[1], values[2]}; }
 
 class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> {
  public:
@@ -179,20 +170,7 @@ class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> 
     }();
     ctx->save_for_backward({input, weight, or_undefined(bias), or_undefined(norm_weight), or_undefined(norm_bias),
                             or_undefined(activation_weight), y, mean, rstd});
-    SavedBlockArguments{three(stride),
-                        three(padding),
-                        three(output_padding),
-                        three(dilation),
-                        groups,
-                        num_groups,
-                        transposed,
-                        activation_before_norm,
-                        present(packed_weight),
-                        present(residual),
-                        *activation_from_name(activation),
-                        eps,
-                        activation_parameter}
-        .save(ctx);
+    SavedBlockArguments::save(ctx, CUTLASSFUSE_BLOCK_ARGUMENTS);
     return out;
   }
 
@@ -227,9 +205,9 @@ class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> 
     if (need[kInput] || need[kWeight]) {
       // ATen's gradients only: the CUTLASS conv-gradient kernels' rule was measured on the
       // original op's layers.
-      std::tie(grads[kInput], grads[kWeight]) = convolution_backward(
-          std::move(g.input), input, weight, {a.stride, a.padding, a.output_padding, a.dilation, a.groups},
-          a.transposed, {need[kInput], need[kWeight]}, /*cutlass_kernels=*/false);
+      std::tie(grads[kInput], grads[kWeight]) =
+          convolution_backward(std::move(g.input), input, weight, a.conv.geometry(), a.transposed,
+                               {need[kInput], need[kWeight]}, /*cutlass_kernels=*/false);
     }
     grads[kBias] = parameter_grad(need[kBias], g.bias, saved[kBias]);
     grads[kNormWeight] = parameter_grad(need[kNormWeight], g.gamma, saved[kNormWeight]);
@@ -239,8 +217,9 @@ class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> 
   }
 
   static at::Tensor recompute(const SavedBlockArguments& a, const variable_list& t) {
-    at::Tensor x = at::convolution(t[kInput], t[kWeight], or_none(t[kBias]), a.stride, a.padding, a.dilation,
-                                   a.transposed, a.output_padding, a.groups);
+    const SavedConvGeometry& g = a.conv;
+    at::Tensor x = at::convolution(t[kInput], t[kWeight], or_none(t[kBias]), g.stride, g.padding, g.dilation,
+                                   a.transposed, g.output_padding, g.groups);
     if (a.before_norm) x = apply_activation(x, a.activation, a.activation_parameter, or_none(t[kSlopes]));
     const at::ScalarType type = x.scalar_type();
     x = at::group_norm(x, a.num_groups, as_type(or_none(t[kNormWeight]), type), as_type(or_none(t[kNormBias]), type),
