@@ -34,22 +34,11 @@ OptionalTensor or_none(const at::Tensor& t) { return t.defined() ? OptionalTenso
 
 bool requires_grad(const OptionalTensor& t) { return present(t) && t->requires_grad(); }
 
-// The activation as saved_data holds it.
+// The activation as the backward applies it.
 struct SavedActivation {
   ActivationKind kind;
   double parameter;
   at::Tensor weight;  // PReLU's, else undefined
-
-  void save(AutogradContext* ctx) const {
-    ctx->saved_data["activation"] = static_cast<int64_t>(kind);
-    ctx->saved_data["activation_parameter"] = parameter;
-  }
-  static ActivationKind kind_of(AutogradContext* ctx) {
-    return static_cast<ActivationKind>(ctx->saved_data["activation"].toInt());
-  }
-  static SavedActivation of(AutogradContext* ctx, const at::Tensor& weight) {
-    return {kind_of(ctx), ctx->saved_data["activation_parameter"].toDouble(), weight};
-  }
 };
 
 // norm_activation_backward's results.
@@ -242,9 +231,12 @@ class GroupNormActivation : public torch::autograd::Function<GroupNormActivation
     }();
     ctx->save_for_backward(
         {input, or_undefined(norm_weight), or_undefined(norm_bias), or_undefined(activation_weight), mean, rstd});
-    SavedActivation{*activation_from_name(activation), activation_parameter, {}}.save(ctx);
-    ctx->saved_data["num_groups"] = num_groups;
-    ctx->saved_data["eps"] = eps;
+    SavedArgumentsWriter w;
+    w.add(num_groups);
+    w.add(static_cast<int64_t>(*activation_from_name(activation)));
+    w.add(eps);
+    w.add(activation_parameter);
+    std::move(w).save(ctx);
     return out;
   }
 
@@ -252,22 +244,22 @@ class GroupNormActivation : public torch::autograd::Function<GroupNormActivation
     const variable_list saved = ctx->get_saved_variables();
     const std::vector<bool> need = needed(ctx, given_of(saved, kNormTensors));
     const variable_list inputs(saved.begin(), saved.begin() + kNormTensors);
-    const ActivationKind kind = SavedActivation::kind_of(ctx);
-    const double parameter = ctx->saved_data["activation_parameter"].toDouble();
-    const int64_t num_groups = ctx->saved_data["num_groups"].toInt();
+    SavedArgumentsReader r(ctx);
+    const int64_t num_groups = r.next_int();
+    const auto kind = static_cast<ActivationKind>(r.next_int());
+    const double eps = r.next_double(), parameter = r.next_double();
     variable_list grads(kNormTensors);
     if (at::GradMode::is_enabled()) {
       const at::Tensor& x = inputs[kNormInput];
       const at::ScalarType type = x.scalar_type();
-      const at::Tensor out =
-          apply_activation(at::group_norm(x, num_groups, as_type(or_none(inputs[kGamma]), type),
-                                          as_type(or_none(inputs[kBeta]), type), ctx->saved_data["eps"].toDouble()),
-                           kind, parameter, or_none(inputs[kNormSlopes]));
+      const at::Tensor out = apply_activation(at::group_norm(x, num_groups, as_type(or_none(inputs[kGamma]), type),
+                                                             as_type(or_none(inputs[kBeta]), type), eps),
+                                              kind, parameter, or_none(inputs[kNormSlopes]));
       grads = differentiable_gradients(out, inputs, need, grad_outputs[0]);
     } else {
-      NormGradients g = norm_activation_gradients(grad_outputs[0], saved[kNormInput], at::Tensor(), saved[kNormTensors],
-                                                  saved[kNormTensors + 1], saved[kGamma], saved[kBeta], num_groups,
-                                                  SavedActivation::of(ctx, saved[kNormSlopes]), /*before_norm=*/false);
+      NormGradients g = norm_activation_gradients(
+          grad_outputs[0], saved[kNormInput], at::Tensor(), saved[kNormTensors], saved[kNormTensors + 1], saved[kGamma],
+          saved[kBeta], num_groups, SavedActivation{kind, parameter, saved[kNormSlopes]}, /*before_norm=*/false);
       if (need[kNormInput]) grads[kNormInput] = g.input;
       grads[kGamma] = parameter_grad(need[kGamma], g.gamma, saved[kGamma]);
       grads[kBeta] = parameter_grad(need[kBeta], g.beta, saved[kBeta]);
