@@ -342,6 +342,22 @@ def test_a_residual_is_checked_against_each_calls_output_shape():
     torch.testing.assert_close(block(large, residual=shift), block(large) + shift)
 
 
+def test_a_compiled_block_takes_its_residual_in_one_graph():
+    """torch.compile traces the residual's shape check without a graph break, and the
+    traced code keeps no output shape on the module."""
+    conv, norm, act = make_block(False, "prelu", num_groups=2, bias=True, affine=True, stride=1)
+    block = cutlassfuse.Conv3dNormActivation.from_modules(conv, norm, act).eval()
+    compiled = torch.compile(block, fullgraph=True)
+    with torch.no_grad():
+        for size in (3, 4):
+            x = torch.randn(1, 4, size, size, size, dtype=torch.float64)
+            residual = torch.randn(block(x).shape, dtype=torch.float64)
+            block.__dict__.pop("_kept_output_shape", None)
+            out = compiled(x, residual=residual)
+            assert "_kept_output_shape" not in block.__dict__
+            torch.testing.assert_close(out, block(x) + residual)
+
+
 def test_residual_opcheck():
     conv, norm, act = make_block(False, "relu", num_groups=2, bias=True, affine=True, stride=1)
     x = torch.randn(1, 4, 3, 3, 3, dtype=torch.float64, requires_grad=True)

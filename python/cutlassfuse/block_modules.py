@@ -203,17 +203,19 @@ class _ConvNormActivation(PackedParameters):
                                           conv.dilation))
 
     def _output_shape(self, x: Tensor, output_padding: tuple[int, ...]) -> torch.Size:
-        """The block's output shape for `x`, kept per input shape and conv arguments: the
-        check of a residual's shape is on every call's path, and its arithmetic costs more
-        host time than a dictionary lookup."""
+        """The block's output shape for `x`, the last one kept with its input shape and conv
+        arguments: the residual's check is on every call's path, and its arithmetic costs
+        more host time than comparing them (nothing kept from code torch.compile traces)."""
         conv = self.conv
         key = (x.shape, output_padding, conv.kernel_size, conv.stride, conv.padding, conv.dilation, conv.out_channels)
-        shapes = self.__dict__.setdefault("_output_shapes", {})
-        shape = shapes.get(key)
-        if shape is None:
-            spatial = _conv_output_size(x.shape[2:], conv.kernel_size, conv.stride, _conv_padding(conv),
-                                        output_padding, conv.dilation, self._transposed)
-            shape = shapes[key] = torch.Size((x.shape[0], conv.out_channels, *spatial))
+        kept = self.__dict__.get("_kept_output_shape")
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        spatial = _conv_output_size(x.shape[2:], conv.kernel_size, conv.stride, _conv_padding(conv), output_padding,
+                                    conv.dilation, self._transposed)
+        shape = torch.Size((x.shape[0], conv.out_channels, *spatial))
+        if not torch.compiler.is_compiling():
+            self.__dict__["_kept_output_shape"] = (key, shape)
         return shape
 
     def _call(self, x: Tensor, output_padding: tuple[int, ...], residual: Tensor | None):

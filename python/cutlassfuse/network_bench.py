@@ -213,13 +213,9 @@ def gradient_errors(models: dict[str, nn.Module], inputs: list[torch.Tensor]) ->
     `output_gradient`: each model's largest error over the first GRADIENT_INPUTS of
     `inputs`; None where the model refuses them."""
     reference_model = copy.deepcopy(models["eager"]).double()
-    errors: dict[str, GradientError | None] = {}
-    for x in inputs[:GRADIENT_INPUTS]:
-        for name, error in gradient_errors_on(models, reference_model, x).items():
-            if name not in errors or error is None or (errors[name] is not None
-                                                       and error.max_abs > errors[name].max_abs):
-                errors[name] = error
-    return errors
+    each = [gradient_errors_on(models, reference_model, x) for x in inputs[:GRADIENT_INPUTS]]
+    return {name: None if any(errors[name] is None for errors in each)
+            else max((errors[name] for errors in each), key=lambda error: error.max_abs) for name in models}
 
 
 def gradient_errors_on(models: dict[str, nn.Module], reference_model: nn.Module,

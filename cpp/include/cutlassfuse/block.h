@@ -66,9 +66,11 @@ struct ConvNormActivationArgs : ConvolutionArgs {
   const std::optional<at::Tensor>& residual;
 };
 
+inline bool has_residual(const ConvNormActivationArgs& a) { return a.residual.has_value() && a.residual->defined(); }
+
 // The residual in the output's memory format, as the normalize reads it; absent: none.
 inline std::optional<at::Tensor> residual_in(const ConvNormActivationArgs& a, at::MemoryFormat format) {
-  if (!a.residual.has_value() || !a.residual->defined()) return std::nullopt;
+  if (!has_residual(a)) return std::nullopt;
   return a.residual->contiguous(format);
 }
 

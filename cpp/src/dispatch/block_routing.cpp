@@ -23,7 +23,7 @@ Routed<BlockKernelPath, PlannedBlock> route(const BlockCall& call) {
 // What a call's residual costs besides the add in the normalize: a copy where it is in
 // the other layout than the output.
 std::string residual_explanation(const ConvNormActivationArgs& a) {
-  if (!a.residual.has_value() || !a.residual->defined()) return "";
+  if (!has_residual(a)) return "";
   const bool converted = !a.residual->is_contiguous(block_output_memory_format(a));
   return std::string("; the residual added as the output is written") +
          (converted ? " (a copy of it in the output's layout first)" : "");
