@@ -1,17 +1,21 @@
-"""Host cost of one fused call next to its device time, for every benchmark shape:
-when the CPU needs longer to issue a call than the GPU needs to run it, the GPU idles
+"""Host cost of one fused call next to its device time, for every benchmark shape,
+under torch.no_grad() and in grad mode (parameters requiring grad, no backward): when
+the CPU needs longer to issue a call than the GPU needs to run it, the GPU idles
 between calls and the wall time per call is the host's.
 
-    python benchmarks/host_overhead.py [--dtype float16] [--table kb61_v0]
+    python benchmarks/host_overhead.py [--dtype float16] [--table kb61_v0] [--grad-mode]
 
-Per shape: device time per call (CUDA events over back-to-back calls), host time per
-call (perf_counter over calls issued into an idle queue, no synchronization inside),
-and with --table the profiler's CPU-side events of that shape, by self CPU time.
+Per shape and mode: wall time per call (CUDA events over back-to-back calls) and host
+time per call (perf_counter over calls issued into an idle queue, no synchronization
+inside); then the host time of the pieces of one kb61_v0 call in both modes; with
+--table the profiler's CPU-side events of that shape (in grad mode with --grad-mode),
+by self CPU time.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import torch
@@ -57,6 +61,11 @@ def device_us_per_call(fn) -> float:
     return sorted(samples)[len(samples) // 2]
 
 
+def modes():
+    """The two ways a model is called: (name, context manager factory)."""
+    return (("no_grad", torch.no_grad), ("grad mode", contextlib.nullcontext))
+
+
 def print_components(shape: BenchShape, dtype: torch.dtype) -> None:
     """Host time of the pieces of one call, each issued alone, to see what the whole costs."""
     from cutlassfuse.ops import _op_arguments  # the op's positional arguments
@@ -67,44 +76,58 @@ def print_components(shape: BenchShape, dtype: torch.dtype) -> None:
                             conv.dilation, norm.num_groups, norm.weight, norm.bias, norm.eps, layer._packed_weight(),
                             layer._packed_bias())
     small = torch.empty(16, device="cuda")
+    ops = torch.ops.cutlassfuse
     pieces = {
         "module call": lambda: layer(x),
-        "op, arguments prepared": lambda: torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm(*op_args),
-        "explain op (validate, route, describe)": lambda: torch.ops.cutlassfuse.explain(*op_args),
-        "plain CUTLASS op (transpose + conv)": lambda: torch.ops.cutlassfuse.conv_transpose3d_cutlass(*op_args),
+        "op, arguments prepared": lambda: ops.conv_transpose3d_relu_group_norm(*op_args),
+        "op keeping for the backward, no autograd node": lambda: ops.conv_transpose3d_relu_group_norm_for_backward(
+            *op_args, False, False),
+        "explain op (validate, route, describe)": lambda: ops.explain(*op_args),
+        "plain CUTLASS op (transpose + conv)": lambda: ops.conv_transpose3d_cutlass(*op_args),
         "4 x torch.empty": lambda: [torch.empty(1024, device="cuda") for _ in range(4)],
         "4 x small kernel (add_)": lambda: [small.add_(1.0) for _ in range(4)],
     }
     print(f"\n{shape.name}: host us per call of each piece alone")
+    print(f"  {'':48s} {'no_grad':>9s} {'grad mode':>9s}")
     for name, fn in pieces.items():
-        fn()
-        print(f"  {name:42s} {host_us_per_call(fn):8.1f}")
+        times = []
+        for _, mode in modes():
+            with mode():
+                fn()
+                times.append(host_us_per_call(fn))
+        print(f"  {name:48s} {times[0]:9.1f} {times[1]:9.1f}")
 
 
-@torch.no_grad()
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     parser.add_argument("--table", default=None, help="a shape whose CPU-side profile to print")
+    parser.add_argument("--grad-mode", action="store_true", help="profile the --table shape in grad mode")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
-    print(f"{'shape':16s} {'wall us/call':>13s} {'host us/call':>13s}")
+    header = "".join(f" {name + ' wall':>15s} {name + ' host':>15s}" for name, _ in modes())
+    print(f"{'shape':16s}{header}  (us per call)")
     for shape in DEFAULT_SHAPES:
         layer, x = layer_and_input(shape, dtype)
         fn = lambda: layer(x)  # noqa: E731
-        for _ in range(5):
-            fn()
-        print(f"{shape.name:16s} {device_us_per_call(fn):13.1f} {host_us_per_call(fn):13.1f}")
+        row = ""
+        for _, mode in modes():
+            with mode():
+                for _ in range(5):
+                    fn()
+                row += f" {device_us_per_call(fn):15.1f} {host_us_per_call(fn):15.1f}"
+        print(f"{shape.name:16s}{row}")
     print_components(parse_shape("kb61_v0"), dtype)
     if args.table:
         layer, x = layer_and_input(parse_shape(args.table), dtype)
-        for _ in range(5):
-            layer(x)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(CALLS):
+        with contextlib.nullcontext() if args.grad_mode else torch.no_grad():
+            for _ in range(5):
                 layer(x)
             torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(CALLS):
+                    layer(x)
+                torch.cuda.synchronize()
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
 
 

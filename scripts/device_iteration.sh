@@ -193,7 +193,7 @@ fi
 
 if wanted host; then
   step "host cost per call"
-  "$PYTHON" benchmarks/host_overhead.py --table kb61_v0 2>&1 | tee "$LOGS/host.log"
+  "$PYTHON" benchmarks/host_overhead.py --table kb61_v0 --grad-mode 2>&1 | tee "$LOGS/host.log"
 fi
 
 if wanted spread; then

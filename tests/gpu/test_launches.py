@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import cutlassfuse
 from cutlassfuse.testing import (RELATIVE_TOLERANCE, device_operations, errors, make_inputs, op_arguments,
                                  packed_operands, poison_cuda_allocator, reference_float64)
 
@@ -47,6 +48,18 @@ def test_two_launches(layout, kernel, stride, conversion):
     args = layer_call(0, kernel=kernel, stride=stride, channels_last=layout.startswith("channels_last"))
     names = device_operations(lambda: run(args))
     assert_operations(names, [*conversion, "PingpongPhasesKernel", "group_norm_finish"])
+
+
+def test_bf16x3_splits_each_operand_in_one_launch():
+    """float32 mode "bf16x3": one kernel writes the input's bfloat16 pieces, one the
+    filter's, then the two of every call."""
+    inputs = make_inputs(batch=2, in_channels=64, out_channels=128, size=(8, 16, 16), kernel=3, stride=1,
+                         num_groups=8, affine=False, channels_last=False, dtype=torch.float32, device="cuda", seed=0)
+    args = dict(inputs, **packed_operands(inputs))
+    with cutlassfuse.float32_mode("bf16x3"):
+        names = device_operations(lambda: run(args))
+    assert_operations(names, ["split_float32_kernel", "split_float32_blocks_kernel", "PingpongPhasesKernel",
+                              "group_norm_finish"])
 
 
 def test_whole_gpu_calls_on_concurrent_streams():

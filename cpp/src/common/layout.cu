@@ -163,6 +163,17 @@ __device__ __forceinline__ void load_float_tile(const float* __restrict__ src, f
   }
 }
 
+// v's bfloat16 pieces (float32_split.h): piece k is the rest after the pieces before it.
+__device__ __forceinline__ void split_into_pieces(float v, __nv_bfloat16 (&pieces)[float32_split::kPieces]) {
+#pragma unroll
+  for (int piece = 0; piece < float32_split::kPieces; ++piece) {
+    pieces[piece] = __float2bfloat16_rn(v);
+    v -= __bfloat162float(pieces[piece]);
+    // A non-finite value is all in its first piece (inf - inf would make the rest NaN).
+    if (!isfinite(v)) v = 0.f;
+  }
+}
+
 // Block (spatial tile, channel tile, n), as above, reading float32 (through the tile
 // when the source is NCDHW) and writing, per 8 channels of a pixel, one 16-byte
 // bfloat16 vector into each of the kProducts channel blocks (float32_split.h).
@@ -182,21 +193,29 @@ split_float32_kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ 
     uint4 raw[kPieces];
 #pragma unroll
     for (int k = 0; k < kVector; ++k) {
-      float rest = tile[s][store_c + k];
+      __nv_bfloat16 pieces[kPieces];
+      split_into_pieces(tile[s][store_c + k], pieces);
 #pragma unroll
-      for (int piece = 0; piece < kPieces; ++piece) {
-        const __nv_bfloat16 part = __float2bfloat16_rn(rest);
-        reinterpret_cast<__nv_bfloat16*>(&raw[piece])[k] = part;
-        rest -= __bfloat162float(part);
-        // A non-finite value is all in its first piece (inf - inf would make the rest NaN).
-        if (!isfinite(rest)) rest = 0.f;
-      }
+      for (int piece = 0; piece < kPieces; ++piece) reinterpret_cast<__nv_bfloat16*>(&raw[piece])[k] = pieces[piece];
     }
     __nv_bfloat16* row = dst + (b.n * spatial + b.s_begin + s) * kProducts * channels + b.c_begin + store_c;
 #pragma unroll
     for (int block = 0; block < kProducts; ++block) {
       *reinterpret_cast<uint4*>(row + block * channels) = raw[input_piece(block)];
     }
+  }
+}
+
+// One value a thread (grid-stride): its pieces into each of the kProducts blocks of
+// numel values.
+__global__ void __launch_bounds__(kThreads)
+split_float32_blocks_kernel(const float* __restrict__ src, int64_t numel, __nv_bfloat16* __restrict__ dst) {
+  using namespace float32_split;
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < numel; i += int64_t{gridDim.x} * kThreads) {
+    __nv_bfloat16 pieces[kPieces];
+    split_into_pieces(src[i], pieces);
+#pragma unroll
+    for (int block = 0; block < kProducts; ++block) dst[block * numel + i] = pieces[filter_piece(block)];
   }
 }
 
@@ -374,6 +393,13 @@ void split_float32_ndhwc(const void* src, bool channels_last_source, void* dst, 
                          int64_t spatial, cudaStream_t stream) {
   launch_float_tiles<__nv_bfloat16, SplitFloat32>("split_float32_kernel", src, channels_last_source, dst, batch,
                                                   channels, spatial, stream);
+}
+
+void split_float32_filter(const void* src, int64_t numel, void* dst, cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>(std::clamp<int64_t>(ceil_div(numel, kThreads), 1, 65535));
+  split_float32_blocks_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const float*>(src), numel,
+                                                               static_cast<__nv_bfloat16*>(dst));
+  check_launch("split_float32_blocks_kernel");
 }
 
 void scale_tf32_ndhwc(const void* src, bool channels_last_source, const Tf32OperandScales* scales, void* dst,

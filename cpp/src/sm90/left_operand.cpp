@@ -1,8 +1,5 @@
 #include "sm90/left_operand.h"
 
-#include <array>
-#include <vector>
-
 #include "cutlassfuse/common/layout.h"
 #include "cutlassfuse/common/nvtx.h"
 
@@ -43,19 +40,13 @@ const void* LeftOperand::prepare(const CallWorkspace& workspace, const Tf32Opera
 
 namespace {
 
-at::Tensor split_filter(const at::Tensor& packed) {
-  std::array<at::Tensor, float32_split::kPieces> pieces;
-  at::Tensor rest = packed;
-  for (auto& piece : pieces) {
-    piece = rest.to(at::kBFloat16);
-    // A non-finite value is all in its first piece (inf - inf would make the rest NaN).
-    rest = at::nan_to_num(rest - piece.to(at::kFloat), 0.0, 0.0, 0.0);
-  }
-  std::vector<at::Tensor> blocks;
-  for (int block = 0; block < float32_split::kProducts; ++block) {
-    blocks.push_back(pieces[float32_split::filter_piece(block)]);
-  }
-  return at::cat(blocks, 0);
+at::Tensor split_filter(const at::Tensor& packed, cudaStream_t stream) {
+  at::Tensor filter = at::empty(
+      {float32_split::kProducts * packed.size(0), packed.size(1), packed.size(2), packed.size(3), packed.size(4)},
+      packed.options().dtype(at::kBFloat16));
+  const NvtxRange range("cutlassfuse.split_float32_filter");
+  split_float32_filter(packed.data_ptr(), packed.numel(), filter.data_ptr(), stream);
+  return filter;
 }
 
 at::Tensor scaled_filter(const at::Tensor& packed, Tf32OperandScales* scales, cudaStream_t stream) {
@@ -73,7 +64,7 @@ at::Tensor packed_filter(const OpArgs& a) {
 
 at::Tensor right_operand(const at::Tensor& packed, MathMode math, Tf32OperandScales* scales, cudaStream_t stream) {
   switch (math) {
-    case MathMode::kFloat32AsBf16x3: return split_filter(packed);
+    case MathMode::kFloat32AsBf16x3: return split_filter(packed, stream);
     case MathMode::kFloat32AsTf32: {
       const NvtxRange range("cutlassfuse.scale_filter_tf32");
       return scaled_filter(packed, scales, stream);

@@ -42,9 +42,9 @@ class LeftOperand {
 at::Tensor packed_filter(const OpArgs& args);
 
 // The packed filter as the GEMMs' right operand: as it is in 16 bits; for bf16x3, block
-// b along Cin holds piece filter_piece(b) (split through ATen: the filter is small next
-// to the input); for TF32, scaled to float16 on `stream` (scale_filter_tf32, which also
-// writes scales->descale).
+// b along Cin holds piece filter_piece(b) (split_float32_filter, one launch: a small
+// layer's call is bound by the host's time to issue it); for TF32, scaled to float16 on
+// `stream` (scale_filter_tf32, which also writes scales->descale).
 at::Tensor right_operand(const at::Tensor& packed, MathMode math, Tf32OperandScales* scales, cudaStream_t stream);
 
 }  // namespace cutlassfuse::sm90

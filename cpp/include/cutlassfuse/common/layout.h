@@ -31,6 +31,11 @@ void ndhwc_to_ncdhw(ElementType element, const void* src, void* dst, int64_t bat
 void split_float32_ndhwc(const void* src, bool channels_last_source, void* dst, int64_t batch, int64_t channels,
                          int64_t spatial, cudaStream_t stream);
 
+// The float32 path's right operand in one pass: src float32, numel values in any
+// order; dst bfloat16 [kProducts, numel], block b holding piece filter_piece(b) of each
+// value (float32_split.h).
+void split_float32_filter(const void* src, int64_t numel, void* dst, cudaStream_t stream);
+
 // The TF32 path's left operand in one pass: src float32, [batch, channels, spatial]
 // (NCDHW) or [batch, spatial, channels] (channels_last_source); dst float16
 // [batch, spatial, channels], each value scaled by 2^e_input and rounded to nearest
