@@ -36,10 +36,6 @@ pytest.importorskip("monai")
 ROOT = Path(__file__).resolve().parents[1]
 # The chains fuse() replaces in each tiny network (tests/test_rewrite_monai.py says which).
 CHAINS = {"unet": 13, "basicunet": 18, "dynunet": 14, "segresnet": 25}
-UNTRACEABLE_NOTE = ("forward() not traced: TraceError: forward() asks the type of a traced value "
-                    "(torch.jit.isinstance), which a trace cannot answer; the traced forward() of conv_0, down_1, "
-                    "down_2, down_3, down_4, upcat_4.convs, upcat_3.convs, upcat_2.convs, upcat_1.convs runs in "
-                    "their place")
 GRADIENT_NOTE = "fused gradient error largest at "
 
 
@@ -64,12 +60,8 @@ def test_network_benchmark_runs_every_network_on_cpu(tmp_path):
     assert [(r["network"], r["memory_format"]) for r in rows] == [(f"{name}-tiny", layout) for name in CHAINS
                                                                   for layout in ("ncdhw", "channels_last")]
     for r in rows:
-        # Nothing refused, nothing left alone, forward() traced except BasicUNet's (its
-        # UpCat asks torch.jit.isinstance of a traced value): at most the gradient's note.
+        # Nothing refused, nothing left alone, every forward() traced: at most the gradient's note.
         notes = r["notes"]
-        if r["network"] == "basicunet-tiny":
-            assert notes.startswith(UNTRACEABLE_NOTE), r
-            notes = notes.removeprefix(UNTRACEABLE_NOTE).removeprefix("; ")
         assert notes == "" or notes.startswith(GRADIENT_NOTE), r
         assert int(r["chains_fused"]) == CHAINS[r["network"].removesuffix("-tiny")], r
         assert r["chains_left_alone"] == "0", r

@@ -12,6 +12,7 @@ Conv3d or ConvTranspose3d before it instead: a per-channel scale and shift there
 from __future__ import annotations
 
 import copy
+import functools
 import operator
 import os
 from collections.abc import Iterator
@@ -37,6 +38,7 @@ from .blocks import activation_of_module
 from .cuda_graphs import CUDAGraphed
 from .modules import ConvTranspose3dReLUGroupNorm
 from .padded_conv import ChannelPaddedConv3d
+from .traceable_forwards import stand_in
 
 _CONVS = (nn.Conv3d, nn.ConvTranspose3d)
 _NORMS = (nn.GroupNorm, nn.InstanceNorm3d)
@@ -482,7 +484,8 @@ def _fuse_sequentials(module: nn.Module, prefix: str, found: _Found) -> None:
 def _type_check_of_traced_values(check):
     """torch.jit.isinstance while tracing: a traced value is a torch.fx.Proxy, not the
     tensor it stands for, so asking its type would silently take the wrong branch (MONAI's
-    UpCat skips its skip connection's cat that way); such a forward() is refused."""
+    UpCat would skip its skip connection's cat, were it not traced through its stand-in);
+    such a forward() is refused."""
 
     def checked(obj: Any, target_type: Any) -> bool:
         if isinstance(obj, torch.fx.Proxy):
@@ -495,12 +498,19 @@ def _type_check_of_traced_values(check):
 
 class _Tracer(torch.fx.Tracer):
     """Keeps already fused blocks (from the Sequential pass) and modules with hooks opaque
-    (a call of the module runs its hooks; a trace through its forward() would not), and
-    refuses code that asks the type of a traced value."""
+    (a call of the module runs its hooks; a trace through its forward() would not),
+    traces the stand-ins of library modules whose forward() no trace can follow
+    (traceable_forwards), and refuses other code that asks the type of a traced value."""
 
     def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
         return (isinstance(module, _FUSED) or _has_hooks(module)
                 or super().is_leaf_module(module, qualified_name))
+
+    def call_module(self, m: nn.Module, forward: Any, args: tuple, kwargs: dict) -> Any:
+        replacement = stand_in(m)
+        if replacement is not None:
+            forward = functools.partial(replacement, self, m)
+        return super().call_module(m, forward, args, kwargs)
 
     def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> torch.fx.Graph:
         check = torch.jit.isinstance
@@ -1109,7 +1119,9 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = N
     (modules with hooks stay calls that run them). Models
     torch.fx cannot trace, whose forward() branches on train/eval mode (a trace would
     freeze the branch taken) or asks a traced value's type (torch.jit.isinstance, which
-    a trace answers wrongly), keep the Sequential rewrite and the result says why; their
+    a trace answers wrongly; known library modules that do, MONAI's UpCat, are traced
+    through a stand-in, cutlassfuse.traceable_forwards), keep the Sequential rewrite and
+    the result says why; their
     children's forward() code is then traced child by child (a child's children where the
     child cannot be traced), and each child whose trace holds a fused block becomes that
     trace (the result names them). The fused blocks hold the

@@ -1,0 +1,62 @@
+"""Stand-ins that torch.fx can trace for library forward() code it cannot follow.
+
+fuse() traces a model's forward() to find the blocks written in code and to run the
+activations channels-last between them. A forward() that asks the type or the sizes of a
+traced value in Python control flow stops the trace of the whole model. Where such code is
+a known library module, the tracer traces its stand-in here instead: the same computation,
+with the value-dependent part in one function that the trace calls as a whole (a
+``call_function`` node), so that it runs on the real tensors on every call.
+
+A stand-in is keyed by the module's class (its module path and qualified name, so that
+the library need not be imported) and takes the module and its forward()'s arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def skip_concatenation(upsampled: Tensor, skip: Any, pad_to_skip: bool) -> Tensor:
+    """MONAI UpCat's merge of the upsampled features with the encoder's skip features,
+    as its forward() computes it: with a tensor ``skip``, the upsampled features padded by
+    one replicated voxel at the end of each spatial dimension whose size differs from the
+    skip's (``is_pad``: odd sizes halved by max pooling), then ``cat([skip, upsampled])``
+    along the channels; without one, the upsampled features alone. A padding of zero
+    voxels is skipped, not run as a copy: same values, and no copy that PyTorch makes
+    NCDHW for channels-last input."""
+    if skip is None or not isinstance(skip, Tensor):
+        return upsampled
+    if pad_to_skip:
+        dimensions = upsampled.dim() - 2
+        padding = [0] * (dimensions * 2)
+        for i in range(dimensions):
+            if skip.shape[-i - 1] != upsampled.shape[-i - 1]:
+                padding[i * 2 + 1] = 1
+        if any(padding):
+            upsampled = F.pad(upsampled, padding, "replicate")
+    return torch.cat([skip, upsampled], dim=1)
+
+
+def _upcat_forward(tracer: torch.fx.Tracer, module: nn.Module, x: Any, x_e: Any = None) -> Any:
+    """monai.networks.nets.basic_unet.UpCat.forward(x, x_e): its type check of ``x_e``
+    (torch.jit.isinstance) and its size comparisons run inside ``skip_concatenation``."""
+    upsampled = module.upsample(x)
+    merged = tracer.create_proxy("call_function", skip_concatenation, (upsampled, x_e, bool(module.is_pad)), {})
+    return module.convs(merged)
+
+
+_STAND_INS: dict[tuple[str, str], Callable[..., Any]] = {
+    ("monai.networks.nets.basic_unet", "UpCat"): _upcat_forward,
+}
+
+
+def stand_in(module: nn.Module) -> Callable[..., Any] | None:
+    """The traceable stand-in for ``module``'s forward() (called with the tracer, the
+    module and the forward's arguments), or None where its own forward() is traced."""
+    cls = type(module)
+    return _STAND_INS.get((cls.__module__, cls.__qualname__))
