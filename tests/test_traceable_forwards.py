@@ -79,6 +79,15 @@ def test_fuse_traces_models_holding_upcat_whole(size):
     torch.testing.assert_close(result.model(x), expected, rtol=1e-12, atol=1e-12)
 
 
-def test_stand_ins_are_keyed_by_the_library_class():
+def test_stand_ins_are_keyed_by_the_library_class_and_its_forward_source():
     assert stand_in(up_cat()) is not None
     assert stand_in(nn.Conv3d(1, 1, 1)) is None
+
+    class UpCat(basic_unet.UpCat):  # a release whose forward() reads otherwise
+        def forward(self, x, x_e):
+            return self.convs(self.upsample(x))
+
+    UpCat.__module__, UpCat.__qualname__ = basic_unet.UpCat.__module__, "UpCat"
+    changed = UpCat(3, 8, 4, 4, act=("LeakyReLU", {"negative_slope": 0.1}), norm=("instance", {"affine": True}),
+                    bias=True, dropout=0.0, upsample="deconv")
+    assert stand_in(changed) is None

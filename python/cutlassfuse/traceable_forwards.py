@@ -8,11 +8,17 @@ with the value-dependent part in one function that the trace calls as a whole (a
 ``call_function`` node), so that it runs on the real tensors on every call.
 
 A stand-in is keyed by the module's class (its module path and qualified name, so that
-the library need not be imported) and takes the module and its forward()'s arguments.
+the library need not be imported) and by the SHA-256 digest of the source of the forward()
+it was written against: a library release whose forward() reads otherwise gets no
+stand-in, and its model is traced child by child as any other that no trace can follow.
+It takes the tracer, the module and its forward()'s arguments.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -50,13 +56,29 @@ def _upcat_forward(tracer: torch.fx.Tracer, module: nn.Module, x: Any, x_e: Any 
     return module.convs(merged)
 
 
-_STAND_INS: dict[tuple[str, str], Callable[..., Any]] = {
-    ("monai.networks.nets.basic_unet", "UpCat"): _upcat_forward,
+# (class module, class name) -> (stand-in, digest of the forward() source it reproduces).
+_STAND_INS: dict[tuple[str, str], tuple[Callable[..., Any], str]] = {
+    # UpCat.forward as MONAI 1.6.1 writes it.
+    ("monai.networks.nets.basic_unet", "UpCat"):
+        (_upcat_forward, "ef51ccbbcdc706e8dde1fc8492985c749e3323ccb7fec73fe2fd56c692723407"),
 }
+
+
+@functools.cache
+def _source_digest(forward: Callable[..., Any]) -> str | None:
+    try:
+        return hashlib.sha256(inspect.getsource(forward).encode()).hexdigest()
+    except (OSError, TypeError):  # no source to read (a compiled or generated class)
+        return None
 
 
 def stand_in(module: nn.Module) -> Callable[..., Any] | None:
     """The traceable stand-in for ``module``'s forward() (called with the tracer, the
-    module and the forward's arguments), or None where its own forward() is traced."""
+    module and the forward's arguments), or None where its own forward() is traced: a
+    class without one, or whose forward() is not the code the stand-in reproduces."""
     cls = type(module)
-    return _STAND_INS.get((cls.__module__, cls.__qualname__))
+    entry = _STAND_INS.get((cls.__module__, cls.__qualname__))
+    if entry is None:
+        return None
+    replacement, digest = entry
+    return replacement if _source_digest(cls.forward) == digest else None
