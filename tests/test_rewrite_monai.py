@@ -82,7 +82,7 @@ def test_monai_network(name):
 @pytest.mark.parametrize("name", NETWORKS)
 def test_monai_network_fused_compiles_and_exports_as_one_graph(name):
     """torch.compile traces the fused model as one graph, and torch.export exports it (the
-    output hook included): the fused blocks' Python adds no graph break, and BasicUNet's
+    output's layout conversion included): the fused blocks' Python adds no graph break, and BasicUNet's
     UpCat, whose torch.jit.isinstance breaks the original's graph, runs as its stand-in."""
     make, shape, _ = NETWORKS[name]
     model = make().eval()

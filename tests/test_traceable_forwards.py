@@ -2,11 +2,14 @@
 the same values as the module's own forward() on every input it takes, and fuse() tracing
 the models that hold them whole (skipped where MONAI is not installed)."""
 
+import io
+
 import pytest
 import torch
 from torch import nn
 
 import cutlassfuse
+from cutlassfuse.rewrite import _one_channel_input_as_channels_last
 from cutlassfuse.traceable_forwards import skip_concatenation, stand_in
 
 from fuse_checks import randomized
@@ -91,3 +94,21 @@ def test_stand_ins_are_keyed_by_the_library_class_and_its_forward_source():
     changed = UpCat(3, 8, 4, 4, act=("LeakyReLU", {"negative_slope": 0.1}), norm=("instance", {"affine": True}),
                     bias=True, dropout=0.0, upsample="deconv")
     assert stand_in(changed) is None
+
+
+def test_a_pickled_fused_model_keeps_its_opaque_calls():
+    """A GraphModule pickles as its code, traced again as it loads: the stand-in's merge
+    (and the channels-last view of a one-channel input) stay calls on the real tensors,
+    not the branch a traced value would take."""
+    model = randomized(TwoLevels().double(), seed=1)
+    x = torch.rand(1, 1, 9, 10, 11, dtype=torch.float64)
+    fused = cutlassfuse.fuse(model).model
+    expected = fused(x)
+    buffer = io.BytesIO()
+    torch.save(fused, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    targets = [node.target for node in loaded.graph.nodes if node.op == "call_function"]
+    assert skip_concatenation in targets and _one_channel_input_as_channels_last in targets, targets
+    out = loaded(x)
+    assert torch.equal(out, expected) and out.is_contiguous()

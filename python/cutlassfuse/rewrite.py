@@ -38,7 +38,7 @@ from .blocks import activation_of_module
 from .cuda_graphs import CUDAGraphed
 from .modules import ConvTranspose3dReLUGroupNorm
 from .padded_conv import ChannelPaddedConv3d
-from .traceable_forwards import stand_in
+from .traceable_forwards import opaque_to_tracing, stand_in
 
 _CONVS = (nn.Conv3d, nn.ConvTranspose3d)
 _NORMS = (nn.GroupNorm, nn.InstanceNorm3d)
@@ -509,7 +509,7 @@ class _Tracer(torch.fx.Tracer):
     def call_module(self, m: nn.Module, forward: Any, args: tuple, kwargs: dict) -> Any:
         replacement = stand_in(m)
         if replacement is not None:
-            forward = functools.partial(replacement, self, m)
+            forward = functools.partial(replacement, m)
         return super().call_module(m, forward, args, kwargs)
 
     def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> torch.fx.Graph:
@@ -997,14 +997,33 @@ def _contiguous_outputs(output: Any) -> Any:
     return output
 
 
-def _outputs_in_input_layout(module: nn.Module, args: tuple, output: Any) -> Any:
-    """Forward hook of a model whose activations run channels-last: an input PyTorch reads
-    as NCDHW gives NCDHW outputs, as the original model's (a one-channel input is
-    contiguous in both layouts, and read as NCDHW unless its strides are channels-last's)."""
-    x = args[0] if args else None
+@opaque_to_tracing
+def _outputs_in_layout_of(x: Any, output: Any) -> Any:
+    """``output`` with its 5-D tensors NCDHW where the model's input ``x`` is one PyTorch
+    reads as NCDHW, as the original model's (a one-channel input is contiguous in both
+    layouts, and read as NCDHW unless its strides are channels-last's)."""
     if isinstance(x, Tensor) and x.dim() == 5 and not _reads_as_channels_last(x):
         return _contiguous_outputs(output)
-    return None
+    return output
+
+
+def _outputs_in_input_layout(module: nn.Module, args: tuple, output: Any) -> Any:
+    """Forward hook of an untraced model whose activations run channels-last."""
+    return _outputs_in_layout_of(args[0] if args else None, output)
+
+
+def _output_through(graph_module: torch.fx.GraphModule, function) -> None:
+    """The traced model's output passes through ``function(first input, output)``: a node
+    of the graph, which its code, and so a pickled copy, keeps (a hook would not be)."""
+    graph = graph_module.graph
+    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    output = next(node for node in graph.nodes if node.op == "output")
+    if not placeholders:
+        return
+    with graph.inserting_before(output):
+        value = graph.call_function(function, (placeholders[0], output.args[0]))
+    output.args = (value,)
+    graph_module.recompile()
 
 
 def _reads_as_channels_last(x: Tensor) -> bool:
@@ -1022,6 +1041,7 @@ def _channels_last_strides(tensor: Tensor) -> Tensor:
     return tensor if tensor.stride() == channels_last.stride() else channels_last.copy_(tensor)
 
 
+@opaque_to_tracing
 def _one_channel_input_as_channels_last(x: Any) -> Any:
     """A one-channel NCDHW input with channels_last_3d's strides, a view: both layouts
     order its elements alike. A convolution writes channels-last when its input or its
@@ -1068,15 +1088,17 @@ def _run_channels_last(model: nn.Module) -> None:
     (PyTorch's rule: the output is channels-last when the input or the weight is) and
     the activations stay channels-last from the first layer on: one layout conversion at
     the input instead of one per block (and none of the weights per call). A traced
-    model's one-channel inputs take channels-last strides too. A forward hook returns
-    NCDHW outputs for NCDHW inputs."""
+    model's one-channel inputs take channels-last strides too. Its last node (elsewhere a
+    forward hook) returns NCDHW outputs for NCDHW inputs."""
     with torch.no_grad():
         for tensor in [*model.parameters(), *model.buffers()]:
             if tensor.dim() == 5:
                 tensor.data = _channels_last_strides(tensor.data)
     if isinstance(model, torch.fx.GraphModule):
         _inputs_through(model, _one_channel_input_as_channels_last)
-    model.register_forward_hook(_outputs_in_input_layout)
+        _output_through(model, _outputs_in_layout_of)
+    else:
+        model.register_forward_hook(_outputs_in_input_layout)
 
 
 def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = None,
@@ -1146,8 +1168,9 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = N
     With ``channels_last`` (and any chain fused) the model's 5-D parameters and buffers
     (the convolutions' weights) move to channels_last_3d: every convolution then writes
     channels-last, so the activations run channels-last from the first layer on, one
-    layout conversion at the input in place of one per block; a forward hook on the
-    returned model gives NCDHW outputs for NCDHW inputs, as the original model's. The
+    layout conversion at the input in place of one per block; the returned model (its
+    trace's last node, or a forward hook) gives NCDHW outputs for NCDHW inputs, as the
+    original model's. The
     parameters stay the same objects with the same values. ``channels_last=None`` (the
     default) chooses it where the whole forward() was traced, so that fuse() saw every op
     between the blocks; code it could not trace keeps the layouts (each block then

@@ -11,7 +11,7 @@ A stand-in is keyed by the module's class (its module path and qualified name, s
 the library need not be imported) and by the SHA-256 digest of the source of the forward()
 it was written against: a library release whose forward() reads otherwise gets no
 stand-in, and its model is traced child by child as any other that no trace can follow.
-It takes the tracer, the module and its forward()'s arguments.
+It takes the module and its forward()'s arguments.
 """
 
 from __future__ import annotations
@@ -23,10 +23,29 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.fx
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+def opaque_to_tracing(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` (positional arguments), recorded by a torch.fx trace as one call of
+    itself instead of traced through: its Python branches ask the types and sizes of real
+    tensors, which a traced value cannot answer. Any tracer: fuse()'s, and the one that
+    rebuilds a GraphModule from its code (pickling, ``torch.fx.symbolic_trace`` of a fused
+    model), which would otherwise bake the branch a traced value takes into the graph."""
+
+    @functools.wraps(function)
+    def call(*args: Any) -> Any:
+        for arg in args:
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", call, args, {})
+        return function(*args)
+
+    return call
+
+
+@opaque_to_tracing
 def skip_concatenation(upsampled: Tensor, skip: Any, pad_to_skip: bool) -> Tensor:
     """MONAI UpCat's merge of the upsampled features with the encoder's skip features,
     as its forward() computes it: with a tensor ``skip``, the upsampled features padded by
@@ -48,12 +67,10 @@ def skip_concatenation(upsampled: Tensor, skip: Any, pad_to_skip: bool) -> Tenso
     return torch.cat([skip, upsampled], dim=1)
 
 
-def _upcat_forward(tracer: torch.fx.Tracer, module: nn.Module, x: Any, x_e: Any = None) -> Any:
+def _upcat_forward(module: nn.Module, x: Any, x_e: Any = None) -> Any:
     """monai.networks.nets.basic_unet.UpCat.forward(x, x_e): its type check of ``x_e``
     (torch.jit.isinstance) and its size comparisons run inside ``skip_concatenation``."""
-    upsampled = module.upsample(x)
-    merged = tracer.create_proxy("call_function", skip_concatenation, (upsampled, x_e, bool(module.is_pad)), {})
-    return module.convs(merged)
+    return module.convs(skip_concatenation(module.upsample(x), x_e, bool(module.is_pad)))
 
 
 # (class module, class name) -> (stand-in, digest of the forward() source it reproduces).
@@ -73,8 +90,8 @@ def _source_digest(forward: Callable[..., Any]) -> str | None:
 
 
 def stand_in(module: nn.Module) -> Callable[..., Any] | None:
-    """The traceable stand-in for ``module``'s forward() (called with the tracer, the
-    module and the forward's arguments), or None where its own forward() is traced: a
+    """The traceable stand-in for ``module``'s forward() (called with the module and the
+    forward's arguments), or None where its own forward() is traced: a
     class without one, or whose forward() is not the code the stand-in reproduces."""
     cls = type(module)
     entry = _STAND_INS.get((cls.__module__, cls.__qualname__))
