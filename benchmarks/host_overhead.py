@@ -61,9 +61,8 @@ def device_us_per_call(fn) -> float:
     return sorted(samples)[len(samples) // 2]
 
 
-def modes():
-    """The two ways a model is called: (name, context manager factory)."""
-    return (("no_grad", torch.no_grad), ("grad mode", contextlib.nullcontext))
+# The two ways a model is called: (name, context manager factory).
+MODES = (("no_grad", torch.no_grad), ("grad mode", contextlib.nullcontext))
 
 
 def print_components(shape: BenchShape, dtype: torch.dtype) -> None:
@@ -91,7 +90,7 @@ def print_components(shape: BenchShape, dtype: torch.dtype) -> None:
     print(f"  {'':48s} {'no_grad':>9s} {'grad mode':>9s}")
     for name, fn in pieces.items():
         times = []
-        for _, mode in modes():
+        for _, mode in MODES:
             with mode():
                 fn()
                 times.append(host_us_per_call(fn))
@@ -105,13 +104,13 @@ def main() -> None:
     parser.add_argument("--grad-mode", action="store_true", help="profile the --table shape in grad mode")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
-    header = "".join(f" {name + ' wall':>15s} {name + ' host':>15s}" for name, _ in modes())
+    header = "".join(f" {name + ' wall':>15s} {name + ' host':>15s}" for name, _ in MODES)
     print(f"{'shape':16s}{header}  (us per call)")
     for shape in DEFAULT_SHAPES:
         layer, x = layer_and_input(shape, dtype)
         fn = lambda: layer(x)  # noqa: E731
         row = ""
-        for _, mode in modes():
+        for _, mode in MODES:
             with mode():
                 for _ in range(5):
                     fn()

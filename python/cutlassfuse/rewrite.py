@@ -1017,9 +1017,9 @@ def _output_through(graph_module: torch.fx.GraphModule, function) -> None:
     of the graph, which its code, and so a pickled copy, keeps (a hook would not be)."""
     graph = graph_module.graph
     placeholders = [node for node in graph.nodes if node.op == "placeholder"]
-    output = next(node for node in graph.nodes if node.op == "output")
     if not placeholders:
         return
+    output = next(node for node in graph.nodes if node.op == "output")
     with graph.inserting_before(output):
         value = graph.call_function(function, (placeholders[0], output.args[0]))
     output.args = (value,)

@@ -32,8 +32,8 @@ def opaque_to_tracing(function: Callable[..., Any]) -> Callable[..., Any]:
     """``function`` (positional arguments), recorded by a torch.fx trace as one call of
     itself instead of traced through: its Python branches ask the types and sizes of real
     tensors, which a traced value cannot answer. Any tracer: fuse()'s, and the one that
-    rebuilds a GraphModule from its code (pickling, ``torch.fx.symbolic_trace`` of a fused
-    model), which would otherwise bake the branch a traced value takes into the graph."""
+    rebuilds a pickled GraphModule from its code as it loads, which would otherwise bake
+    the branch a traced value takes into the graph."""
 
     @functools.wraps(function)
     def call(*args: Any) -> Any:
@@ -54,7 +54,7 @@ def skip_concatenation(upsampled: Tensor, skip: Any, pad_to_skip: bool) -> Tenso
     along the channels; without one, the upsampled features alone. A padding of zero
     voxels is skipped, not run as a copy: same values, and no copy that PyTorch makes
     NCDHW for channels-last input."""
-    if skip is None or not isinstance(skip, Tensor):
+    if not isinstance(skip, Tensor):
         return upsampled
     if pad_to_skip:
         dimensions = upsampled.dim() - 2
@@ -67,7 +67,7 @@ def skip_concatenation(upsampled: Tensor, skip: Any, pad_to_skip: bool) -> Tenso
     return torch.cat([skip, upsampled], dim=1)
 
 
-def _upcat_forward(module: nn.Module, x: Any, x_e: Any = None) -> Any:
+def _upcat_forward(module: nn.Module, x: Any, x_e: Any) -> Any:
     """monai.networks.nets.basic_unet.UpCat.forward(x, x_e): its type check of ``x_e``
     (torch.jit.isinstance) and its size comparisons run inside ``skip_concatenation``."""
     return module.convs(skip_concatenation(module.upsample(x), x_e, bool(module.is_pad)))
