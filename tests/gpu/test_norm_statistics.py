@@ -44,6 +44,8 @@ SHAPES = {
     "three_pixel_samples": ((64, 20, 1, 1, 3), 5),
     # samples of one row: GroupNorm over the channels alone
     "one_pixel_samples": ((300, 12, 1, 1, 1), 4),
+    # InstanceNorm of 64 samples x 512 channels: 32768 (sample, group) items to finalize
+    "many_finalize_items": ((64, 512, 1, 2, 3), 512),
 }
 
 

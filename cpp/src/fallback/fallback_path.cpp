@@ -96,8 +96,8 @@ ForwardOutputs FallbackCall::run() const {
   const StatisticsWorkspace stats(generic_stats_tiles(shape, sm_count), shape, options);
   const GroupNormAffine affine{data_or_null(a.norm_weight, gamma), data_or_null(a.norm_bias, beta),
                                *affine_element_type(a)};
-  StatisticsFinalize finalize = statistics_finalize(stats.data(), stats.sources, element, shape, affine,
-                                                    static_cast<float>(p.eps), stats.scale_shift);
+  SingleRegionFinalize finalize = statistics_finalize(stats.data(), stats.sources, element, shape, affine,
+                                                      static_cast<float>(p.eps), stats.scale_shift);
   ForwardOutputs result;
   NormalizeOutputs outputs;
   if (call_.keep_for_backward) {

@@ -28,8 +28,8 @@ NormResult finish_norm(const at::Tensor& y, const std::optional<at::Tensor>& out
   const auto options = y.options();
   const GroupNormAffine affine{data_or_null(norm.gamma, operands.gamma), data_or_null(norm.beta, operands.beta),
                                *affine_element_type(norm.gamma, norm.beta)};
-  StatisticsFinalize finalize = statistics_finalize(stats.data(), stats.sources, element, shape, affine,
-                                                    static_cast<float>(p.eps), stats.scale_shift);
+  SingleRegionFinalize finalize = statistics_finalize(stats.data(), stats.sources, element, shape, affine,
+                                                      static_cast<float>(p.eps), stats.scale_shift);
   finalize.mean_shift = stats.mean_shift;
   NormResult result;
   result.out = out.has_value() ? *out : y;

@@ -27,7 +27,7 @@ struct NormResult {
 // counts on small layers.
 struct StatisticsWorkspace {
   at::Tensor bytes;
-  StatisticsSources sources;
+  SingleRegionSources sources;
   void* scale_shift = nullptr;
 
   StatisticsWorkspace(const TilePartials& tiles, const GroupNormShape& shape, const at::TensorOptions& options);

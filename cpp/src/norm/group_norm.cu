@@ -24,8 +24,8 @@ constexpr int kFinishBlocksPerSM = 4;  // group_norm_finish_kernel's register bu
 // segments: thousands of resident threads per SM hide the loads' latency.
 template <int kFinalizeWarps>
 __global__ void __launch_bounds__(kFinalizeWarps * 32)
-group_norm_finalize_kernel(const __grid_constant__ StatisticsFinalize finalize) {
-  __shared__ FinalizeScratch<kFinalizeWarps> scratch;
+group_norm_finalize_kernel(const __grid_constant__ SingleRegionFinalize finalize) {
+  __shared__ FinalizeScratch<kFinalizeWarps, 1> scratch;
   finalize_group(finalize, blockIdx.y, static_cast<int>(blockIdx.x), static_cast<int>(threadIdx.x / 32), scratch,
                  [] { __syncthreads(); });
 }
@@ -123,12 +123,6 @@ struct NormalizeJob {
   int64_t blocks_per_sample;
 };
 
-__device__ __forceinline__ int load_acquire(const int* p) {
-  int value;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(value) : "l"(p) : "memory");
-  return value;
-}
-
 // Asks L2 for the activation rows [first_row, end_row) of a sample, so that their DRAM
 // latency overlaps with the block's wait for the statistics and its scale and shift load.
 template <bool kShuffled, class T>
@@ -156,11 +150,10 @@ union FinishStorage {
 
 // Blocks 0 .. batch x groups - 1 finalize a (sample, group) each (eight warps, the
 // same merge as group_norm_finalize) and count it for its sample; the other blocks
-// normalize rows_per_block rows of one sample once all its groups are counted. A
-// normalize block only waits for blocks of lower index, which the GPU starts first
-// (blocks are dispatched in index order, which CUB's single-pass scan relies on too).
-// Block order rather than tickets from an atomic counter: a ticket costs an atomic on
-// one address and its round trip per block, and measured slower.
+// normalize rows_per_block rows of one sample once all its groups are counted
+// (group_norm_finalize.cuh). Block order rather than tickets from an atomic counter: a
+// ticket costs an atomic on one address and its round trip per block, and measured
+// slower.
 // Four blocks per SM: the finalize branch's merge would otherwise take the kernel to two
 // resident blocks; five spill.
 // Blocks take samples and rows newest first: the deconvolution's last tiles (the last
@@ -173,12 +166,8 @@ __global__ void __launch_bounds__(kThreads, kFinishBlocksPerSM)
   const int64_t block_index = blockIdx.x;
   const int64_t finalize_items = finalize.batch * finalize.num_groups;
   if (block_index < finalize_items) {
-    const int64_t n = finalize.batch - 1 - block_index / finalize.num_groups;
-    finalize_group(finalize, n, static_cast<int>(block_index % finalize.num_groups), static_cast<int>(threadIdx.x / 32),
-                   storage.finalize, [] { __syncthreads(); });
-    __threadfence();  // this thread's scale and shift, before the count that publishes them
-    __syncthreads();
-    if (threadIdx.x == 0) atomicAdd(job.groups_finalized + n, 1);
+    finalize_and_count(finalize, finalize.batch - 1 - block_index / finalize.num_groups,
+                       static_cast<int>(block_index % finalize.num_groups), job.groups_finalized, storage.finalize);
     return;
   }
 
@@ -193,10 +182,7 @@ __global__ void __launch_bounds__(kThreads, kFinishBlocksPerSM)
                        ? nullptr
                        : static_cast<T*>(job.activation_in_pixel_order) + sample_offset;
   prefetch_rows<kShuffled>(sample_in, first_row, end_row, finalize.channels, job.order);
-  if (threadIdx.x == 0) {
-    while (load_acquire(job.groups_finalized + n) < finalize.num_groups) __nanosleep(128);
-  }
-  __syncthreads();
+  wait_for_sample(job.groups_finalized, n, finalize.num_groups);
   float* scale = storage.normalize.scale;
   float* shift = storage.normalize.shift;
   load_scale_shift(finalize.scale_shift, n, finalize.channels, scale, shift);
@@ -265,7 +251,7 @@ const char* group_norm_unsupported_reason(const GroupNormShape& shape) {
   return "";
 }
 
-void group_norm_finalize(const StatisticsFinalize& finalize, cudaStream_t stream) {
+void group_norm_finalize(const SingleRegionFinalize& finalize, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(finalize.num_groups), static_cast<unsigned>(finalize.batch));
   if (finalize.batch * finalize.num_groups < kWideFinalizeItems) {
     group_norm_finalize_kernel<32><<<grid, 32 * 32, 0, stream>>>(finalize);

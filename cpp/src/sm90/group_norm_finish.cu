@@ -123,12 +123,6 @@ __device__ void normalize_transpose(const char* activation_tile, char* strip, in
   }
 }
 
-__device__ __forceinline__ int load_acquire(const int* p) {
-  int value;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(value) : "l"(p) : "memory");
-  return value;
-}
-
 // Where a normalize block keeps what: its activation chunks, the strip, the sample's
 // scale and shift, a transaction barrier per chunk.
 struct StripLayout {
@@ -175,13 +169,9 @@ group_norm_finish_bulk_kernel(const __grid_constant__ StatisticsFinalize finaliz
                                           ~uintptr_t{kSwizzleAlign - 1});
   const int64_t finalize_items = finalize.batch * finalize.num_groups;
   if (blockIdx.x < finalize_items) {
-    const int64_t n = finalize.batch - 1 - blockIdx.x / finalize.num_groups;
-    auto& scratch = *reinterpret_cast<FinalizeScratch<kWarps>*>(aligned);
-    finalize_group(finalize, n, static_cast<int>(blockIdx.x % finalize.num_groups), static_cast<int>(threadIdx.x / 32),
-                   scratch, [] { __syncthreads(); });
-    __threadfence();  // this thread's scale and shift, before the count that publishes them
-    __syncthreads();
-    if (threadIdx.x == 0) atomicAdd(job.groups_finalized + n, 1);
+    finalize_and_count(finalize, finalize.batch - 1 - blockIdx.x / finalize.num_groups,
+                       static_cast<int>(blockIdx.x % finalize.num_groups), job.groups_finalized,
+                       *reinterpret_cast<FinalizeScratch<kWarps>*>(aligned));
     return;
   }
 

@@ -4,18 +4,18 @@
 // Statistics arrive as partials (count, mean, M2), one per (launch, tile, sample
 // segment of the tile, group segment of the tile), each at a fixed position of a
 // workspace (StatisticsSources), so results are bitwise reproducible (no atomics):
-// from the deconvolution's epilogue on the fused path, from relu_group_norm_stats on
+// from a convolution's epilogue on the fused paths, from norm_activation_stats on
 // the fallback (group_norm_generic.h).
 //   1. the finalize merges each (sample, group)'s partials once, in a fixed order,
 //      with Chan et al.'s pairwise update (robust where E[x^2] - E[x]^2 cancels) into
 //      mean and rstd, folded with gamma and beta into a per-channel scale and shift;
 //   2. the normalize writes x * scale + shift, channels-last (in place allowed) or
 //      NCDHW through an on-chip transpose.
-// The fused path runs both in one launch after the deconvolution (group_norm_finish):
-// its first blocks finalize, the others normalize a sample once its groups are
-// finalized. Merging in every normalize block instead re-reads the partials thousands
-// of times and measured slower than a separate finalize launch. The fallback runs
-// group_norm_finalize, then its own normalize (group_norm_generic.h).
+// The fused deconvolution's path runs both in one launch (group_norm_finish): its first
+// blocks finalize, the others normalize a sample once its groups are finalized. Merging
+// in every normalize block instead re-reads the partials thousands of times and measured
+// slower than a separate finalize launch. The fused forward convolution and the
+// fallback run group_norm_finalize, then their normalize (group_norm_generic.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -96,13 +96,19 @@ inline constexpr int kMaxPartialsRegions = 64;
 
 // What the statistics of a (sample, group) merge: every region's partials, in region
 // order, then the output pixels no input reaches, which hold ReLU(bias) per channel
-// (closed-form moments; see subpixel.h).
-struct StatisticsSources {
-  PartialsRegion regions[kMaxPartialsRegions];
+// (closed-form moments; see subpixel.h). kCapacity: the regions it holds. The finalize
+// reads it as a kernel parameter, which every launch copies: the sub-pixel phases' 64
+// regions make 3 KB, a single convolution's or statistics pass's one region 48 bytes.
+template <int kCapacity>
+struct StatisticsSourcesOf {
+  static constexpr int kRegions = kCapacity;
+  PartialsRegion regions[kCapacity];
   int region_count = 0;
   int64_t unreached_pixels = 0;  // per sample
   const void* bias = nullptr;    // [channels], the activation's element type; nullptr: no bias
 };
+using StatisticsSources = StatisticsSourcesOf<kMaxPartialsRegions>;  // a deconvolution's sub-pixel phases
+using SingleRegionSources = StatisticsSourcesOf<1>;                  // one launch's tiles
 
 // Empty when the kernels take `shape`, else why not.
 const char* group_norm_unsupported_reason(const GroupNormShape& shape);
@@ -110,11 +116,12 @@ const char* group_norm_unsupported_reason(const GroupNormShape& shape);
 // Bytes of the per-(sample, channel) scale and shift (float2) group_norm_finalize writes.
 int64_t group_norm_scale_shift_bytes(const GroupNormShape& shape);
 
-// What the finalize reads and writes: the arguments of group_norm_finalize, and the
-// finishing kernel's.
-struct StatisticsFinalize {
+// What the finalize reads and writes: the arguments of group_norm_finalize, and of the
+// kernels whose first blocks finalize.
+template <int kCapacity>
+struct StatisticsFinalizeOf {
   const WelfordPartial* partials = nullptr;
-  StatisticsSources sources;
+  StatisticsSourcesOf<kCapacity> sources;
   ElementType element = ElementType::kFloat16;  // the activation's, which the bias in `sources` shares
   int64_t batch = 0;
   int channels = 0;
@@ -130,11 +137,15 @@ struct StatisticsFinalize {
   // channel per group, where adding a constant moves the mean and leaves the variance.
   const void* mean_shift = nullptr;
 };
+using StatisticsFinalize = StatisticsFinalizeOf<kMaxPartialsRegions>;
+using SingleRegionFinalize = StatisticsFinalizeOf<1>;
 
 // `element`: the activation's type, which the bias in `sources` shares.
-inline StatisticsFinalize statistics_finalize(const WelfordPartial* partials, const StatisticsSources& sources,
-                                              ElementType element, const GroupNormShape& shape,
-                                              const GroupNormAffine& affine, float eps, void* scale_shift) {
+template <int kCapacity>
+StatisticsFinalizeOf<kCapacity> statistics_finalize(const WelfordPartial* partials,
+                                                    const StatisticsSourcesOf<kCapacity>& sources, ElementType element,
+                                                    const GroupNormShape& shape, const GroupNormAffine& affine,
+                                                    float eps, void* scale_shift) {
   return {partials,
           sources,
           element,
@@ -146,8 +157,8 @@ inline StatisticsFinalize statistics_finalize(const WelfordPartial* partials, co
           static_cast<float2*>(scale_shift)};
 }
 
-// Any channel count; batch <= 65535.
-void group_norm_finalize(const StatisticsFinalize& finalize, cudaStream_t stream);
+// Any channel count; batch <= 65535. Partials of one launch's tiles (one region).
+void group_norm_finalize(const SingleRegionFinalize& finalize, cudaStream_t stream);
 
 // group_norm_finish's counts of finalized groups, one int per sample, zero when it
 // starts: the deconvolution's first epilogue tile zeroes them (the kernel before it in

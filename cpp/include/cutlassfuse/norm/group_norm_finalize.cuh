@@ -71,8 +71,9 @@ __device__ inline int64_t partial_slot(const PartialsRegion& region, const TileR
 
 // Moments of `pixels` copies of ReLU(bias[c]) for the group's channels: the output
 // pixels no input reaches. Exact two-pass over at most 1024 channels.
-__device__ inline WelfordPartial unreached_moments(const StatisticsSources& sources, ElementType element, int group,
-                                                   int channels_per_group) {
+template <int kCapacity>
+__device__ WelfordPartial unreached_moments(const StatisticsSourcesOf<kCapacity>& sources, ElementType element,
+                                            int group, int channels_per_group) {
   const int c_begin = group * channels_per_group;
   float sum = 0.f;
   for (int c = c_begin; c < c_begin + channels_per_group; ++c) sum += relu(load_affine(sources.bias, element, c, 0.f));
@@ -90,9 +91,10 @@ __device__ inline WelfordPartial unreached_moments(const StatisticsSources& sour
 
 // The slots of (sample n, group g) over all regions as one sequence, regions in order,
 // so that a thread's loads do not wait on one another region by region.
+template <int kCapacity>
 struct GroupSlots {
-  TileRange range[kMaxPartialsRegions];
-  int64_t region_end[kMaxPartialsRegions];  // where region r's slots end in the sequence
+  TileRange range[kCapacity];
+  int64_t region_end[kCapacity];  // where region r's slots end in the sequence
   int region_count;
 
   __device__ int64_t total() const { return region_count > 0 ? region_end[region_count - 1] : 0; }
@@ -102,20 +104,21 @@ struct GroupSlots {
 // and l + 96 of the segment in that order (four loads in flight), then a shuffle tree.
 inline constexpr int kSegmentSlots = 128;
 
-// What the kWarps warps finalizing one (sample, group) share.
-template <int kWarps>
+// What the kWarps warps finalizing one (sample, group) of up to kCapacity regions share.
+template <int kWarps, int kCapacity = kMaxPartialsRegions>
 struct FinalizeScratch {
-  GroupSlots slots;
+  GroupSlots<kCapacity> slots;
   WelfordPartial segment[kWarps];
   float mean;
   float rstd;
 };
 
 // Segment `segment` of the item whose slots `slots` describes, complete at lane 0.
-__device__ inline WelfordPartial merge_segment(const StatisticsFinalize& f, const GroupSlots& slots, int64_t segment,
-                                               int64_t n, int g) {
+template <int kCapacity>
+__device__ WelfordPartial merge_segment(const StatisticsFinalizeOf<kCapacity>& f, const GroupSlots<kCapacity>& slots,
+                                        int64_t segment, int64_t n, int g) {
   constexpr int kLoads = kSegmentSlots / 32;
-  const StatisticsSources& sources = f.sources;
+  const auto& sources = f.sources;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int channels_per_group = f.channels / f.num_groups;
   WelfordPartial loaded[kLoads];
@@ -148,11 +151,11 @@ __device__ inline WelfordPartial merge_segment(const StatisticsFinalize& f, cons
 // the normalize pass's one multiply-add per element, out = x * scale[n, c] + shift[n, c],
 // for the group's channels. The scratch may be reused for the next item right away:
 // each field's reads precede a barrier that its next write follows.
-template <int kWarps, class Sync>
-__device__ void finalize_group(const StatisticsFinalize& f, int64_t n, int g, int warp,
-                               FinalizeScratch<kWarps>& scratch, Sync&& sync) {
-  const StatisticsSources& sources = f.sources;
-  GroupSlots& slots = scratch.slots;
+template <int kWarps, int kCapacity, class Sync>
+__device__ void finalize_group(const StatisticsFinalizeOf<kCapacity>& f, int64_t n, int g, int warp,
+                               FinalizeScratch<kWarps, kCapacity>& scratch, Sync&& sync) {
+  const auto& sources = f.sources;
+  GroupSlots<kCapacity>& slots = scratch.slots;
   const int thread = warp * 32 + static_cast<int>(threadIdx.x % 32);
   const int channels_per_group = f.channels / f.num_groups;
   for (int r = thread; r < sources.region_count; r += kWarps * 32) {
@@ -199,6 +202,40 @@ __device__ void finalize_group(const StatisticsFinalize& f, int64_t n, int g, in
     f.scale_shift[n * f.channels + c] = {scale,
                                          load_affine(affine.beta, affine.element, c, 0.f) - scratch.mean * scale};
   }
+}
+
+// --- the finishing kernels: finalize blocks in front of the normalize blocks -------------
+// A launch whose first batch x groups blocks finalize a (sample, group) each and whose
+// other blocks normalize: a normalize block waits until its sample's groups are all
+// counted. It waits only for blocks of lower index, which the GPU starts first (blocks
+// are dispatched in index order, which CUB's single-pass scan relies on too), so the
+// wait cannot hold the SMs that the blocks it waits for need.
+
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int value;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(value) : "l"(p) : "memory");
+  return value;
+}
+
+// A finalize block: (sample n, group g) finalized, then counted for its sample in
+// groups_finalized.
+template <int kWarps, int kCapacity>
+__device__ void finalize_and_count(const StatisticsFinalizeOf<kCapacity>& f, int64_t n, int g, int* groups_finalized,
+                                   FinalizeScratch<kWarps, kCapacity>& scratch) {
+  finalize_group(f, n, g, static_cast<int>(threadIdx.x / 32), scratch, [] { __syncthreads(); });
+  __threadfence();  // this thread's scale and shift, before the count that publishes them
+  __syncthreads();
+  if (threadIdx.x == 0) atomicAdd(groups_finalized + n, 1);
+}
+
+// Until sample n's groups are all finalized: thread 0 polls, the block waits at a barrier.
+// Its scale and shift are then read through L2 (__ldcg), never through the non-coherent
+// read-only path.
+__device__ __forceinline__ void wait_for_sample(const int* groups_finalized, int64_t n, int num_groups) {
+  if (threadIdx.x == 0) {
+    while (load_acquire(groups_finalized + n) < num_groups) __nanosleep(128);
+  }
+  __syncthreads();
 }
 
 }  // namespace cutlassfuse
