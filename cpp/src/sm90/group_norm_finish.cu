@@ -188,9 +188,8 @@ group_norm_finish_bulk_kernel(const __grid_constant__ StatisticsFinalize finaliz
     for (int q = 0; q < chunks; ++q) cutlass::arch::ClusterBarrier::init(&smem.loaded[q], 1);
     cutlass::arch::fence_barrier_init();
     for (int q = 0; q < chunks; ++q) load_chunk(job, smem, channels, q, first_pixel, n);
-    while (load_acquire(job.groups_finalized + n) < finalize.num_groups) __nanosleep(128);
   }
-  __syncthreads();
+  wait_for_sample(job.groups_finalized, n, finalize.num_groups);
   for (int c = threadIdx.x; c < channels; c += kThreads) {
     const float2 ss = __ldcg(&finalize.scale_shift[int64_t{n} * channels + c]);
     smem.scale[c] = ss.x;

@@ -44,7 +44,6 @@ at::Tensor split_filter(const at::Tensor& packed, cudaStream_t stream) {
   at::Tensor filter = at::empty(
       {float32_split::kProducts * packed.size(0), packed.size(1), packed.size(2), packed.size(3), packed.size(4)},
       packed.options().dtype(at::kBFloat16));
-  const NvtxRange range("cutlassfuse.split_float32_filter");
   split_float32_filter(packed.data_ptr(), packed.numel(), filter.data_ptr(), stream);
   return filter;
 }
@@ -64,7 +63,10 @@ at::Tensor packed_filter(const OpArgs& a) {
 
 at::Tensor right_operand(const at::Tensor& packed, MathMode math, Tf32OperandScales* scales, cudaStream_t stream) {
   switch (math) {
-    case MathMode::kFloat32AsBf16x3: return split_filter(packed, stream);
+    case MathMode::kFloat32AsBf16x3: {
+      const NvtxRange range("cutlassfuse.split_float32_filter");
+      return split_filter(packed, stream);
+    }
     case MathMode::kFloat32AsTf32: {
       const NvtxRange range("cutlassfuse.scale_filter_tf32");
       return scaled_filter(packed, scales, stream);

@@ -101,7 +101,6 @@ inline constexpr int kMaxPartialsRegions = 64;
 // regions make 3 KB, a single convolution's or statistics pass's one region 48 bytes.
 template <int kCapacity>
 struct StatisticsSourcesOf {
-  static constexpr int kRegions = kCapacity;
   PartialsRegion regions[kCapacity];
   int region_count = 0;
   int64_t unreached_pixels = 0;  // per sample

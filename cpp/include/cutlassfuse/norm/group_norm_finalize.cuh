@@ -229,7 +229,7 @@ __device__ void finalize_and_count(const StatisticsFinalizeOf<kCapacity>& f, int
 }
 
 // Until sample n's groups are all finalized: thread 0 polls, the block waits at a barrier.
-// Its scale and shift are then read through L2 (__ldcg), never through the non-coherent
+// Callers then read its scale and shift through L2 (__ldcg), never through the non-coherent
 // read-only path.
 __device__ __forceinline__ void wait_for_sample(const int* groups_finalized, int64_t n, int num_groups) {
   if (threadIdx.x == 0) {
