@@ -129,6 +129,17 @@ def test_packed_copy_keeps_its_source_storage_alive():
     assert alive.expired()
 
 
+def test_packed_copy_never_keeps_a_view_of_a_larger_buffer():
+    """A view of part of a buffer (FSDP's gathered parameters) can be rewritten there
+    without a version bump: packed on every call, and an earlier entry dropped."""
+    cache, (pack, calls) = PackedCopy(), counting_pack()
+    buffer = torch.randn(2, 4, 6)
+    cache.get(torch.randn(4, 6), pack)
+    for view in (buffer[1], buffer[0], buffer[0]):
+        assert torch.equal(cache.get(view, pack), view)
+    assert len(calls) == 4 and cache._key is None
+
+
 def test_module_drops_packed_copies_when_moved_or_cast():
     fused = ConvTranspose3dReLUGroupNorm(8, 16, 3, 4, bias=True)
     pack, calls = counting_pack()

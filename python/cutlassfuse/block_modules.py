@@ -8,7 +8,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.common_types import _size_3_t
 
-from .blocks import ACTIVATIONS, _conv_output_size, activation_of_module, as_five_d, explaining_op, in_shape_of
+from .blocks import (ACTIVATIONS, _conv_output_size, activation_of_module, as_five_d, explaining_op, in_shape_of,
+                     module_tensor)
 from .packed_copy import PackedParameters
 
 _CONV_OP = torch.ops.cutlassfuse.conv3d_norm_activation.default
@@ -71,15 +72,6 @@ def _norm_module(norm: str, channels: int, num_groups: int | None, eps: float, a
                              f"got {num_groups}")
         return nn.InstanceNorm3d(channels, eps=eps, affine=bool(affine), track_running_stats=False, **factory)
     raise ValueError(f"cutlassfuse: norm must be 'group' or 'instance', got {norm!r}")
-
-
-def _tensor(module: nn.Module, name: str) -> Tensor | None:
-    """``module.<name>`` for a parameter, read from the module's parameter dict: the
-    attribute goes through nn.Module.__getattr__'s Python fallback, about a microsecond a
-    read, which the host-bound calls of small layers feel. A parameter moved out of the
-    dict (torch.nn.utils.parametrize, weight_norm) is read as the attribute it became."""
-    parameters = module._parameters
-    return parameters[name] if name in parameters else getattr(module, name)
 
 
 def _norm_groups(norm: nn.Module) -> int:
@@ -227,10 +219,10 @@ class _ConvNormActivation(PackedParameters):
         children = self._modules
         conv, norm = children["conv"], children["norm"]
         name, parameter, weight = activation_of_module(children["activation"])
-        return (x, _tensor(conv, "weight"), _tensor(conv, "bias"), conv.stride, _conv_padding(conv), output_padding,
-                conv.groups, conv.dilation, self._transposed, _norm_groups(norm), _tensor(norm, "weight"),
-                _tensor(norm, "bias"), norm.eps, name, parameter, weight, self.activation_before_norm,
-                self._packed_weight(conv, x), residual)
+        return (x, module_tensor(conv, "weight"), module_tensor(conv, "bias"), conv.stride, _conv_padding(conv),
+                output_padding, conv.groups, conv.dilation, self._transposed, _norm_groups(norm),
+                module_tensor(norm, "weight"), module_tensor(norm, "bias"), norm.eps, name, parameter, weight,
+                self.activation_before_norm, self._packed_weight(conv, x), residual)
 
     def _packed_weight(self, conv: _Conv, x: Tensor) -> Tensor | None:
         """The conv's weight in channels_last_3d, kept while the weight is unchanged
@@ -240,7 +232,7 @@ class _ConvNormActivation(PackedParameters):
         spares a copy of the weight per call: an allocation and a launch, as long as the
         rest of a small layer's kernels. The weight itself stays the op's argument, so the
         output's layout and the weight's gradient are the weight's. None elsewhere."""
-        weight = _tensor(conv, "weight")
+        weight = module_tensor(conv, "weight")
         # Anything else (a Proxy while torch.fx traces, a wrong input) reaches the op as it
         # is, which says what is wrong with it.
         if not isinstance(x, Tensor) or x.dim() != 5 or not x.is_cuda:
@@ -464,5 +456,5 @@ class GroupNormActivation(nn.Module):
         # GroupNorm's input of another spatial rank as the op's 5-D view; InstanceNorm3d's
         # as it is (a 4-D input is unbatched, which the op refuses).
         five_d = as_five_d(x) if isinstance(norm, nn.GroupNorm) else x
-        return op(five_d, _norm_groups(norm), _tensor(norm, "weight"), _tensor(norm, "bias"), norm.eps, name,
-                  parameter, weight)
+        return op(five_d, _norm_groups(norm), module_tensor(norm, "weight"), module_tensor(norm, "bias"), norm.eps,
+                  name, parameter, weight)

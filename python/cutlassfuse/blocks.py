@@ -25,6 +25,15 @@ _DEFAULT_PARAMETERS = {"leaky_relu": 0.01, "elu": 1.0}
 _INT64_MAX = 2**63 - 1
 
 
+def module_tensor(module: nn.Module, name: str) -> Tensor | None:
+    """``module.<name>`` for a parameter, read from the module's parameter dict: the
+    attribute goes through nn.Module.__getattr__'s Python fallback, about a microsecond a
+    read, which the host-bound calls of small layers feel. A parameter moved out of the
+    dict (torch.nn.utils.parametrize, weight_norm) is read as the attribute it became."""
+    parameters = module._parameters
+    return parameters[name] if name in parameters else getattr(module, name)
+
+
 def activation_of_module(module: nn.Module) -> tuple[str, float, Tensor | None]:
     """The op's ``(activation, activation_parameter, activation_weight)`` of a torch.nn
     activation module; ValueError for a module the ops do not compute."""
@@ -35,7 +44,7 @@ def activation_of_module(module: nn.Module) -> tuple[str, float, Tensor | None]:
     if isinstance(module, nn.LeakyReLU):
         return "leaky_relu", float(module.negative_slope), None
     if isinstance(module, nn.PReLU):
-        return "prelu", 0.0, module.weight
+        return "prelu", 0.0, module_tensor(module, "weight")
     if isinstance(module, nn.SiLU):
         return "silu", 0.0, None
     if isinstance(module, nn.GELU):

@@ -23,29 +23,45 @@ def _count_optimizer_step(optimizer, args, kwargs) -> None:
 register_optimizer_step_post_hook(_count_optimizer_step)
 
 
+def _views_part_of_buffer(tensor: Tensor) -> bool:
+    """Whether `tensor` views part of a larger buffer (FSDP's gathered parameters), which
+    can be rewritten there without a version bump."""
+    return tensor.storage_offset() != 0 or tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size()
+
+
 class PackedCopy:
     """``pack(source)``, kept until the source changes: written in place (its version
     counter, and any optimizer step), replaced, moved or cast (its address, dtype and
-    strides).
+    strides). A source viewing part of a larger buffer is packed on every call, never
+    kept.
 
     The entry holds the source's storage, so that no other tensor can take its address
     while the copy is kept: the CUDA caching allocator hands a freed block straight back
     to the next request of its size, so after ``.half().float()`` the new weight would
-    otherwise sit where the old one was, with the same version. Writes that bypass both
-    the version counter and the optimizer (through ``.data``, ``p.data.copy_(...)``, or a
-    captured optimizer step replayed from a CUDA graph) need ``clear_packed_cache()`` on
-    the module after them.
+    otherwise sit where the old one was, with the same version. For the same reason a
+    source matching the key is in the storage that was checked when the copy was made,
+    so a call that finds its copy checks nothing more (the host's time per call counts on
+    small layers). CUDA gives every device's allocations distinct addresses, so the
+    address also tells the device. Writes that bypass both the version counter and the
+    optimizer (through ``.data``, ``p.data.copy_(...)``, or a captured optimizer step
+    replayed from a CUDA graph) need ``clear_packed_cache()`` on the module after them.
     """
 
+    __slots__ = ("_key", "_storage", "_copy")
+
     def __init__(self) -> None:
-        self._entry: tuple | None = None
+        self._key: tuple | None = None
+        self._storage = self._copy = None
 
     def get(self, source: Tensor, pack: Callable[[Tensor], Tensor]) -> Tensor:
-        key = (_optimizer_steps, source.data_ptr(), source._version, source.dtype, source.device, source.shape,
-               source.stride())
-        if self._entry is None or self._entry[0] != key:
-            self._entry = (key, source.untyped_storage(), pack(source))
-        return self._entry[2]
+        key = (_optimizer_steps, source._version, source.data_ptr(), source.dtype, source.shape, source.stride())
+        if key == self._key:
+            return self._copy
+        if _views_part_of_buffer(source):
+            self._key = self._storage = self._copy = None
+            return pack(source)
+        self._key, self._storage, self._copy = key, source.untyped_storage(), pack(source)
+        return self._copy
 
 
 class PackedParameters(nn.Module):
@@ -59,15 +75,14 @@ class PackedParameters(nn.Module):
         (the graph would read a copy that a later call may replace) and under autocast to
         another dtype (the op casts the parameter itself)."""
         if (isinstance(tensor, torch.fx.Proxy) or not tensor.is_cuda or torch.compiler.is_compiling()
-                or torch.cuda.is_current_stream_capturing()):
+                or torch._C._cuda_isCurrentStreamCapturing()):
             return None
-        if torch.is_autocast_enabled("cuda") and tensor.dtype != torch.get_autocast_dtype("cuda"):
+        if (torch._C._is_any_autocast_enabled() and torch.is_autocast_enabled("cuda")
+                and tensor.dtype != torch.get_autocast_dtype("cuda")):
             return None
-        # A parameter viewing part of a larger buffer (FSDP's gathered parameters) can be
-        # rewritten there without a version bump: packed on every call, never kept.
-        if tensor.storage_offset() != 0 or tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
-            return pack(tensor)
-        copies = self.__dict__.setdefault("_packed", {})
+        copies = self.__dict__.get("_packed")
+        if copies is None:
+            copies = self.__dict__["_packed"] = {}
         copy = copies.get(name)
         if copy is None:
             copy = copies[name] = PackedCopy()
