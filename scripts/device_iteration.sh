@@ -118,7 +118,7 @@ if wanted tests; then
   step "GPU tests"
   # A hung kernel must not eat the whole call: the remaining steps still run.
   # shellcheck disable=SC2086  # GPU_TESTS: pytest's selection, e.g. "tests/gpu/test_fused_shapes.py -k drawn"
-  timeout 420 "$PYTHON" -m pytest -m gpu ${GPU_TESTS:-tests/gpu} -q -p no:cacheprovider --durations=10 --junitxml="$OUT/gpu-tests.xml" 2>&1 \
+  timeout 420 "$PYTHON" -m pytest -m gpu ${GPU_TESTS:-tests/gpu} -q -rf -p no:cacheprovider --durations=10 --junitxml="$OUT/gpu-tests.xml" 2>&1 \
     | tee "$LOGS/gpu-tests.log"
   status+=("gpu tests: $(tail -1 "$LOGS/gpu-tests.log")")
   if [[ -z "${GPU_TESTS:-}" ]]; then

@@ -137,7 +137,7 @@ def test_packed_copy_never_keeps_a_view_of_a_larger_buffer():
     cache.get(torch.randn(4, 6), pack)
     for view in (buffer[1], buffer[0], buffer[0]):
         assert torch.equal(cache.get(view, pack), view)
-    assert len(calls) == 4 and cache._key is None
+    assert len(calls) == 4 and cache.kept is None
 
 
 def test_module_drops_packed_copies_when_moved_or_cast():

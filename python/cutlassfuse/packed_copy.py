@@ -53,6 +53,11 @@ class PackedCopy:
         self._key: tuple | None = None
         self._storage = self._copy = None
 
+    @property
+    def kept(self) -> Tensor | None:
+        """The copy kept, if any."""
+        return self._copy
+
     def get(self, source: Tensor, pack: Callable[[Tensor], Tensor]) -> Tensor:
         key = (_optimizer_steps, source._version, source.data_ptr(), source.dtype, source.shape, source.stride())
         if key == self._key:

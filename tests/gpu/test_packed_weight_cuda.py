@@ -44,7 +44,7 @@ def without_packed(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def kept_weight(module: nn.Module) -> torch.Tensor | None:
     copy = module.__dict__.get("_packed", {}).get("weight")
-    return None if copy is None or copy._entry is None else copy._entry[2]
+    return None if copy is None else copy.kept
 
 
 def input_of(module: nn.Module, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
