@@ -184,7 +184,7 @@ class _ConvNormActivation(PackedParameters):
         return self._call(x, output_padding, None) + residual
 
     def _output_padding(self, x: Tensor, output_size: list[int] | None) -> tuple[int, ...]:
-        conv = self.conv
+        conv = self._modules["conv"]  # not through nn.Module.__getattr__: on every call's path
         if not self._transposed:
             if output_size is not None:
                 raise TypeError(f"cutlassfuse: {type(self).__name__} takes no output_size")
@@ -198,7 +198,7 @@ class _ConvNormActivation(PackedParameters):
         """The block's output shape for `x`, the last one kept with its input shape and conv
         arguments: the residual's check is on every call's path, and its arithmetic costs
         more host time than comparing them (nothing kept from code torch.compile traces)."""
-        conv = self.conv
+        conv = self._modules["conv"]  # not through nn.Module.__getattr__: on every call's path
         key = (x.shape, output_padding, conv.kernel_size, conv.stride, conv.padding, conv.dilation, conv.out_channels)
         kept = self.__dict__.get("_kept_output_shape")
         if kept is not None and kept[0] == key:
