@@ -7,6 +7,7 @@ import torch.utils.checkpoint
 from torch import Tensor, nn
 from torch.nn.common_types import _size_3_t
 
+from .blocks import module_tensor
 from .ops import _pack_bias, _pack_weight
 from .packed_copy import PackedParameters
 
@@ -77,17 +78,18 @@ class ConvTranspose3dReLUGroupNorm(PackedParameters):
         """The weight in the tensor-core kernel's layout, re-packed only when the weight
         changed (in place, replaced, moved or cast) since the last call. None on the CPU
         and while compiling (there the permutation is part of the traced graph)."""
-        return self._packed_copy("weight", self.conv_transpose.weight, _pack_weight)
+        return self._packed_copy("weight", module_tensor(self._modules["conv_transpose"], "weight"), _pack_weight)
 
     def _packed_bias(self) -> Tensor | None:
         """The bias repeated per block of stride_d * stride_h * stride_w output pixels
         (``_pack_bias``), re-packed only when the bias changed: the epilogue of a kernel ==
         stride layer's GEMM reads it, the op decides which layers those are and ignores it
         for the others. None without a bias, on the CPU and while compiling."""
-        conv = self.conv_transpose
-        if conv.bias is None:
+        conv = self._modules["conv_transpose"]
+        bias = module_tensor(conv, "bias")
+        if bias is None:
             return None
-        return self._packed_copy("bias", conv.bias, lambda bias: _pack_bias(bias, conv.stride))
+        return self._packed_copy("bias", bias, lambda bias: _pack_bias(bias, conv.stride))
 
     def extra_repr(self) -> str:
         """The options as nn.ConvTranspose3d and nn.GroupNorm print theirs, defaults left
@@ -111,7 +113,7 @@ class ConvTranspose3dReLUGroupNorm(PackedParameters):
     def forward(self, x: Tensor, output_size: list[int] | None = None) -> Tensor:
         """``output_size`` as in ``nn.ConvTranspose3d.forward``: picks the output padding
         that gives this (D, H, W) (U-Net decoders pass the skip connection's size)."""
-        conv = self.conv_transpose
+        conv = self._modules["conv_transpose"]
         output_padding = conv.output_padding
         if output_size is not None:
             output_padding = tuple(conv._output_padding(x, output_size, conv.stride, conv.padding, conv.kernel_size, 3,
@@ -123,8 +125,12 @@ class ConvTranspose3dReLUGroupNorm(PackedParameters):
         return self._call(x, output_padding)
 
     def _call(self, x: Tensor, output_padding: tuple[int, ...]) -> Tensor:
-        conv, norm = self.conv_transpose, self.group_norm
         # The op itself, not the functional wrapper: nn.ConvTranspose3d already holds its
-        # options as 3-tuples, and small calls are bound by the host's time per call.
-        return _OP(x, conv.weight, conv.bias, norm.weight, norm.bias, norm.num_groups, norm.eps, conv.stride,
-                   conv.padding, output_padding, conv.groups, conv.dilation, self._packed_weight(), self._packed_bias())
+        # options as 3-tuples, and small calls are bound by the host's time per call (so the
+        # children and their parameters are read from the module dicts, not through
+        # nn.Module.__getattr__).
+        children = self._modules
+        conv, norm = children["conv_transpose"], children["group_norm"]
+        return _OP(x, module_tensor(conv, "weight"), module_tensor(conv, "bias"), module_tensor(norm, "weight"),
+                   module_tensor(norm, "bias"), norm.num_groups, norm.eps, conv.stride, conv.padding, output_padding,
+                   conv.groups, conv.dilation, self._packed_weight(), self._packed_bias())
