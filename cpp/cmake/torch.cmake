@@ -51,7 +51,8 @@ endif()
 string(REPLACE "," ";" _torch_include_dirs "${_torch_include_dirs}")
 message(STATUS "cutlassfuse: torch ${CUTLASSFUSE_TORCH_VERSION} (CUDA ${CUTLASSFUSE_TORCH_CUDA_VERSION}) at ${_torch_lib_dir}")
 
-set(_torch_libs c10 torch torch_cpu)
+# torch_python: the pybind11 type casters of the module's functions (python_module.cpp).
+set(_torch_libs c10 torch torch_cpu torch_python)
 if(CUTLASSFUSE_CUDA)
   if(CUTLASSFUSE_TORCH_CUDA_VERSION STREQUAL "")
     message(FATAL_ERROR

@@ -10,10 +10,9 @@ from torch.nn.common_types import _size_3_t
 
 from .blocks import (ACTIVATIONS, _conv_output_size, activation_of_module, as_five_d, explaining_op, in_shape_of,
                      module_tensor)
+from . import direct_calls
 from .packed_copy import PackedParameters
 
-_CONV_OP = torch.ops.cutlassfuse.conv3d_norm_activation.default
-_NORM_OP = torch.ops.cutlassfuse.group_norm_activation.default
 _EXPLAIN_NORM_OP = torch.ops.cutlassfuse.explain_group_norm_activation.default
 
 _Conv = nn.Conv3d | nn.ConvTranspose3d
@@ -211,9 +210,10 @@ class _ConvNormActivation(PackedParameters):
         return shape
 
     def _call(self, x: Tensor, output_padding: tuple[int, ...], residual: Tensor | None):
-        # The op itself, not the functional wrapper: the modules already hold their
-        # options as 3-tuples, and small calls are bound by the host's time per call.
-        return _CONV_OP(*self._op_arguments(x, output_padding, residual))
+        # The op itself, not the functional wrapper (the modules already hold their options
+        # as 3-tuples), through its CUDA kernel where the dispatcher would do nothing else:
+        # small calls are bound by the host's time per call.
+        return direct_calls.conv3d_norm_activation(self._op_arguments(x, output_padding, residual))
 
     def _op_arguments(self, x: Tensor, output_padding: tuple[int, ...], residual: Tensor | None = None) -> tuple:
         children = self._modules
@@ -442,19 +442,19 @@ class GroupNormActivation(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``x``: (N, C, D, H, W); with an nn.GroupNorm (N, C, *) of any spatial rank, as
         nn.GroupNorm takes it."""
-        return in_shape_of(self._call(x, _NORM_OP), x)
+        return in_shape_of(direct_calls.group_norm_activation(self._op_arguments(x)), x)
 
     def explain(self, x: Tensor) -> str:
         """Which implementation ``self(x)`` runs and why, for a call that keeps nothing
         for a backward."""
-        return self._call(x, _EXPLAIN_NORM_OP)
+        return _EXPLAIN_NORM_OP(*self._op_arguments(x))
 
-    def _call(self, x: Tensor, op):
+    def _op_arguments(self, x: Tensor) -> tuple:
         children = self._modules
         norm = children["norm"]
         name, parameter, weight = activation_of_module(children["activation"])
         # GroupNorm's input of another spatial rank as the op's 5-D view; InstanceNorm3d's
         # as it is (a 4-D input is unbatched, which the op refuses).
         five_d = as_five_d(x) if isinstance(norm, nn.GroupNorm) else x
-        return op(five_d, _norm_groups(norm), module_tensor(norm, "weight"), module_tensor(norm, "bias"), norm.eps,
-                  name, parameter, weight)
+        return (five_d, _norm_groups(norm), module_tensor(norm, "weight"), module_tensor(norm, "bias"), norm.eps, name,
+                parameter, weight)

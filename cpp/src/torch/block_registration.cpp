@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include "cutlassfuse/block.h"
+#include "torch/block_kernels.h"
 #include "torch/block_redispatch.h"
 
 namespace cutlassfuse {
@@ -22,25 +23,6 @@ constexpr const char* kNormArguments =
 
 std::string schema(const char* name, const char* arguments, const char* result) {
   return std::string(name) + arguments + " -> " + result;
-}
-
-// Unpacks a schema's arguments for `Impl`: one signature per op for every kernel.
-template <class Result, Result (*Impl)(const ConvNormActivationArgs&)>
-Result block_kernel(CUTLASSFUSE_BLOCK_PARAMETERS) {
-  return Impl({{input, weight, bias, stride, padding, output_padding, groups, dilation, transposed},
-               num_groups,
-               norm_weight,
-               norm_bias,
-               eps,
-               {activation, activation_parameter, activation_weight},
-               activation_before_norm,
-               packed_weight,
-               residual});
-}
-
-template <class Result, Result (*Impl)(const NormActivationArgs&)>
-Result norm_kernel(CUTLASSFUSE_NORM_PARAMETERS) {
-  return Impl({input, num_groups, norm_weight, norm_bias, eps, {activation, activation_parameter, activation_weight}});
 }
 
 // The references behind validation, without ATen's own autograd bookkeeping.
