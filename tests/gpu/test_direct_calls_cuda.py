@@ -26,11 +26,17 @@ KERNELS = ("conv3d_norm_activation_cuda", "group_norm_activation_cuda")
 def direct(monkeypatch) -> list[str]:
     """The names of the CUDA kernels called directly, in order."""
     calls = []
-    for name in KERNELS:
-        def counted(*args, kernel=getattr(direct_calls, name), name=name):
+
+    def counting(name: str):
+        kernel = getattr(direct_calls, name)
+
+        def counted(*args):
             calls.append(name)
             return kernel(*args)
-        monkeypatch.setattr(direct_calls, name, counted)
+        return counted
+
+    for name in KERNELS:
+        monkeypatch.setattr(direct_calls, name, counting(name))
     return calls
 
 
