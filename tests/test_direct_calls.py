@@ -1,8 +1,8 @@
 """When the block modules call the ops' CUDA kernels without the dispatcher
 (cutlassfuse.direct_calls): only where the dispatcher would pass the call straight to
 its backend's kernel. Each thing the dispatcher does on the way (autograd, autocast,
-functorch, torch function and dispatch modes, the profiler, tracing, compiling, tensor
-subclasses and layouts) turns the direct call off."""
+functorch, forward-mode AD, torch function and dispatch modes, the profiler, tracing,
+compiling, tensor subclasses and layouts) turns the direct call off."""
 
 import pytest
 import torch
@@ -78,7 +78,7 @@ class _PassingFunctionMode(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("context", ["autocast", "dispatch_mode", "function_mode", "profiler", "vmap"])
+@pytest.mark.parametrize("context", ["autocast", "dispatch_mode", "forward_ad", "function_mode", "profiler", "vmap"])
 def test_what_the_dispatcher_does_on_the_way_takes_the_op(context):
     seen = []
 
@@ -95,6 +95,9 @@ def test_what_the_dispatcher_does_on_the_way_takes_the_op(context):
                 check(x)
         elif context == "dispatch_mode":
             with _PassingDispatchMode():
+                check(x)
+        elif context == "forward_ad":
+            with torch.autograd.forward_ad.dual_level():
                 check(x)
         elif context == "function_mode":
             with _PassingFunctionMode():

@@ -3,16 +3,18 @@
 A call through ``torch.ops`` converts each of the op's arguments (the block op has 19) to
 the dispatcher's boxed values and back before its CUDA kernel runs; for the small layers
 of a network such as MONAI's UNet, whose kernels take a few microseconds, that was about a
-seventh of the host's time per forward. The block modules call the ops' CUDA kernels
+tenth of the host's time per forward. The block modules call the ops' CUDA kernels
 themselves (``cutlassfuse._C``, with the ops' arguments) where the dispatcher would route
 the call straight to those kernels and do nothing else on the way: plain CUDA tensors, no
 autograd to record, no autocast, no functorch transform, no torch function or dispatch
-mode, no profiler and no tracing or compiling. Every other call takes the op.
+mode, no forward-mode AD, no profiler and no tracing or compiling. Every other call takes
+the op.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 from torch import Tensor, nn
 
 try:
@@ -34,9 +36,11 @@ NORM_TENSOR_POSITIONS = (0, 2, 3, 7)
 def dispatcher_adds_nothing(arguments: tuple, tensor_positions: tuple[int, ...]) -> bool:
     """Whether the dispatcher would pass a call with ``arguments`` to its backend's kernel
     and do nothing else: no tracing or compiling; the tensors at ``tensor_positions``
-    (None where absent) plain and dense, none requiring grad in grad mode; no autocast,
-    functorch transform, torch function or dispatch mode, or profiler."""
-    if torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None:
+    (None where absent) plain and dense, none requiring grad in grad mode; no forward-mode
+    AD level (dual tensors carry tangents whatever the grad mode), autocast, functorch
+    transform, torch function or dispatch mode, or profiler."""
+    if (torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None
+            or forward_ad._current_level >= 0):
         return False
     grad_mode = torch.is_grad_enabled()
     for position in tensor_positions:

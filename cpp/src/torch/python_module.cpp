@@ -7,7 +7,7 @@
 // kernels and do nothing else (block_modules.py, `_dispatches_straight_to_cuda`). A call
 // through torch.ops converts each of the op's arguments to the dispatcher's boxed values
 // and back; for a layer whose kernels take a few microseconds, that conversion was a
-// seventh of a whole network's host time. Errors and warnings reach Python as the
+// tenth of a whole network's host time. Errors and warnings reach Python as the
 // op's do, and the GIL is released while the kernels are issued, as torch.ops does.
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
