@@ -56,19 +56,19 @@ def dispatcher_adds_nothing(arguments: tuple, tensor_positions: tuple[int, ...])
                 or torch.autograd._profiler_enabled())
 
 
+def _call(kernel, op, tensor_positions: tuple[int, ...], arguments: tuple) -> Tensor:
+    if kernel is not None and dispatcher_adds_nothing(arguments, tensor_positions) and arguments[0].is_cuda:
+        return kernel(*arguments)
+    return op(*arguments)
+
+
 def conv3d_norm_activation(arguments: tuple) -> Tensor:
     """``torch.ops.cutlassfuse.conv3d_norm_activation(*arguments)``, through its CUDA
     kernel directly where the dispatcher would do nothing else."""
-    if (conv3d_norm_activation_cuda is not None and dispatcher_adds_nothing(arguments, BLOCK_TENSOR_POSITIONS)
-            and arguments[0].is_cuda):
-        return conv3d_norm_activation_cuda(*arguments)
-    return _BLOCK_OP(*arguments)
+    return _call(conv3d_norm_activation_cuda, _BLOCK_OP, BLOCK_TENSOR_POSITIONS, arguments)
 
 
 def group_norm_activation(arguments: tuple) -> Tensor:
     """``torch.ops.cutlassfuse.group_norm_activation(*arguments)``, through its CUDA kernel
     directly where the dispatcher would do nothing else."""
-    if (group_norm_activation_cuda is not None and dispatcher_adds_nothing(arguments, NORM_TENSOR_POSITIONS)
-            and arguments[0].is_cuda):
-        return group_norm_activation_cuda(*arguments)
-    return _NORM_OP(*arguments)
+    return _call(group_norm_activation_cuda, _NORM_OP, NORM_TENSOR_POSITIONS, arguments)

@@ -4,7 +4,7 @@
 // In a CUDA build the module also holds the block family's CUDA kernels as functions
 // (conv3d_norm_activation_cuda, group_norm_activation_cuda: the ops' CUDA kernels, with
 // the ops' arguments), for the block modules' calls whose dispatch would reach those
-// kernels and do nothing else (block_modules.py, `_dispatches_straight_to_cuda`). A call
+// kernels and do nothing else (direct_calls.py, `dispatcher_adds_nothing`). A call
 // through torch.ops converts each of the op's arguments to the dispatcher's boxed values
 // and back; for a layer whose kernels take a few microseconds, that conversion was a
 // tenth of a whole network's host time. Errors and warnings reach Python as the
@@ -12,7 +12,6 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include "cutlassfuse/block.h"
 #include "torch/block_kernels.h"
 
 PYBIND11_MODULE(_C, m) {
