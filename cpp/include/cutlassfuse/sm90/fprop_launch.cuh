@@ -1,6 +1,5 @@
 // Type assembly, arguments and launch of the block family's sm90 fused forward
-// convolution (fprop.h), shared by its per-dtype translation units (fprop_f16.cu,
-// fprop_bf16.cu).
+// convolution (fprop.h), expanded once per dtype by its translation unit (fprop.cu).
 #pragma once
 
 #include <cutlass/cutlass.h>
