@@ -13,11 +13,10 @@
 #include "cutlassfuse/sm90/fprop.h"
 #include "dispatch/op_arguments.h"
 #include "norm/block_norm.h"
+#include "sm90/tma_alignment.h"
 
 namespace cutlassfuse::sm90 {
 namespace {
-
-bool aligned_for_tma(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0; }
 
 // The operands as the kernel reads them: NDHWC input (through cutlassfuse's transpose
 // from NCDHW), the weight in channels-last order (channels_last_weight: the packed copy,

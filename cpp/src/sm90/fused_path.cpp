@@ -20,6 +20,7 @@
 #include "dispatch/op_arguments.h"
 #include "dispatch/phase_streams.h"
 #include "sm90/left_operand.h"
+#include "sm90/tma_alignment.h"
 
 namespace cutlassfuse::sm90 {
 namespace {
@@ -100,8 +101,6 @@ void place_partials(Launches& l, const Problem& p) {
   }
   l.sources.unreached_pixels = l.subpixel.unreached_pixels;
 }
-
-bool aligned_for_tma(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
 // Why the kernels cannot run the call, or empty.
 std::string unsupported_reason(const Call& call, const Launches& l) {
@@ -380,8 +379,7 @@ Routing plan_fused_call(const Call& call) {
   if (!affine_element_type(a)) return "norm_weight/norm_bias are not both float32, float16 or bfloat16 of one dtype";
   if (p.batch == 0) return "empty batch";
   // TMA reads the input (when no copy of it is made) and the filter (when the weight is
-  // already in its layout) at their own addresses; CUTLASS's can_implement checks shapes
-  // only, and a misaligned address would make a descriptor that faults or reads garbage.
+  // already in its layout) at their own addresses.
   if (!aligned_for_tma(a.input) || !aligned_for_tma(present(a.packed_weight) ? *a.packed_weight : a.weight))
     return "input or weight data not 16-byte aligned (a view at an offset; TMA needs aligned addresses)";
   if (const char* why = group_norm_unsupported_reason(group_norm_shape(p)); *why != '\0') return why;

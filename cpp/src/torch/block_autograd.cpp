@@ -98,16 +98,6 @@ std::vector<bool> needed(AutogradContext* ctx, const std::vector<bool>& given) {
   return need;
 }
 
-// Argument positions in the block schema of its tensors. The packed weight takes no
-// gradient, but its edge (where given) comes before the residual's, so it is a slot of
-// its own. The backward reads the tensors before the packed weight; of the packed weight
-// and the residual (whose gradient is the output's) it needs only whether they were
-// given, so neither is saved: the graph does not keep the residual alive.
-enum BlockTensor { kInput, kWeight, kBias, kNormWeight, kNormBias, kSlopes, kPackedWeight, kResidual, kBlockTensors };
-constexpr int kSavedBlockTensors = kPackedWeight;
-constexpr int kBlockSchemaArguments = 19;
-constexpr int kBlockSchemaPosition[kBlockTensors] = {0, 1, 2, 10, 11, 15, 17, 18};
-
 // The block call's non-tensor arguments as its backward reads them (saved_arguments.h).
 struct SavedBlockArguments {
   SavedConvGeometry conv;
@@ -151,6 +141,16 @@ struct SavedBlockArguments {
 };
 
 class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> {
+  // Argument positions in the block schema of its tensors. The packed weight takes no
+  // gradient, but its edge (where given) comes before the residual's, so it is a slot of
+  // its own. The backward reads the tensors before the packed weight; of the packed
+  // weight and the residual (whose gradient is the output's) it needs only whether they
+  // were given, so neither is saved: the graph does not keep the residual alive.
+  enum BlockTensor { kInput, kWeight, kBias, kNormWeight, kNormBias, kSlopes, kPackedWeight, kResidual, kBlockTensors };
+  static constexpr int kSavedBlockTensors = kPackedWeight;
+  static constexpr int kBlockSchemaArguments = 19;
+  static constexpr int kBlockSchemaPosition[kBlockTensors] = {0, 1, 2, 10, 11, 15, 17, 18};
+
  public:
   static at::Tensor forward(AutogradContext* ctx, CUTLASSFUSE_BLOCK_PARAMETERS) {
     const auto [out, y, mean, rstd] = [&] {

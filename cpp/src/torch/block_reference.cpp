@@ -9,7 +9,7 @@
 namespace cutlassfuse {
 namespace {
 
-at::Tensor convolution_without_bias(const ConvNormActivationArgs& a) {
+at::Tensor aten_convolution(const ConvNormActivationArgs& a) {
   return at::convolution(a.input, a.weight, std::nullopt, a.stride, a.padding, a.dilation, a.transposed,
                          a.output_padding, a.groups);
 }
@@ -31,7 +31,7 @@ NormForBackward group_norm_then(const at::Tensor& x, int64_t num_groups, const s
 }
 
 BlockForBackward block_forward(const ConvNormActivationArgs& a) {
-  const at::Tensor y = convolution_without_bias(a);
+  const at::Tensor y = aten_convolution(a);
   at::Tensor x = a.bias.has_value() && a.bias->defined() ? y + per_channel(*a.bias, y) : y;
   const ActivationArgs identity{"identity", 0., std::nullopt};
   if (a.activation_before_norm)
