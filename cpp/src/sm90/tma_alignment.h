@@ -9,8 +9,6 @@
 
 namespace cutlassfuse::sm90 {
 
-inline bool aligned_for_tma(const at::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
-}
+inline bool aligned_for_tma(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0; }
 
 }  // namespace cutlassfuse::sm90
