@@ -89,7 +89,7 @@ std::string dgrad_unsupported_reason(DgradConfig config, const Problem& problem,
 
 // The pixel-shuffle GEMM (subpixel.h) of `gemm` (its 1x1x1 problem) on an NCDHW input
 // read as it is: batched over the samples, each sample's channels planes of its pixels
-// (PixelMajorGemmKernel, pixel_major_gemm.cu); 128x128 tiles on the ping-pong kernel
+// (PixelMajorGemmKernel, dgrad.cu); 128x128 tiles on the ping-pong kernel
 // with the same epilogue. `operands.input` is the NCDHW input. The statistics number
 // each sample's rows padded to whole tiles (no tile holds two samples): the partials
 // layout is TilePartials of a GroupNormShape with spatial = pixel_major_statistics_rows().

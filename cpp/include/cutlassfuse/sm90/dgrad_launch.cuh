@@ -1,6 +1,6 @@
 // Arguments, checks and launch of the sm90 fused dgrad family, expanded once per math mode
-// by its translation unit (dgrad.cu), and shared with the pixel-major GEMM
-// (pixel_major_gemm.cu) and the plain-store baseline (dgrad_plain.cu).
+// by its translation unit (dgrad.cu), and shared with the pixel-major GEMM (in dgrad.cu
+// too) and the plain-store baseline (dgrad_plain.cu).
 #pragma once
 
 #include <cutlass/cutlass.h>
