@@ -72,8 +72,8 @@ def print_components(shape: BenchShape, dtype: torch.dtype) -> None:
     layer, x = layer_and_input(shape, dtype)
     conv, norm = layer.conv_transpose, layer.group_norm
     op_args = _op_arguments(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.output_padding, conv.groups,
-                            conv.dilation, norm.num_groups, norm.weight, norm.bias, norm.eps, layer._packed_weight(),
-                            layer._packed_bias())
+                            conv.dilation, norm.num_groups, norm.weight, norm.bias, norm.eps,
+                            *layer._conv_operands()[2:])
     small = torch.empty(16, device="cuda")
     ops = torch.ops.cutlassfuse
     pieces = {

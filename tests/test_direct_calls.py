@@ -1,8 +1,9 @@
-"""When the block modules call the ops' CUDA kernels without the dispatcher
-(cutlassfuse.direct_calls): only where the dispatcher would pass the call straight to
-its backend's kernel. Each thing the dispatcher does on the way (autograd, autocast,
-functorch, forward-mode AD, torch function and dispatch modes, the profiler, tracing,
-compiling, tensor subclasses and layouts) turns the direct call off."""
+"""When the modules call the ops' kernels without the dispatcher (cutlassfuse.direct_calls):
+only where the dispatcher would pass the call straight to its backend's kernel, or to its
+Autograd kernel when a tensor requires grad in grad mode. Each other thing the dispatcher
+does on the way (autocast, functorch, forward-mode AD, torch function and dispatch
+modes, the profiler, tracing, compiling, tensor subclasses and layouts) turns the direct
+call off."""
 
 import pytest
 import torch
@@ -27,6 +28,7 @@ def block_arguments(x: torch.Tensor | None = None, weight: torch.Tensor | None =
 
 def test_schema_positions_are_the_tensors():
     schemas = {
+        direct_calls.OP_TENSOR_POSITIONS: torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm.default._schema,
         direct_calls.BLOCK_TENSOR_POSITIONS: torch.ops.cutlassfuse.conv3d_norm_activation.default._schema,
         direct_calls.NORM_TENSOR_POSITIONS: torch.ops.cutlassfuse.group_norm_activation.default._schema,
     }
@@ -35,21 +37,25 @@ def test_schema_positions_are_the_tensors():
         assert positions == tensors
 
 
-def test_plain_call_under_no_grad_goes_direct():
+def route(arguments: tuple) -> str:
+    return direct_calls.dispatcher_route(arguments, POSITIONS)
+
+
+def test_plain_call_under_no_grad_goes_to_the_kernel():
     with torch.no_grad():
-        assert direct_calls.dispatcher_adds_nothing(block_arguments(), POSITIONS)
+        assert route(block_arguments()) == "kernel"
     with torch.inference_mode():
-        assert direct_calls.dispatcher_adds_nothing(block_arguments(), POSITIONS)
+        assert route(block_arguments()) == "kernel"
 
 
-def test_grad_mode_goes_direct_only_when_nothing_requires_grad():
-    assert not direct_calls.dispatcher_adds_nothing(block_arguments(), POSITIONS)  # the weight requires grad
+def test_grad_mode_goes_to_the_autograd_kernel_when_a_tensor_requires_grad():
+    assert route(block_arguments()) == "autograd"  # the weight requires grad
     frozen = nn.Parameter(torch.randn(8, 4, 3, 3, 3), requires_grad=False)
-    assert direct_calls.dispatcher_adds_nothing(block_arguments(weight=frozen), POSITIONS)
+    assert route(block_arguments(weight=frozen)) == "kernel"
     x = torch.randn(1, 4, 4, 4, 4, requires_grad=True)
-    assert not direct_calls.dispatcher_adds_nothing(block_arguments(x=x, weight=frozen), POSITIONS)
+    assert route(block_arguments(x=x, weight=frozen)) == "autograd"
     residual = torch.randn(1, 8, 4, 4, 4, requires_grad=True)
-    assert not direct_calls.dispatcher_adds_nothing(block_arguments(weight=frozen, residual=residual), POSITIONS)
+    assert route(block_arguments(weight=frozen, residual=residual)) == "autograd"
 
 
 class _Subclass(torch.Tensor):
@@ -63,9 +69,10 @@ def test_tensor_subclass_or_sparse_layout_takes_the_op(which):
                  "weight": block_arguments(weight=torch.randn(8, 4, 3, 3, 3).as_subclass(_Subclass)),
                  "residual": block_arguments(residual=torch.randn(1, 8, 4, 4, 4).as_subclass(_Subclass))}[which]
     with torch.no_grad():
-        assert not direct_calls.dispatcher_adds_nothing(arguments, POSITIONS)
+        assert route(arguments) == "op"
         sparse = torch.randn(1, 4, 4, 4, 4).to_sparse()
-        assert not direct_calls.dispatcher_adds_nothing(block_arguments(x=sparse), POSITIONS)
+        assert route(block_arguments(x=sparse)) == "op"
+    assert route(arguments) == "op"  # in grad mode too
 
 
 class _PassingDispatchMode(TorchDispatchMode):
@@ -85,7 +92,7 @@ def test_what_the_dispatcher_does_on_the_way_takes_the_op(context):
     arguments = block_arguments()
 
     def check(x):
-        seen.append(direct_calls.dispatcher_adds_nothing((x, *arguments[1:]), POSITIONS))
+        seen.append(route((x, *arguments[1:])))
         return x
 
     x = torch.randn(1, 4, 4, 4, 4)
@@ -108,14 +115,14 @@ def test_what_the_dispatcher_does_on_the_way_takes_the_op(context):
         else:
             torch.vmap(check)(x.unsqueeze(0))
         check(x)
-    assert seen == [False, True]
+    assert seen == ["op", "kernel"]
 
 
 def test_tracing_and_compiling_take_the_op():
     frozen = nn.Parameter(torch.randn(8, 4, 3, 3, 3), requires_grad=False)
 
     def decide(x):
-        return x + float(direct_calls.dispatcher_adds_nothing(block_arguments(x=x, weight=frozen), POSITIONS))
+        return x + float(route(block_arguments(x=x, weight=frozen)) == "kernel")
 
     x = torch.zeros(1, 4, 4, 4, 4)
     assert decide(x).max() == 1
@@ -125,15 +132,19 @@ def test_tracing_and_compiling_take_the_op():
 
 
 def test_modules_on_the_cpu_take_the_op(monkeypatch):
-    """On the CPU the op runs (its CPU kernel), whatever the grad mode: the CUDA kernels
-    are never called."""
+    """On the CPU the op runs (its CPU kernel), whatever the grad mode: the CUDA and
+    Autograd kernels are never called directly."""
     def refuse(*args):
-        raise AssertionError("a CUDA kernel called for CPU tensors")
+        raise AssertionError("a kernel called directly for CPU tensors")
 
-    monkeypatch.setattr(direct_calls, "conv3d_norm_activation_cuda", refuse)
-    monkeypatch.setattr(direct_calls, "group_norm_activation_cuda", refuse)
-    block = cutlassfuse.Conv3dNormActivation(4, 8, 3, padding=1).eval()
-    norm = cutlassfuse.GroupNormActivation(2, 8).eval()
-    with torch.no_grad():
-        y = block(torch.randn(1, 4, 4, 4, 4))
-        assert norm(y).shape == y.shape
+    for name in ("_OP", "_BLOCK", "_NORM"):
+        kernels = getattr(direct_calls, name)
+        monkeypatch.setattr(direct_calls, name, kernels._replace(cuda=refuse, autograd=refuse))
+    block = cutlassfuse.Conv3dNormActivation(4, 8, 3, padding=1)
+    norm = cutlassfuse.GroupNormActivation(2, 8)
+    kb61 = cutlassfuse.ConvTranspose3dReLUGroupNorm(8, 8, 3, 2)
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            y = block(torch.randn(1, 4, 4, 4, 4))
+            assert norm(y).shape == y.shape
+            assert kb61(y).shape == (1, 8, 6, 6, 6)

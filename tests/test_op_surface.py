@@ -109,7 +109,7 @@ def test_pack_bias_repeats_the_bias_per_output_block():
 
 def test_module_packs_nothing_on_cpu():
     layer = cutlassfuse.ConvTranspose3dReLUGroupNorm(8, 8, 2, 2, bias=True, stride=2)
-    assert layer._packed_weight() is None and layer._packed_bias() is None
+    assert layer._conv_operands()[2:] == (None, None)
 
 
 REMOVED_SWITCHES = ["set_dgrad_config", "set_skip_border_taps", "set_drawn_tile_schedule", "set_fused_path_enabled",

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
 from torch.nn.common_types import _size_3_t
 
+from . import direct_calls
 from .blocks import module_tensor
 from .ops import _pack_bias, _pack_weight
 from .packed_copy import PackedParameters
-
-_OP = torch.ops.cutlassfuse.conv_transpose3d_relu_group_norm.default
 
 class ConvTranspose3dReLUGroupNorm(PackedParameters):
     """``GroupNorm(ReLU(ConvTranspose3d(x)))`` computed by one fused op.
@@ -74,22 +75,26 @@ class ConvTranspose3dReLUGroupNorm(PackedParameters):
         block.recompute = recompute
         return block
 
-    def _packed_weight(self) -> Tensor | None:
-        """The weight in the tensor-core kernel's layout, re-packed only when the weight
-        changed (in place, replaced, moved or cast) since the last call. None on the CPU
-        and while compiling (there the permutation is part of the traced graph)."""
-        return self._packed_copy("weight", module_tensor(self._modules["conv_transpose"], "weight"), _pack_weight)
-
-    def _packed_bias(self) -> Tensor | None:
-        """The bias repeated per block of stride_d * stride_h * stride_w output pixels
-        (``_pack_bias``), re-packed only when the bias changed: the epilogue of a kernel ==
-        stride layer's GEMM reads it, the op decides which layers those are and ignores it
-        for the others. None without a bias, on the CPU and while compiling."""
+    def _conv_operands(self) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+        """The convolution's weight and bias, then the weight in the tensor-core kernel's
+        layout and the bias repeated per block of stride_d * stride_h * stride_w output
+        pixels (``_pack_bias``: the epilogue of a kernel == stride layer's GEMM reads it,
+        the op decides which layers those are and ignores it for the others), each
+        re-packed only when it changed (in place, replaced, moved or cast) since the last
+        call. The packed copies are None on the CPU and while compiling (there the
+        permutation is part of the traced graph), and for an absent bias. One check of the
+        call's context serves both: small calls are bound by the host."""
         conv = self._modules["conv_transpose"]
-        bias = module_tensor(conv, "bias")
+        weight, bias = module_tensor(conv, "weight"), module_tensor(conv, "bias")
+        if not self._may_keep_copies(weight):
+            return weight, bias, None, None
+        packed_weight = self._kept_copy("weight", weight, _pack_weight)
         if bias is None:
-            return None
-        return self._packed_copy("bias", bias, lambda bias: _pack_bias(bias, conv.stride))
+            return weight, bias, packed_weight, None
+        pack_bias = functools.partial(_pack_bias, stride=conv.stride)
+        if bias.dtype != weight.dtype:  # autocast may allow the one and not the other
+            return weight, bias, packed_weight, self._packed_copy("bias", bias, pack_bias)
+        return weight, bias, packed_weight, self._kept_copy("bias", bias, pack_bias)
 
     def extra_repr(self) -> str:
         """The options as nn.ConvTranspose3d and nn.GroupNorm print theirs, defaults left
@@ -125,12 +130,14 @@ class ConvTranspose3dReLUGroupNorm(PackedParameters):
         return self._call(x, output_padding)
 
     def _call(self, x: Tensor, output_padding: tuple[int, ...]) -> Tensor:
-        # The op itself, not the functional wrapper: nn.ConvTranspose3d already holds its
-        # options as 3-tuples, and small calls are bound by the host's time per call (so the
-        # children and their parameters are read from the module dicts, not through
+        # The op's kernels without the functional wrapper, and without the dispatcher where it
+        # would add nothing (direct_calls): nn.ConvTranspose3d already holds its options as
+        # 3-tuples, and small calls are bound by the host's time per call (so the children
+        # and their parameters are read from the module dicts, not through
         # nn.Module.__getattr__).
         children = self._modules
         conv, norm = children["conv_transpose"], children["group_norm"]
-        return _OP(x, module_tensor(conv, "weight"), module_tensor(conv, "bias"), module_tensor(norm, "weight"),
-                   module_tensor(norm, "bias"), norm.num_groups, norm.eps, conv.stride, conv.padding, output_padding,
-                   conv.groups, conv.dilation, self._packed_weight(), self._packed_bias())
+        weight, bias, packed_weight, packed_bias = self._conv_operands()
+        return direct_calls.conv_transpose3d_relu_group_norm((
+            x, weight, bias, module_tensor(norm, "weight"), module_tensor(norm, "bias"), norm.num_groups, norm.eps,
+            conv.stride, conv.padding, output_padding, conv.groups, conv.dilation, packed_weight, packed_bias))

@@ -74,17 +74,25 @@ class PackedParameters(nn.Module):
     one per name; ``.to()``, ``.cuda()``, ``.half()``, ... drop them."""
 
     def _packed_copy(self, name: str, tensor: Tensor, pack: Callable[[Tensor], Tensor]) -> Tensor | None:
-        """``pack(tensor)``, kept while ``tensor`` is unchanged. None where no copy may be
-        kept: on the CPU, while torch.fx traces the module (the parameter is a Proxy), while
-        compiling (the conversion is part of the traced graph), during a CUDA graph capture
-        (the graph would read a copy that a later call may replace) and under autocast to
-        another dtype (the op casts the parameter itself)."""
+        """``pack(tensor)``, kept while ``tensor`` is unchanged; None where no copy may be
+        kept (``_may_keep_copies``)."""
+        return self._kept_copy(name, tensor, pack) if self._may_keep_copies(tensor) else None
+
+    def _may_keep_copies(self, tensor: Tensor) -> bool:
+        """Whether a call on ``tensor`` may take kept copies. Not on the CPU, while torch.fx
+        traces the module (the parameter is a Proxy), while compiling (the conversion is
+        part of the traced graph), during a CUDA graph capture (the graph would read a copy
+        that a later call may replace) or under autocast to another dtype (the op casts the
+        parameter itself)."""
         if (isinstance(tensor, torch.fx.Proxy) or not tensor.is_cuda or torch.compiler.is_compiling()
                 or torch._C._cuda_isCurrentStreamCapturing()):
-            return None
-        if (torch._C._is_any_autocast_enabled() and torch.is_autocast_enabled("cuda")
-                and tensor.dtype != torch.get_autocast_dtype("cuda")):
-            return None
+            return False
+        return not (torch._C._is_any_autocast_enabled() and torch.is_autocast_enabled("cuda")
+                    and tensor.dtype != torch.get_autocast_dtype("cuda"))
+
+    def _kept_copy(self, name: str, tensor: Tensor, pack: Callable[[Tensor], Tensor]) -> Tensor:
+        """``pack(tensor)``, kept while ``tensor`` is unchanged, for a call that
+        ``_may_keep_copies`` allowed."""
         copies = self.__dict__.get("_packed")
         if copies is None:
             copies = self.__dict__["_packed"] = {}

@@ -118,8 +118,8 @@ def test_module_repacks_weight_when_it_changes():
     torch.manual_seed(0)
     module = cutlassfuse.ConvTranspose3dReLUGroupNorm(16, 32, 3, 4, bias=True).cuda().half()
     x = torch.rand(2, 16, 6, 6, 6, device="cuda", dtype=torch.half)
-    first = module._packed_weight()
-    assert module._packed_weight() is first, "an unchanged weight must reuse its packed copy"
+    first = module._conv_operands()[2]
+    assert module._conv_operands()[2] is first, "an unchanged weight must reuse its packed copy"
 
     def check():
         conv, norm = module.conv_transpose, module.group_norm
@@ -130,7 +130,7 @@ def test_module_repacks_weight_when_it_changes():
     check()
     with torch.no_grad():
         module.conv_transpose.weight.mul_(-1.5)  # in place: same storage, new version
-    assert module._packed_weight() is not first
+    assert module._conv_operands()[2] is not first
     check()
     module.conv_transpose.weight = torch.nn.Parameter(torch.randn_like(module.conv_transpose.weight) * 0.05)
     check()
@@ -158,8 +158,8 @@ def test_module_passes_the_repeated_bias_of_kernel_equal_stride_layers():
     torch.manual_seed(0)
     module = cutlassfuse.ConvTranspose3dReLUGroupNorm(32, 64, 2, 8, bias=True, stride=2).cuda().half()
     x = torch.rand(2, 32, 4, 6, 8, device="cuda", dtype=torch.half)
-    first = module._packed_bias()
-    assert first is not None and module._packed_bias() is first
+    first = module._conv_operands()[3]
+    assert first is not None and module._conv_operands()[3] is first
     assert torch.equal(first, module.conv_transpose.bias.detach().repeat(8))
 
     def functional():
@@ -170,7 +170,7 @@ def test_module_passes_the_repeated_bias_of_kernel_equal_stride_layers():
     with torch.no_grad():
         assert torch.equal(module(x), functional())
         module.conv_transpose.bias.add_(0.5)  # in place: same storage, new version
-        assert module._packed_bias() is not first
+        assert module._conv_operands()[3] is not first
         assert torch.equal(module(x), functional())
 
 

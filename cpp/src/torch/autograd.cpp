@@ -27,6 +27,7 @@
 
 #include "torch/block_redispatch.h"
 #include "torch/conv_backward.h"
+#include "torch/op_kernels.h"
 #include "torch/redispatch.h"
 #include "torch/saved_arguments.h"
 
@@ -35,16 +36,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-at::Tensor call_below_autograd(const at::Tensor& input, const at::Tensor& weight, const OptionalTensor& bias,
-                               const OptionalTensor& norm_weight, const OptionalTensor& norm_bias, int64_t num_groups,
-                               double eps, at::IntArrayRef stride, at::IntArrayRef padding,
-                               at::IntArrayRef output_padding, int64_t groups, at::IntArrayRef dilation,
-                               const OptionalTensor& packed_weight, const OptionalTensor& packed_bias) {
-  const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return fused_op().call(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding, output_padding,
-                         groups, dilation, packed_weight, packed_bias);
-}
 
 // The differentiable inputs, in the op's order; packed_weight and packed_bias are
 // detached copies of the weight's and the bias's layouts, never differentiated. Then
@@ -183,25 +174,22 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
   }
 };
 
-at::Tensor forward_autograd(const at::Tensor& input, const at::Tensor& weight, const OptionalTensor& bias,
-                            const OptionalTensor& norm_weight, const OptionalTensor& norm_bias, int64_t num_groups,
-                            double eps, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef output_padding,
-                            int64_t groups, at::IntArrayRef dilation, const OptionalTensor& packed_weight,
-                            const OptionalTensor& packed_bias) {
+}  // namespace
+
+at::Tensor conv_transpose3d_relu_group_norm_autograd(CUTLASSFUSE_OP_PARAMETERS) {
   const bool tracked =
       at::GradMode::is_enabled() &&
       (input.requires_grad() || weight.requires_grad() || (present(bias) && bias->requires_grad()) ||
        (present(norm_weight) && norm_weight->requires_grad()) || (present(norm_bias) && norm_bias->requires_grad()));
   if (!tracked) {
-    return call_below_autograd(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding,
-                               output_padding, groups, dilation, packed_weight, packed_bias);
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return fused_op().call(CUTLASSFUSE_OP_ARGUMENTS);
   }
-  return ConvTransposeReluGroupNorm::apply(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride,
-                                           padding, output_padding, groups, dilation, packed_weight, packed_bias);
+  return ConvTransposeReluGroupNorm::apply(CUTLASSFUSE_OP_ARGUMENTS);
 }
 
-}  // namespace
-
-TORCH_LIBRARY_IMPL(cutlassfuse, Autograd, m) { m.impl("conv_transpose3d_relu_group_norm", &forward_autograd); }
+TORCH_LIBRARY_IMPL(cutlassfuse, Autograd, m) {
+  m.impl("conv_transpose3d_relu_group_norm", &conv_transpose3d_relu_group_norm_autograd);
+}
 
 }  // namespace cutlassfuse

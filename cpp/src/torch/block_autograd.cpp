@@ -19,6 +19,7 @@
 #include "cutlassfuse/block.h"
 #include "cutlassfuse/op.h"
 #include "torch/aten_norm.h"
+#include "torch/block_kernels.h"
 #include "torch/block_redispatch.h"
 #include "torch/conv_backward.h"
 #include "torch/saved_arguments.h"
@@ -271,7 +272,9 @@ class GroupNormActivation : public torch::autograd::Function<GroupNormActivation
   }
 };
 
-at::Tensor block_autograd(CUTLASSFUSE_BLOCK_PARAMETERS) {
+}  // namespace
+
+at::Tensor conv3d_norm_activation_autograd(CUTLASSFUSE_BLOCK_PARAMETERS) {
   const bool tracked =
       at::GradMode::is_enabled() &&
       (input.requires_grad() || weight.requires_grad() || requires_grad(bias) || requires_grad(norm_weight) ||
@@ -283,7 +286,7 @@ at::Tensor block_autograd(CUTLASSFUSE_BLOCK_PARAMETERS) {
   return ConvNormActivation::apply(CUTLASSFUSE_BLOCK_ARGUMENTS);
 }
 
-at::Tensor norm_autograd(CUTLASSFUSE_NORM_PARAMETERS) {
+at::Tensor group_norm_activation_autograd(CUTLASSFUSE_NORM_PARAMETERS) {
   const bool tracked = at::GradMode::is_enabled() && (input.requires_grad() || requires_grad(norm_weight) ||
                                                       requires_grad(norm_bias) || requires_grad(activation_weight));
   if (!tracked) {
@@ -293,11 +296,9 @@ at::Tensor norm_autograd(CUTLASSFUSE_NORM_PARAMETERS) {
   return GroupNormActivation::apply(CUTLASSFUSE_NORM_ARGUMENTS);
 }
 
-}  // namespace
-
 TORCH_LIBRARY_IMPL(cutlassfuse, Autograd, m) {
-  m.impl("conv3d_norm_activation", &block_autograd);
-  m.impl("group_norm_activation", &norm_autograd);
+  m.impl("conv3d_norm_activation", &conv3d_norm_activation_autograd);
+  m.impl("group_norm_activation", &group_norm_activation_autograd);
 }
 
 }  // namespace cutlassfuse

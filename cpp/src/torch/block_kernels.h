@@ -1,7 +1,7 @@
 // The block family's ops' arguments, as their schemas list them, unpacked into the
 // argument structs (block.h) that every kernel takes: one signature per op for every
 // kernel, whether the dispatcher calls it (block_registration.cpp) or Python does
-// (python_module.cpp).
+// (python_module.cpp); and the ops' Autograd-key kernels (block_autograd.cpp).
 #pragma once
 
 #include "cutlassfuse/block.h"
@@ -26,5 +26,10 @@ template <class Result, Result (*Impl)(const NormActivationArgs&)>
 Result norm_kernel(CUTLASSFUSE_NORM_PARAMETERS) {
   return Impl({input, num_groups, norm_weight, norm_bias, eps, {activation, activation_parameter, activation_weight}});
 }
+
+// Record the call for its backward when grad mode is on and a differentiable tensor
+// requires grad; otherwise call the op below autograd.
+at::Tensor conv3d_norm_activation_autograd(CUTLASSFUSE_BLOCK_PARAMETERS);
+at::Tensor group_norm_activation_autograd(CUTLASSFUSE_NORM_PARAMETERS);
 
 }  // namespace cutlassfuse

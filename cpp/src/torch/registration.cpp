@@ -5,6 +5,7 @@
 #include "cutlassfuse/op.h"
 #include "cutlassfuse/plan/subpixel.h"
 #include "cutlassfuse/settings.h"
+#include "torch/op_kernels.h"
 
 namespace cutlassfuse {
 namespace {
@@ -22,30 +23,6 @@ constexpr const char* kArguments = "(" CUTLASSFUSE_OP_SCHEMA_ARGUMENTS ")";
 constexpr const char* kKeepingArguments =
     "(" CUTLASSFUSE_OP_SCHEMA_ARGUMENTS ", bool keep_conv_output=False, bool keep_space_to_depth=False)";
 #undef CUTLASSFUSE_OP_SCHEMA_ARGUMENTS
-
-// Unpacks the schema's arguments into OpArgs for `Impl`: one signature for every kernel.
-template <class Result, Result (*Impl)(const OpArgs&)>
-Result kernel(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-              const std::optional<at::Tensor>& norm_weight, const std::optional<at::Tensor>& norm_bias,
-              int64_t num_groups, double eps, at::IntArrayRef stride, at::IntArrayRef padding,
-              at::IntArrayRef output_padding, int64_t groups, at::IntArrayRef dilation,
-              const std::optional<at::Tensor>& packed_weight, const std::optional<at::Tensor>& packed_bias) {
-  return Impl({input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding, output_padding, groups,
-               dilation, packed_weight, packed_bias});
-}
-
-// `kernel`, with the keeping op's last argument.
-template <class Result, Result (*Impl)(const OpArgs&, KeptTensor)>
-Result keeping_kernel(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                      const std::optional<at::Tensor>& norm_weight, const std::optional<at::Tensor>& norm_bias,
-                      int64_t num_groups, double eps, at::IntArrayRef stride, at::IntArrayRef padding,
-                      at::IntArrayRef output_padding, int64_t groups, at::IntArrayRef dilation,
-                      const std::optional<at::Tensor>& packed_weight, const std::optional<at::Tensor>& packed_bias,
-                      bool keep_conv_output, bool keep_space_to_depth) {
-  return Impl({input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding, output_padding, groups,
-               dilation, packed_weight, packed_bias},
-              kept_tensor(keep_conv_output, keep_space_to_depth));
-}
 
 // The convolution-gradient ops' schema arguments as a geometry.
 template <at::Tensor (*Impl)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const ConvTransposeGeometry&)>
