@@ -32,6 +32,8 @@ def test_grad_mode_benchmark_runs_every_case_on_cpu(tmp_path):
         assert min(timings) > 0, r
         assert float(r["grad_over_no_grad"]) == float(r["cutlassfuse_grad_ms"]) / float(r["cutlassfuse_no_grad_ms"])
     assert f"of {len(rows)} rows miss a target" in printed
+    largest = max(float(r["eager_grad_ms"]) / float(r["eager_no_grad_ms"]) for r in rows)
+    assert f"eager's own grad mode / no_grad: up to {largest:.2f}x in this run" in printed
 
 
 def test_kernelbench_harness_runs_every_precision_on_cpu():
