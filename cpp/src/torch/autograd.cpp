@@ -3,7 +3,8 @@
 // In C++ rather than with torch.library.register_autograd: a Python autograd kernel
 // runs on every call, gradients wanted or not, and converts the op's 14 arguments to
 // Python objects and back (a few microseconds per call; small-shape calls are bound by
-// the host). Here a call that needs no gradient costs one redispatch.
+// the host). Here a call that needs no gradient costs one redispatch, and one that does
+// builds its backward node directly (autograd_node.h).
 //
 // What is saved: what eager's modules keep, the activation a = ReLU(ConvTranspose3d(x))
 // and GroupNorm's per-(sample, group) mean and rstd, returned by the forward that
@@ -25,111 +26,77 @@
 
 #include <array>
 
+#include "torch/autograd_node.h"
 #include "torch/block_redispatch.h"
 #include "torch/conv_backward.h"
 #include "torch/op_kernels.h"
 #include "torch/redispatch.h"
-#include "torch/saved_arguments.h"
 
 namespace cutlassfuse {
 namespace {
 
-using torch::autograd::AutogradContext;
+using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 
-// The differentiable inputs, in the op's order; packed_weight and packed_bias are
-// detached copies of the weight's and the bias's layouts, never differentiated. Then
-// what the forward kept.
-enum Saved { kInput, kWeight, kBias, kNormWeight, kNormBias, kDifferentiable, kKept = kDifferentiable, kMean, kRstd };
-// Backward returns one gradient per argument of the schema (registration.cpp).
-constexpr int kOpArguments = 14;
+// The differentiable inputs, in the op's order, one edge each (an absent optional's is
+// invalid); packed_weight and packed_bias are detached copies of the weight's and the
+// bias's layouts, never differentiated.
+enum Input { kInput, kWeight, kBias, kNormWeight, kNormBias, kDifferentiable };
 
-// The call's non-tensor arguments as the backward reads them (saved_arguments.h).
-struct SavedArguments {
-  SavedConvGeometry conv;
-  KeptTensor kept;
-  int64_t num_groups;
-  double eps;
+// The op's backward node: the inputs and what the forward kept (activation, mean and
+// rstd; op.h, KeptTensor), the convolution's geometry, the GroupNorm's arguments.
+struct ConvTransposeReluGroupNormBackward final : torch::autograd::Node {
+  std::array<SavedVariable, kDifferentiable> inputs;
+  SavedVariable kept, mean, rstd;
+  std::array<int64_t, 3> stride{}, padding{}, output_padding{}, dilation{};
+  int64_t groups = 1, num_groups = 1;
+  double eps = 0;
+  KeptTensor kept_tensor = KeptTensor::kActivation;
 
-  static SavedArguments of(AutogradContext* ctx) {
-    SavedArgumentsReader r(ctx);
-    SavedArguments a{};
-    a.conv = SavedConvGeometry::read(r);
-    a.kept = static_cast<KeptTensor>(r.next_int());
-    a.num_groups = r.next_int();
-    a.eps = r.next_double();
-    return a;
-  }
-};
+  std::string name() const override { return "ConvTransposeReluGroupNormBackward"; }
 
-class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTransposeReluGroupNorm> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
-                            const OptionalTensor& bias, const OptionalTensor& norm_weight,
-                            const OptionalTensor& norm_bias, int64_t num_groups, double eps, at::IntArrayRef stride,
-                            at::IntArrayRef padding, at::IntArrayRef output_padding, int64_t groups,
-                            at::IntArrayRef dilation, const OptionalTensor& packed_weight,
-                            const OptionalTensor& packed_bias) {
-    const KeptTensor kept_tensor =
-        kept_for_backward({input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding,
-                           output_padding, groups, dilation, packed_weight, packed_bias});
-    const auto [out, kept, mean, rstd] = [&] {
-      const at::AutoDispatchBelowADInplaceOrView below_autograd;
-      return for_backward_op().call(input, weight, bias, norm_weight, norm_bias, num_groups, eps, stride, padding,
-                                    output_padding, groups, dilation, packed_weight, packed_bias,
-                                    kept_tensor == KeptTensor::kConvOutput,
-                                    kept_tensor == KeptTensor::kActivationSpaceToDepth);
-    }();
-    auto or_undefined = [](const OptionalTensor& t) { return present(t) ? *t : at::Tensor(); };
-    ctx->save_for_backward(
-        {input, weight, or_undefined(bias), or_undefined(norm_weight), or_undefined(norm_bias), kept, mean, rstd});
-    SavedArgumentsWriter w;
-    SavedConvGeometry::write(w, stride, padding, output_padding, dilation, groups);
-    w.add(static_cast<int64_t>(kept_tensor));
-    w.add(num_groups);
-    w.add(eps);
-    std::move(w).save(ctx);
-    return out;
+  void release_variables() override {
+    for (SavedVariable& saved : inputs) saved.reset_data();
+    kept.reset_data();
+    mean.reset_data();
+    rstd.reset_data();
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const variable_list saved = ctx->get_saved_variables();
-    const std::array<bool, kDifferentiable> need = needed_gradients(ctx, saved);
+  variable_list apply(variable_list&& grads) override {
+    if (!grads[0].defined()) return variable_list(kDifferentiable);  // no gradient reached the output
+    variable_list saved(kDifferentiable);
+    for (int i = 0; i < kDifferentiable; ++i) saved[i] = inputs[i].unpack();
+    std::array<bool, kDifferentiable> need{};
+    for (int i = 0; i < kDifferentiable; ++i) need[i] = task_should_compute_output(i);
     // Grad mode is on here only under create_graph (double backward).
-    if (at::GradMode::is_enabled()) return differentiable_backward(ctx, saved, need, grad_outputs[0]);
-    const at::Tensor &input = saved[kInput], &weight = saved[kWeight], &bias = saved[kBias];
-    const at::Tensor &norm_weight = saved[kNormWeight], &norm_bias = saved[kNormBias];
-    const SavedArguments a = SavedArguments::of(ctx);
-    auto [dz, dgamma, dbeta, dbias] = norm_backward(grad_outputs[0], saved, a.kept, a.num_groups);
-    at::Tensor grad_input, grad_weight;
+    if (at::GradMode::is_enabled()) return differentiable_backward(saved, need, grads[0]);
+    auto [dz, dgamma, dbeta, dbias] = norm_backward(grads[0], saved);
+    variable_list result(kDifferentiable);
     if (need[kInput] || need[kWeight]) {
-      std::tie(grad_input, grad_weight) =
-          convolution_backward(std::move(dz), input, weight, a.conv.geometry(),
-                               /*transposed=*/true, {need[kInput], need[kWeight]}, /*cutlass_kernels=*/true);
+      std::tie(result[kInput], result[kWeight]) = convolution_backward(
+          std::move(dz), saved[kInput], saved[kWeight], geometry(), /*transposed=*/true, {need[kInput], need[kWeight]},
+          /*cutlass_kernels=*/true);
     }
-
-    variable_list grads(kOpArguments);  // the non-tensor arguments and the packed copies get none
-    grads[kInput] = grad_input;
-    grads[kWeight] = grad_weight;
-    if (need[kBias]) grads[kBias] = dbias.to(bias.scalar_type());
-    if (need[kNormWeight]) grads[kNormWeight] = dgamma.to(norm_weight.scalar_type());
-    if (need[kNormBias]) grads[kNormBias] = dbeta.to(norm_bias.scalar_type());
-    return grads;
+    if (need[kBias]) result[kBias] = dbias.to(saved[kBias].scalar_type());
+    if (need[kNormWeight]) result[kNormWeight] = dgamma.to(saved[kNormWeight].scalar_type());
+    if (need[kNormBias]) result[kNormBias] = dbeta.to(saved[kNormBias].scalar_type());
+    return result;
   }
 
  private:
+  ConvTransposeGeometry geometry() const { return {stride, padding, output_padding, dilation, groups}; }
+
   // The gradients of the convolution's output z (with bias), gamma, beta and the bias,
   // from what the forward kept: the activation, or the convolution's output y from which
   // the family's backward recomputes ReLU(y + bias).
-  static Tensors4 norm_backward(const at::Tensor& grad, const variable_list& saved, KeptTensor kept,
-                                int64_t num_groups) {
+  Tensors4 norm_backward(const at::Tensor& grad, const variable_list& saved) const {
     auto optional = [](const at::Tensor& t) { return t.defined() ? OptionalTensor(t) : std::nullopt; };
-    if (kept != KeptTensor::kConvOutput) {
-      return relu_group_norm_backward_op().call(grad, saved[kKept], saved[kMean], saved[kRstd],
+    if (kept_tensor != KeptTensor::kConvOutput) {
+      return relu_group_norm_backward_op().call(grad, kept.unpack(), mean.unpack(), rstd.unpack(),
                                                 optional(saved[kNormWeight]), num_groups);
     }
     auto [dz, dgamma, dbeta, dbias, dslopes] = norm_activation_backward_op().call(
-        grad, saved[kKept], optional(saved[kBias]), saved[kMean], saved[kRstd], optional(saved[kNormWeight]),
+        grad, kept.unpack(), optional(saved[kBias]), mean.unpack(), rstd.unpack(), optional(saved[kNormWeight]),
         optional(saved[kNormBias]), num_groups, "relu", 0.0, std::nullopt, /*activation_before_norm=*/true);
     return {std::move(dz), std::move(dgamma), std::move(dbeta), std::move(dbias)};
   }
@@ -138,41 +105,62 @@ class ConvTransposeReluGroupNorm : public torch::autograd::Function<ConvTranspos
   // differentiable ops from the saved inputs, and differentiated by autograd with
   // create_graph, so that a second backward runs through it (ATen's GroupNorm backward
   // kernel has no derivative of its own).
-  static variable_list differentiable_backward(AutogradContext* ctx, const variable_list& saved,
-                                               const std::array<bool, kDifferentiable>& need, const at::Tensor& grad) {
-    const SavedArguments a = SavedArguments::of(ctx);
-    const SavedConvGeometry& g = a.conv;
-    const at::Tensor& bias = saved[kBias];
-    const at::Tensor& norm_weight = saved[kNormWeight];
-    const at::Tensor& norm_bias = saved[kNormBias];
+  variable_list differentiable_backward(const variable_list& saved, const std::array<bool, kDifferentiable>& need,
+                                        const at::Tensor& grad) const {
     const at::Tensor y =
-        at::group_norm(at::relu(at::conv_transpose3d(saved[kInput], saved[kWeight], bias, g.stride, g.padding,
-                                                     g.output_padding, g.groups, g.dilation)),
-                       a.num_groups, norm_weight, norm_bias, a.eps);
+        at::group_norm(at::relu(at::conv_transpose3d(saved[kInput], saved[kWeight], saved[kBias], stride, padding,
+                                                     output_padding, groups, dilation)),
+                       num_groups, saved[kNormWeight], saved[kNormBias], eps);
     variable_list wanted;
     for (int i = 0; i < kDifferentiable; ++i) {
       if (need[i]) wanted.push_back(saved[i]);
     }
     const variable_list found = torch::autograd::grad({y}, wanted, {grad}, /*retain_graph=*/true,
                                                       /*create_graph=*/true, /*allow_unused=*/true);
-    variable_list grads(kOpArguments);
+    variable_list result(kDifferentiable);
     for (int i = 0, next = 0; i < kDifferentiable; ++i) {
-      if (need[i]) grads[i] = found[next++];
+      if (need[i]) result[i] = found[next++];
     }
-    return grads;
-  }
-
-  // needs_input_grad counts the tensors the call passed (absent optionals take no
-  // edge): map them back to the op's argument positions.
-  static std::array<bool, kDifferentiable> needed_gradients(AutogradContext* ctx, const variable_list& saved) {
-    std::array<bool, kDifferentiable> need{};
-    size_t edge = 0;
-    for (int i = 0; i < kDifferentiable; ++i) {
-      if (saved[i].defined()) need[i] = ctx->needs_input_grad(edge++);
-    }
-    return need;
+    return result;
   }
 };
+
+std::array<int64_t, 3> three(at::IntArrayRef values) { return {values[0], values[1], values[2]}; }
+
+at::Tensor or_undefined(const OptionalTensor& t) { return present(t) ? *t : at::Tensor(); }
+
+// The call recorded for its backward: the forward that keeps what the backward reads,
+// then the node, its edges and the output's history.
+at::Tensor forward_recorded(CUTLASSFUSE_OP_PARAMETERS) {
+  check_no_forward_gradients("conv_transpose3d_relu_group_norm", input, weight, bias, norm_weight, norm_bias);
+  const KeptTensor kept_tensor = kept_for_backward({CUTLASSFUSE_OP_ARGUMENTS});
+  auto [out, kept, mean, rstd] = [&] {
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return for_backward_op().call(CUTLASSFUSE_OP_ARGUMENTS, kept_tensor == KeptTensor::kConvOutput,
+                                  kept_tensor == KeptTensor::kActivationSpaceToDepth);
+  }();
+  auto node = make_node<ConvTransposeReluGroupNormBackward>();
+  auto* n = static_cast<ConvTransposeReluGroupNormBackward*>(node.get());
+  const std::array<at::Tensor, kDifferentiable> differentiable{input, weight, or_undefined(bias),
+                                                               or_undefined(norm_weight), or_undefined(norm_bias)};
+  n->set_next_edges(torch::autograd::collect_next_edges(differentiable[kInput], differentiable[kWeight],
+                                                        differentiable[kBias], differentiable[kNormWeight],
+                                                        differentiable[kNormBias]));
+  for (int i = 0; i < kDifferentiable; ++i) n->inputs[i] = SavedVariable(differentiable[i], /*is_output=*/false);
+  n->kept = SavedVariable(kept, false);
+  n->mean = SavedVariable(mean, false);
+  n->rstd = SavedVariable(rstd, false);
+  n->stride = three(stride);
+  n->padding = three(padding);
+  n->output_padding = three(output_padding);
+  n->dilation = three(dilation);
+  n->groups = groups;
+  n->num_groups = num_groups;
+  n->eps = eps;
+  n->kept_tensor = kept_tensor;
+  torch::autograd::set_history(out, node);
+  return out;
+}
 
 }  // namespace
 
@@ -185,7 +173,7 @@ at::Tensor conv_transpose3d_relu_group_norm_autograd(CUTLASSFUSE_OP_PARAMETERS) 
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     return fused_op().call(CUTLASSFUSE_OP_ARGUMENTS);
   }
-  return ConvTransposeReluGroupNorm::apply(CUTLASSFUSE_OP_ARGUMENTS);
+  return forward_recorded(CUTLASSFUSE_OP_ARGUMENTS);
 }
 
 TORCH_LIBRARY_IMPL(cutlassfuse, Autograd, m) {
