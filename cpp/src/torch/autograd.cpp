@@ -56,7 +56,7 @@ struct ConvTransposeReluGroupNormBackward final : torch::autograd::Node {
   std::string name() const override { return "ConvTransposeReluGroupNormBackward"; }
 
   void release_variables() override {
-    for (SavedVariable& saved : inputs) saved.reset_data();
+    release_all(inputs);
     kept.reset_data();
     mean.reset_data();
     rstd.reset_data();
@@ -64,12 +64,10 @@ struct ConvTransposeReluGroupNormBackward final : torch::autograd::Node {
 
   variable_list apply(variable_list&& grads) override {
     if (!grads[0].defined()) return variable_list(kDifferentiable);  // no gradient reached the output
-    variable_list saved(kDifferentiable);
-    for (int i = 0; i < kDifferentiable; ++i) saved[i] = inputs[i].unpack();
-    std::array<bool, kDifferentiable> need{};
-    for (int i = 0; i < kDifferentiable; ++i) need[i] = task_should_compute_output(i);
+    const variable_list saved = unpack_all(inputs);
+    const std::vector<bool> need = wanted_gradients(*this);
     // Grad mode is on here only under create_graph (double backward).
-    if (at::GradMode::is_enabled()) return differentiable_backward(saved, need, grads[0]);
+    if (at::GradMode::is_enabled()) return differentiable_gradients(recompute(saved), saved, need, grads[0]);
     auto [dz, dgamma, dbeta, dbias] = norm_backward(grads[0], saved);
     variable_list result(kDifferentiable);
     if (need[kInput] || need[kWeight]) {
@@ -101,33 +99,16 @@ struct ConvTransposeReluGroupNormBackward final : torch::autograd::Node {
     return {std::move(dz), std::move(dgamma), std::move(dbeta), std::move(dbias)};
   }
 
-  // The gradients as a graph of their own: the block recomputed with ATen's
-  // differentiable ops from the saved inputs, and differentiated by autograd with
-  // create_graph, so that a second backward runs through it (ATen's GroupNorm backward
-  // kernel has no derivative of its own).
-  variable_list differentiable_backward(const variable_list& saved, const std::array<bool, kDifferentiable>& need,
-                                        const at::Tensor& grad) const {
-    const at::Tensor y =
-        at::group_norm(at::relu(at::conv_transpose3d(saved[kInput], saved[kWeight], saved[kBias], stride, padding,
-                                                     output_padding, groups, dilation)),
-                       num_groups, saved[kNormWeight], saved[kNormBias], eps);
-    variable_list wanted;
-    for (int i = 0; i < kDifferentiable; ++i) {
-      if (need[i]) wanted.push_back(saved[i]);
-    }
-    const variable_list found = torch::autograd::grad({y}, wanted, {grad}, /*retain_graph=*/true,
-                                                      /*create_graph=*/true, /*allow_unused=*/true);
-    variable_list result(kDifferentiable);
-    for (int i = 0, next = 0; i < kDifferentiable; ++i) {
-      if (need[i]) result[i] = found[next++];
-    }
-    return result;
+  // The block recomputed with ATen's differentiable ops from the saved inputs (ATen's
+  // GroupNorm backward kernel has no derivative of its own).
+  at::Tensor recompute(const variable_list& saved) const {
+    return at::group_norm(at::relu(at::conv_transpose3d(saved[kInput], saved[kWeight], saved[kBias], stride, padding,
+                                                        output_padding, groups, dilation)),
+                          num_groups, saved[kNormWeight], saved[kNormBias], eps);
   }
 };
 
 std::array<int64_t, 3> three(at::IntArrayRef values) { return {values[0], values[1], values[2]}; }
-
-at::Tensor or_undefined(const OptionalTensor& t) { return present(t) ? *t : at::Tensor(); }
 
 // The call recorded for its backward: the forward that keeps what the backward reads,
 // then the node, its edges and the output's history.

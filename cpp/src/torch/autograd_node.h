@@ -10,13 +10,16 @@
 // whichever this torch uses.
 #pragma once
 
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
+#include <array>
 #include <memory>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace cutlassfuse {
 
@@ -39,6 +42,45 @@ template <class... Tensors>
 void check_no_forward_gradients(const char* op, const Tensors&... tensors) {
   const bool any = (torch::autograd::isFwGradDefined(tensors) || ...);
   TORCH_CHECK(!any, "cutlassfuse: ", op, " has no forward-mode AD derivative");
+}
+
+// The saved tensors, unpacked (undefined where the call passed none).
+template <size_t N>
+torch::autograd::variable_list unpack_all(const std::array<torch::autograd::SavedVariable, N>& saved) {
+  torch::autograd::variable_list tensors(N);
+  for (size_t i = 0; i < N; ++i) tensors[i] = saved[i].unpack();
+  return tensors;
+}
+
+template <size_t N>
+void release_all(std::array<torch::autograd::SavedVariable, N>& saved) {
+  for (torch::autograd::SavedVariable& s : saved) s.reset_data();
+}
+
+// The gradients of the inputs that need one, as a graph of their own: `out` recomputed
+// from `inputs` with ATen's differentiable ops, differentiated by autograd with
+// create_graph, so that a second backward runs through it (double backward).
+inline torch::autograd::variable_list differentiable_gradients(const at::Tensor& out,
+                                                               const torch::autograd::variable_list& inputs,
+                                                               const std::vector<bool>& need, const at::Tensor& grad) {
+  torch::autograd::variable_list wanted;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (need[i]) wanted.push_back(inputs[i]);
+  }
+  const torch::autograd::variable_list found =
+      torch::autograd::grad({out}, wanted, {grad}, /*retain_graph=*/true, /*create_graph=*/true, /*allow_unused=*/true);
+  torch::autograd::variable_list grads(inputs.size());
+  for (size_t i = 0, next = 0; i < inputs.size(); ++i) {
+    if (need[i]) grads[i] = found[next++];
+  }
+  return grads;
+}
+
+// Which of a node's outputs (its inputs' gradients) the running backward wants.
+inline std::vector<bool> wanted_gradients(const torch::autograd::Node& node) {
+  std::vector<bool> need(node.num_outputs());
+  for (size_t i = 0; i < need.size(); ++i) need[i] = node.task_should_compute_output(i);
+  return need;
 }
 
 }  // namespace cutlassfuse

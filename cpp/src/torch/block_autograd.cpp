@@ -1,5 +1,6 @@
 // The block family's backward, registered at the Autograd key in C++ (a call that needs
-// no gradient costs one redispatch; see autograd.cpp).
+// no gradient costs one redispatch, one that does builds its backward node directly; see
+// autograd.cpp and autograd_node.h).
 //
 // Saved: the inputs, and what the forward that keeps them returns (block.h): the
 // convolution's output y without its bias, as the forward wrote it (channels-last in 16
@@ -13,24 +14,24 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <array>
 #include <string_view>
 #include <utility>
 
 #include "cutlassfuse/block.h"
 #include "cutlassfuse/op.h"
 #include "torch/aten_norm.h"
+#include "torch/autograd_node.h"
 #include "torch/block_kernels.h"
 #include "torch/block_redispatch.h"
 #include "torch/conv_backward.h"
-#include "torch/saved_arguments.h"
 
 namespace cutlassfuse {
 namespace {
 
-using torch::autograd::AutogradContext;
+using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 
-at::Tensor or_undefined(const OptionalTensor& t) { return present(t) ? *t : at::Tensor(); }
 OptionalTensor or_none(const at::Tensor& t) { return t.defined() ? OptionalTensor(t) : std::nullopt; }
 
 bool requires_grad(const OptionalTensor& t) { return present(t) && t->requires_grad(); }
@@ -64,213 +65,188 @@ at::Tensor parameter_grad(bool need, const at::Tensor& grad, const at::Tensor& p
   return need ? grad.to(parameter.scalar_type()) : at::Tensor();
 }
 
-// The gradients of the differentiable inputs that need one, from a composite forward
-// recomputed with differentiable ops (double backward).
-variable_list differentiable_gradients(const at::Tensor& out, const variable_list& inputs,
-                                       const std::vector<bool>& need, const at::Tensor& grad) {
-  variable_list wanted;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (need[i]) wanted.push_back(inputs[i]);
-  }
-  const variable_list found = torch::autograd::grad({out}, wanted, {grad}, /*retain_graph=*/true,
-                                                    /*create_graph=*/true, /*allow_unused=*/true);
-  variable_list grads(inputs.size());
-  for (size_t i = 0, next = 0; i < inputs.size(); ++i) {
-    if (need[i]) grads[i] = found[next++];
-  }
-  return grads;
-}
+std::array<int64_t, 3> three(at::IntArrayRef values) { return {values[0], values[1], values[2]}; }
 
-// Which of the first `count` saved tensors the call passed (an absent optional is saved
-// undefined).
-std::vector<bool> given_of(const variable_list& saved, size_t count) {
-  std::vector<bool> given(count);
-  for (size_t i = 0; i < count; ++i) given[i] = saved[i].defined();
-  return given;
-}
+// The block op's tensors that take a gradient, in its schema's order: one edge each (an
+// absent optional's is invalid). The packed weight is a detached copy of the weight's
+// layout and takes none. The residual's gradient is the output's, so the residual is not
+// saved: the graph does not keep it alive.
+enum BlockEdge { kInput, kWeight, kBias, kNormWeight, kNormBias, kSlopes, kResidual, kBlockEdges };
+constexpr int kSavedBlockInputs = kResidual;
 
-// needs_input_grad counts the tensors the call passed (absent optionals take no edge).
-std::vector<bool> needed(AutogradContext* ctx, const std::vector<bool>& given) {
-  std::vector<bool> need(given.size(), false);
-  size_t edge = 0;
-  for (size_t i = 0; i < given.size(); ++i) {
-    if (given[i]) need[i] = ctx->needs_input_grad(edge++);
-  }
-  return need;
-}
+// The block op's backward node. Saved: the inputs, and what the forward that keeps them
+// returns (block.h): the convolution's output y without its bias, and the norm's mean
+// and rstd.
+struct ConvNormActivationBackward final : torch::autograd::Node {
+  std::array<SavedVariable, kSavedBlockInputs> inputs;
+  SavedVariable y, mean, rstd;
+  std::array<int64_t, 3> stride{}, padding{}, output_padding{}, dilation{};
+  int64_t groups = 1, num_groups = 1;
+  bool transposed = false, before_norm = false;
+  double eps = 0, activation_parameter = 0;
+  ActivationKind activation = ActivationKind::kIdentity;
 
-// The block call's non-tensor arguments as its backward reads them (saved_arguments.h).
-struct SavedBlockArguments {
-  SavedConvGeometry conv;
-  bool transposed;
-  int64_t num_groups;
-  double eps;
-  ActivationKind activation;
-  double activation_parameter;
-  bool before_norm, packed_weight_given, residual_given;
+  std::string name() const override { return "ConvNormActivationBackward"; }
 
-  static void save(AutogradContext* ctx, CUTLASSFUSE_BLOCK_PARAMETERS) {
-    SavedArgumentsWriter w;
-    SavedConvGeometry::write(w, stride, padding, output_padding, dilation, groups);
-    for (const bool flag : {transposed, activation_before_norm, present(packed_weight), present(residual)})
-      w.add(static_cast<int64_t>(flag));
-    w.add(num_groups);
-    w.add(static_cast<int64_t>(*activation_from_name(activation)));
-    w.add(eps);
-    w.add(activation_parameter);
-    std::move(w).save(ctx);
+  void release_variables() override {
+    release_all(inputs);
+    y.reset_data();
+    mean.reset_data();
+    rstd.reset_data();
   }
 
-  static SavedBlockArguments of(AutogradContext* ctx) {
-    SavedArgumentsReader r(ctx);
-    SavedBlockArguments a{};
-    a.conv = SavedConvGeometry::read(r);
-    a.transposed = r.next_int();
-    a.before_norm = r.next_int();
-    a.packed_weight_given = r.next_int();
-    a.residual_given = r.next_int();
-    a.num_groups = r.next_int();
-    a.activation = static_cast<ActivationKind>(r.next_int());
-    a.eps = r.next_double();
-    a.activation_parameter = r.next_double();
-    return a;
-  }
-
-  SavedActivation saved_activation(const at::Tensor& weight) const {
-    return {activation, activation_parameter, weight};
-  }
-};
-
-class ConvNormActivation : public torch::autograd::Function<ConvNormActivation> {
-  // Argument positions in the block schema of its tensors. The packed weight takes no
-  // gradient, but its edge (where given) comes before the residual's, so it is a slot of
-  // its own. The backward reads the tensors before the packed weight; of the packed
-  // weight and the residual (whose gradient is the output's) it needs only whether they
-  // were given, so neither is saved: the graph does not keep the residual alive.
-  enum BlockTensor { kInput, kWeight, kBias, kNormWeight, kNormBias, kSlopes, kPackedWeight, kResidual, kBlockTensors };
-  static constexpr int kSavedBlockTensors = kPackedWeight;
-  static constexpr int kBlockSchemaArguments = 19;
-  static constexpr int kBlockSchemaPosition[kBlockTensors] = {0, 1, 2, 10, 11, 15, 17, 18};
-
- public:
-  static at::Tensor forward(AutogradContext* ctx, CUTLASSFUSE_BLOCK_PARAMETERS) {
-    const auto [out, y, mean, rstd] = [&] {
-      const at::AutoDispatchBelowADInplaceOrView below_autograd;
-      return block_for_backward_op().call(CUTLASSFUSE_BLOCK_ARGUMENTS);
-    }();
-    ctx->save_for_backward({input, weight, or_undefined(bias), or_undefined(norm_weight), or_undefined(norm_bias),
-                            or_undefined(activation_weight), y, mean, rstd});
-    SavedBlockArguments::save(ctx, CUTLASSFUSE_BLOCK_ARGUMENTS);
-    return out;
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const variable_list saved = ctx->get_saved_variables();
-    const SavedBlockArguments a = SavedBlockArguments::of(ctx);
-    std::vector<bool> given = given_of(saved, kSavedBlockTensors);
-    given.push_back(a.packed_weight_given);
-    given.push_back(a.residual_given);
-    const std::vector<bool> need = needed(ctx, given);
-    const variable_list inputs(saved.begin(), saved.begin() + kSavedBlockTensors);
-    variable_list grads =
-        at::GradMode::is_enabled()
-            ? differentiable_gradients(recompute(a, inputs), inputs, {need.begin(), need.begin() + kSavedBlockTensors},
-                                       grad_outputs[0])
-            : gradients(a, saved, need, grad_outputs[0]);
-    grads.resize(kBlockTensors);
-    grads[kResidual] = need[kResidual] ? grad_outputs[0] : at::Tensor();
-    variable_list schema_grads(kBlockSchemaArguments);
-    for (int i = 0; i < kBlockTensors; ++i) schema_grads[kBlockSchemaPosition[i]] = grads[i];
-    return schema_grads;
+  variable_list apply(variable_list&& grads) override {
+    if (!grads[0].defined()) return variable_list(kBlockEdges);  // no gradient reached the output
+    const variable_list saved = unpack_all(inputs);
+    const std::vector<bool> need = wanted_gradients(*this);
+    // Grad mode is on here only under create_graph (double backward).
+    variable_list result = at::GradMode::is_enabled()
+                               ? differentiable_gradients(recompute(saved), saved,
+                                                          {need.begin(), need.begin() + kSavedBlockInputs}, grads[0])
+                               : gradients(saved, need, grads[0]);
+    result.resize(kBlockEdges);
+    if (need[kResidual]) result[kResidual] = grads[0];
+    return result;
   }
 
  private:
-  static variable_list gradients(const SavedBlockArguments& a, const variable_list& saved,
-                                 const std::vector<bool>& need, const at::Tensor& grad) {
-    const at::Tensor &input = saved[kInput], &weight = saved[kWeight];
-    NormGradients g = norm_activation_gradients(
-        grad, saved[kSavedBlockTensors], saved[kBias], saved[kSavedBlockTensors + 1], saved[kSavedBlockTensors + 2],
-        saved[kNormWeight], saved[kNormBias], a.num_groups, a.saved_activation(saved[kSlopes]), a.before_norm);
-    variable_list grads(kSavedBlockTensors);
+  ConvTransposeGeometry geometry() const { return {stride, padding, output_padding, dilation, groups}; }
+
+  variable_list gradients(const variable_list& saved, const std::vector<bool>& need, const at::Tensor& grad) const {
+    NormGradients g = norm_activation_gradients(grad, y.unpack(), saved[kBias], mean.unpack(), rstd.unpack(),
+                                                saved[kNormWeight], saved[kNormBias], num_groups,
+                                                {activation, activation_parameter, saved[kSlopes]}, before_norm);
+    variable_list result(kSavedBlockInputs);
     if (need[kInput] || need[kWeight]) {
       // ATen's gradients only: the CUTLASS conv-gradient kernels' rule was measured on the
       // original op's layers.
-      std::tie(grads[kInput], grads[kWeight]) =
-          convolution_backward(std::move(g.input), input, weight, a.conv.geometry(), a.transposed,
+      std::tie(result[kInput], result[kWeight]) =
+          convolution_backward(std::move(g.input), saved[kInput], saved[kWeight], geometry(), transposed,
                                {need[kInput], need[kWeight]}, /*cutlass_kernels=*/false);
     }
-    grads[kBias] = parameter_grad(need[kBias], g.bias, saved[kBias]);
-    grads[kNormWeight] = parameter_grad(need[kNormWeight], g.gamma, saved[kNormWeight]);
-    grads[kNormBias] = parameter_grad(need[kNormBias], g.beta, saved[kNormBias]);
-    grads[kSlopes] = parameter_grad(need[kSlopes], g.slopes, saved[kSlopes]);
-    return grads;
+    result[kBias] = parameter_grad(need[kBias], g.bias, saved[kBias]);
+    result[kNormWeight] = parameter_grad(need[kNormWeight], g.gamma, saved[kNormWeight]);
+    result[kNormBias] = parameter_grad(need[kNormBias], g.beta, saved[kNormBias]);
+    result[kSlopes] = parameter_grad(need[kSlopes], g.slopes, saved[kSlopes]);
+    return result;
   }
 
-  static at::Tensor recompute(const SavedBlockArguments& a, const variable_list& t) {
-    const SavedConvGeometry& g = a.conv;
-    at::Tensor x = at::convolution(t[kInput], t[kWeight], or_none(t[kBias]), g.stride, g.padding, g.dilation,
-                                   a.transposed, g.output_padding, g.groups);
-    if (a.before_norm) x = apply_activation(x, a.activation, a.activation_parameter, or_none(t[kSlopes]));
+  // The block with ATen's differentiable ops, from the saved inputs.
+  at::Tensor recompute(const variable_list& t) const {
+    at::Tensor x = at::convolution(t[kInput], t[kWeight], or_none(t[kBias]), stride, padding, dilation, transposed,
+                                   output_padding, groups);
+    if (before_norm) x = apply_activation(x, activation, activation_parameter, or_none(t[kSlopes]));
     const at::ScalarType type = x.scalar_type();
-    x = at::group_norm(x, a.num_groups, as_type(or_none(t[kNormWeight]), type), as_type(or_none(t[kNormBias]), type),
-                       a.eps);
-    return a.before_norm ? x : apply_activation(x, a.activation, a.activation_parameter, or_none(t[kSlopes]));
+    x = at::group_norm(x, num_groups, as_type(or_none(t[kNormWeight]), type), as_type(or_none(t[kNormBias]), type),
+                       eps);
+    return before_norm ? x : apply_activation(x, activation, activation_parameter, or_none(t[kSlopes]));
   }
 };
 
-// Argument positions in the standalone norm's schema of its tensors.
-enum NormTensor { kNormInput, kGamma, kBeta, kNormSlopes, kNormTensors };
-constexpr int kNormSchemaArguments = 8;
-constexpr int kNormSchemaPosition[kNormTensors] = {0, 2, 3, 7};
+// The standalone norm op's tensors that take a gradient, in its schema's order.
+enum NormEdge { kNormInput, kGamma, kBeta, kNormSlopes, kNormEdges };
 
-class GroupNormActivation : public torch::autograd::Function<GroupNormActivation> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, CUTLASSFUSE_NORM_PARAMETERS) {
-    const auto [out, mean, rstd] = [&] {
-      const at::AutoDispatchBelowADInplaceOrView below_autograd;
-      return norm_for_backward_op().call(CUTLASSFUSE_NORM_ARGUMENTS);
-    }();
-    ctx->save_for_backward(
-        {input, or_undefined(norm_weight), or_undefined(norm_bias), or_undefined(activation_weight), mean, rstd});
-    SavedArgumentsWriter w;
-    w.add(num_groups);
-    w.add(static_cast<int64_t>(*activation_from_name(activation)));
-    w.add(eps);
-    w.add(activation_parameter);
-    std::move(w).save(ctx);
-    return out;
+// The standalone norm's backward node. Saved: the inputs, the norm's mean and rstd.
+struct GroupNormActivationBackward final : torch::autograd::Node {
+  std::array<SavedVariable, kNormEdges> inputs;
+  SavedVariable mean, rstd;
+  int64_t num_groups = 1;
+  double eps = 0, activation_parameter = 0;
+  ActivationKind activation = ActivationKind::kIdentity;
+
+  std::string name() const override { return "GroupNormActivationBackward"; }
+
+  void release_variables() override {
+    release_all(inputs);
+    mean.reset_data();
+    rstd.reset_data();
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const variable_list saved = ctx->get_saved_variables();
-    const std::vector<bool> need = needed(ctx, given_of(saved, kNormTensors));
-    const variable_list inputs(saved.begin(), saved.begin() + kNormTensors);
-    SavedArgumentsReader r(ctx);
-    const int64_t num_groups = r.next_int();
-    const auto kind = static_cast<ActivationKind>(r.next_int());
-    const double eps = r.next_double(), parameter = r.next_double();
-    variable_list grads(kNormTensors);
+  variable_list apply(variable_list&& grads) override {
+    if (!grads[0].defined()) return variable_list(kNormEdges);  // no gradient reached the output
+    const variable_list saved = unpack_all(inputs);
+    const std::vector<bool> need = wanted_gradients(*this);
     if (at::GradMode::is_enabled()) {
-      const at::Tensor& x = inputs[kNormInput];
+      const at::Tensor& x = saved[kNormInput];
       const at::ScalarType type = x.scalar_type();
-      const at::Tensor out = apply_activation(at::group_norm(x, num_groups, as_type(or_none(inputs[kGamma]), type),
-                                                             as_type(or_none(inputs[kBeta]), type), eps),
-                                              kind, parameter, or_none(inputs[kNormSlopes]));
-      grads = differentiable_gradients(out, inputs, need, grad_outputs[0]);
-    } else {
-      NormGradients g = norm_activation_gradients(
-          grad_outputs[0], saved[kNormInput], at::Tensor(), saved[kNormTensors], saved[kNormTensors + 1], saved[kGamma],
-          saved[kBeta], num_groups, SavedActivation{kind, parameter, saved[kNormSlopes]}, /*before_norm=*/false);
-      if (need[kNormInput]) grads[kNormInput] = g.input;
-      grads[kGamma] = parameter_grad(need[kGamma], g.gamma, saved[kGamma]);
-      grads[kBeta] = parameter_grad(need[kBeta], g.beta, saved[kBeta]);
-      grads[kNormSlopes] = parameter_grad(need[kNormSlopes], g.slopes, saved[kNormSlopes]);
+      const at::Tensor out = apply_activation(at::group_norm(x, num_groups, as_type(or_none(saved[kGamma]), type),
+                                                             as_type(or_none(saved[kBeta]), type), eps),
+                                              activation, activation_parameter, or_none(saved[kNormSlopes]));
+      return differentiable_gradients(out, saved, need, grads[0]);
     }
-    variable_list schema_grads(kNormSchemaArguments);
-    for (int i = 0; i < kNormTensors; ++i) schema_grads[kNormSchemaPosition[i]] = grads[i];
-    return schema_grads;
+    NormGradients g = norm_activation_gradients(grads[0], saved[kNormInput], at::Tensor(), mean.unpack(), rstd.unpack(),
+                                                saved[kGamma], saved[kBeta], num_groups,
+                                                {activation, activation_parameter, saved[kNormSlopes]},
+                                                /*before_norm=*/false);
+    variable_list result(kNormEdges);
+    if (need[kNormInput]) result[kNormInput] = g.input;
+    result[kGamma] = parameter_grad(need[kGamma], g.gamma, saved[kGamma]);
+    result[kBeta] = parameter_grad(need[kBeta], g.beta, saved[kBeta]);
+    result[kNormSlopes] = parameter_grad(need[kNormSlopes], g.slopes, saved[kNormSlopes]);
+    return result;
   }
 };
+
+// The block call recorded for its backward: the forward that keeps what the backward
+// reads, then the node, its edges and the output's history.
+at::Tensor record_block(CUTLASSFUSE_BLOCK_PARAMETERS) {
+  check_no_forward_gradients("conv3d_norm_activation", input, weight, bias, norm_weight, norm_bias, activation_weight,
+                             residual);
+  auto [out, y, mean, rstd] = [&] {
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return block_for_backward_op().call(CUTLASSFUSE_BLOCK_ARGUMENTS);
+  }();
+  auto node = make_node<ConvNormActivationBackward>();
+  auto* n = static_cast<ConvNormActivationBackward*>(node.get());
+  n->set_next_edges(
+      torch::autograd::collect_next_edges(input, weight, bias, norm_weight, norm_bias, activation_weight, residual));
+  const std::array<at::Tensor, kSavedBlockInputs> saved{input,
+                                                        weight,
+                                                        or_undefined(bias),
+                                                        or_undefined(norm_weight),
+                                                        or_undefined(norm_bias),
+                                                        or_undefined(activation_weight)};
+  for (int i = 0; i < kSavedBlockInputs; ++i) n->inputs[i] = SavedVariable(saved[i], /*is_output=*/false);
+  n->y = SavedVariable(y, false);
+  n->mean = SavedVariable(mean, false);
+  n->rstd = SavedVariable(rstd, false);
+  n->stride = three(stride);
+  n->padding = three(padding);
+  n->output_padding = three(output_padding);
+  n->dilation = three(dilation);
+  n->groups = groups;
+  n->transposed = transposed;
+  n->num_groups = num_groups;
+  n->eps = eps;
+  n->activation = *activation_from_name(activation);
+  n->activation_parameter = activation_parameter;
+  n->before_norm = activation_before_norm;
+  torch::autograd::set_history(out, node);
+  return out;
+}
+
+// The standalone norm's call recorded for its backward.
+at::Tensor record_norm(CUTLASSFUSE_NORM_PARAMETERS) {
+  check_no_forward_gradients("group_norm_activation", input, norm_weight, norm_bias, activation_weight);
+  auto [out, mean, rstd] = [&] {
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return norm_for_backward_op().call(CUTLASSFUSE_NORM_ARGUMENTS);
+  }();
+  auto node = make_node<GroupNormActivationBackward>();
+  auto* n = static_cast<GroupNormActivationBackward*>(node.get());
+  n->set_next_edges(torch::autograd::collect_next_edges(input, norm_weight, norm_bias, activation_weight));
+  const std::array<at::Tensor, kNormEdges> saved{input, or_undefined(norm_weight), or_undefined(norm_bias),
+                                                 or_undefined(activation_weight)};
+  for (int i = 0; i < kNormEdges; ++i) n->inputs[i] = SavedVariable(saved[i], /*is_output=*/false);
+  n->mean = SavedVariable(mean, false);
+  n->rstd = SavedVariable(rstd, false);
+  n->num_groups = num_groups;
+  n->eps = eps;
+  n->activation = *activation_from_name(activation);
+  n->activation_parameter = activation_parameter;
+  torch::autograd::set_history(out, node);
+  return out;
+}
 
 }  // namespace
 
@@ -283,7 +259,7 @@ at::Tensor conv3d_norm_activation_autograd(CUTLASSFUSE_BLOCK_PARAMETERS) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     return block_op().call(CUTLASSFUSE_BLOCK_ARGUMENTS);
   }
-  return ConvNormActivation::apply(CUTLASSFUSE_BLOCK_ARGUMENTS);
+  return record_block(CUTLASSFUSE_BLOCK_ARGUMENTS);
 }
 
 at::Tensor group_norm_activation_autograd(CUTLASSFUSE_NORM_PARAMETERS) {
@@ -293,7 +269,7 @@ at::Tensor group_norm_activation_autograd(CUTLASSFUSE_NORM_PARAMETERS) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     return norm_op().call(CUTLASSFUSE_NORM_ARGUMENTS);
   }
-  return GroupNormActivation::apply(CUTLASSFUSE_NORM_ARGUMENTS);
+  return record_norm(CUTLASSFUSE_NORM_ARGUMENTS);
 }
 
 TORCH_LIBRARY_IMPL(cutlassfuse, Autograd, m) {

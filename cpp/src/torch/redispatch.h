@@ -13,6 +13,7 @@ namespace cutlassfuse {
 using OptionalTensor = std::optional<at::Tensor>;
 
 inline bool present(const OptionalTensor& t) { return t.has_value() && t->defined(); }
+inline at::Tensor or_undefined(const OptionalTensor& t) { return present(t) ? *t : at::Tensor(); }
 
 // The schema's arguments (registration.cpp), in order.
 using OpSignature = at::Tensor(const at::Tensor& input, const at::Tensor& weight, const OptionalTensor& bias,
