@@ -35,7 +35,6 @@
 namespace cutlassfuse {
 namespace {
 
-using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 
 // The differentiable inputs, in the op's order, one edge each (an absent optional's is
@@ -45,22 +44,13 @@ enum Input { kInput, kWeight, kBias, kNormWeight, kNormBias, kDifferentiable };
 
 // The op's backward node: the inputs and what the forward kept (activation, mean and
 // rstd; op.h, KeptTensor), the convolution's geometry, the GroupNorm's arguments.
-struct ConvTransposeReluGroupNormBackward final : torch::autograd::Node {
-  std::array<SavedVariable, kDifferentiable> inputs;
-  SavedVariable kept, mean, rstd;
-  std::array<int64_t, 3> stride{}, padding{}, output_padding{}, dilation{};
-  int64_t groups = 1, num_groups = 1;
+struct ConvTransposeReluGroupNormBackward final : SavingNode<kDifferentiable> {
+  SavedConvGeometry conv;
+  int64_t num_groups = 1;
   double eps = 0;
   KeptTensor kept_tensor = KeptTensor::kActivation;
 
   std::string name() const override { return "ConvTransposeReluGroupNormBackward"; }
-
-  void release_variables() override {
-    release_all(inputs);
-    kept.reset_data();
-    mean.reset_data();
-    rstd.reset_data();
-  }
 
   variable_list apply(variable_list&& grads) override {
     if (!grads[0].defined()) return variable_list(kDifferentiable);  // no gradient reached the output
@@ -71,9 +61,10 @@ struct ConvTransposeReluGroupNormBackward final : torch::autograd::Node {
     auto [dz, dgamma, dbeta, dbias] = norm_backward(grads[0], saved);
     variable_list result(kDifferentiable);
     if (need[kInput] || need[kWeight]) {
-      std::tie(result[kInput], result[kWeight]) = convolution_backward(
-          std::move(dz), saved[kInput], saved[kWeight], geometry(), /*transposed=*/true, {need[kInput], need[kWeight]},
-          /*cutlass_kernels=*/true);
+      std::tie(result[kInput], result[kWeight]) =
+          convolution_backward(std::move(dz), saved[kInput], saved[kWeight], conv.geometry(), /*transposed=*/true,
+                               {need[kInput], need[kWeight]},
+                               /*cutlass_kernels=*/true);
     }
     if (need[kBias]) result[kBias] = dbias.to(saved[kBias].scalar_type());
     if (need[kNormWeight]) result[kNormWeight] = dgamma.to(saved[kNormWeight].scalar_type());
@@ -82,8 +73,6 @@ struct ConvTransposeReluGroupNormBackward final : torch::autograd::Node {
   }
 
  private:
-  ConvTransposeGeometry geometry() const { return {stride, padding, output_padding, dilation, groups}; }
-
   // The gradients of the convolution's output z (with bias), gamma, beta and the bias,
   // from what the forward kept: the activation, or the convolution's output y from which
   // the family's backward recomputes ReLU(y + bias).
@@ -102,13 +91,11 @@ struct ConvTransposeReluGroupNormBackward final : torch::autograd::Node {
   // The block recomputed with ATen's differentiable ops from the saved inputs (ATen's
   // GroupNorm backward kernel has no derivative of its own).
   at::Tensor recompute(const variable_list& saved) const {
-    return at::group_norm(at::relu(at::conv_transpose3d(saved[kInput], saved[kWeight], saved[kBias], stride, padding,
-                                                        output_padding, groups, dilation)),
+    return at::group_norm(at::relu(at::conv_transpose3d(saved[kInput], saved[kWeight], saved[kBias], conv.stride,
+                                                        conv.padding, conv.output_padding, conv.groups, conv.dilation)),
                           num_groups, saved[kNormWeight], saved[kNormBias], eps);
   }
 };
-
-std::array<int64_t, 3> three(at::IntArrayRef values) { return {values[0], values[1], values[2]}; }
 
 // The call recorded for its backward: the forward that keeps what the backward reads,
 // then the node, its edges and the output's history.
@@ -127,15 +114,8 @@ at::Tensor forward_recorded(CUTLASSFUSE_OP_PARAMETERS) {
   n->set_next_edges(torch::autograd::collect_next_edges(differentiable[kInput], differentiable[kWeight],
                                                         differentiable[kBias], differentiable[kNormWeight],
                                                         differentiable[kNormBias]));
-  for (int i = 0; i < kDifferentiable; ++i) n->inputs[i] = SavedVariable(differentiable[i], /*is_output=*/false);
-  n->kept = SavedVariable(kept, false);
-  n->mean = SavedVariable(mean, false);
-  n->rstd = SavedVariable(rstd, false);
-  n->stride = three(stride);
-  n->padding = three(padding);
-  n->output_padding = three(output_padding);
-  n->dilation = three(dilation);
-  n->groups = groups;
+  n->save(differentiable, kept, mean, rstd);
+  n->conv.save(stride, padding, output_padding, dilation, groups);
   n->num_groups = num_groups;
   n->eps = eps;
   n->kept_tensor = kept_tensor;

@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include "cutlassfuse/op.h"
+
 namespace cutlassfuse {
 
 using NodePointer = decltype(torch::autograd::Edge::function);
@@ -75,6 +77,50 @@ inline torch::autograd::variable_list differentiable_gradients(const at::Tensor&
   }
   return grads;
 }
+
+// A convolution's geometry as a node keeps it (three values per list, as validated).
+struct SavedConvGeometry {
+  std::array<int64_t, 3> stride{}, padding{}, output_padding{}, dilation{};
+  int64_t groups = 1;
+
+  void save(at::IntArrayRef stride_, at::IntArrayRef padding_, at::IntArrayRef output_padding_,
+            at::IntArrayRef dilation_, int64_t groups_) {
+    auto three = [](at::IntArrayRef v) { return std::array<int64_t, 3>{v[0], v[1], v[2]}; };
+    stride = three(stride_);
+    padding = three(padding_);
+    output_padding = three(output_padding_);
+    dilation = three(dilation_);
+    groups = groups_;
+  }
+  // Views of this object's arrays: valid while it lives.
+  ConvTransposeGeometry geometry() const { return {stride, padding, output_padding, dilation, groups}; }
+};
+
+// A backward node with what its forward saved for it: the differentiable inputs (undefined
+// where the call passed none), the norm's per-(sample, group) mean and rstd, and `kept`,
+// the activation or convolution output the forward kept where it keeps one. The engine
+// releases them once a backward has run without retain_graph.
+template <size_t Inputs>
+struct SavingNode : torch::autograd::Node {
+  std::array<torch::autograd::SavedVariable, Inputs> inputs;
+  torch::autograd::SavedVariable kept, mean, rstd;
+
+  // Saves them; `kept` may be undefined.
+  void save(const std::array<at::Tensor, Inputs>& differentiable, const at::Tensor& kept_tensor,
+            const at::Tensor& mean_tensor, const at::Tensor& rstd_tensor) {
+    for (size_t i = 0; i < Inputs; ++i) inputs[i] = torch::autograd::SavedVariable(differentiable[i], false);
+    kept = torch::autograd::SavedVariable(kept_tensor, false);
+    mean = torch::autograd::SavedVariable(mean_tensor, false);
+    rstd = torch::autograd::SavedVariable(rstd_tensor, false);
+  }
+
+  void release_variables() override {
+    release_all(inputs);
+    kept.reset_data();
+    mean.reset_data();
+    rstd.reset_data();
+  }
+};
 
 // Which of a node's outputs (its inputs' gradients) the running backward wants.
 inline std::vector<bool> wanted_gradients(const torch::autograd::Node& node) {

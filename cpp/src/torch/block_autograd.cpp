@@ -29,7 +29,6 @@
 namespace cutlassfuse {
 namespace {
 
-using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 
 OptionalTensor or_none(const at::Tensor& t) { return t.defined() ? OptionalTensor(t) : std::nullopt; }
@@ -65,8 +64,6 @@ at::Tensor parameter_grad(bool need, const at::Tensor& grad, const at::Tensor& p
   return need ? grad.to(parameter.scalar_type()) : at::Tensor();
 }
 
-std::array<int64_t, 3> three(at::IntArrayRef values) { return {values[0], values[1], values[2]}; }
-
 // The block op's tensors that take a gradient, in its schema's order: one edge each (an
 // absent optional's is invalid). The packed weight is a detached copy of the weight's
 // layout and takes none. The residual's gradient is the output's, so the residual is not
@@ -75,25 +72,16 @@ enum BlockEdge { kInput, kWeight, kBias, kNormWeight, kNormBias, kSlopes, kResid
 constexpr int kSavedBlockInputs = kResidual;
 
 // The block op's backward node. Saved: the inputs, and what the forward that keeps them
-// returns (block.h): the convolution's output y without its bias, and the norm's mean
-// and rstd.
-struct ConvNormActivationBackward final : torch::autograd::Node {
-  std::array<SavedVariable, kSavedBlockInputs> inputs;
-  SavedVariable y, mean, rstd;
-  std::array<int64_t, 3> stride{}, padding{}, output_padding{}, dilation{};
-  int64_t groups = 1, num_groups = 1;
+// returns (block.h): the convolution's output y without its bias (kept), and the norm's
+// mean and rstd.
+struct ConvNormActivationBackward final : SavingNode<kSavedBlockInputs> {
+  SavedConvGeometry conv;
+  int64_t num_groups = 1;
   bool transposed = false, before_norm = false;
   double eps = 0, activation_parameter = 0;
   ActivationKind activation = ActivationKind::kIdentity;
 
   std::string name() const override { return "ConvNormActivationBackward"; }
-
-  void release_variables() override {
-    release_all(inputs);
-    y.reset_data();
-    mean.reset_data();
-    rstd.reset_data();
-  }
 
   variable_list apply(variable_list&& grads) override {
     if (!grads[0].defined()) return variable_list(kBlockEdges);  // no gradient reached the output
@@ -110,10 +98,8 @@ struct ConvNormActivationBackward final : torch::autograd::Node {
   }
 
  private:
-  ConvTransposeGeometry geometry() const { return {stride, padding, output_padding, dilation, groups}; }
-
   variable_list gradients(const variable_list& saved, const std::vector<bool>& need, const at::Tensor& grad) const {
-    NormGradients g = norm_activation_gradients(grad, y.unpack(), saved[kBias], mean.unpack(), rstd.unpack(),
+    NormGradients g = norm_activation_gradients(grad, kept.unpack(), saved[kBias], mean.unpack(), rstd.unpack(),
                                                 saved[kNormWeight], saved[kNormBias], num_groups,
                                                 {activation, activation_parameter, saved[kSlopes]}, before_norm);
     variable_list result(kSavedBlockInputs);
@@ -121,7 +107,7 @@ struct ConvNormActivationBackward final : torch::autograd::Node {
       // ATen's gradients only: the CUTLASS conv-gradient kernels' rule was measured on the
       // original op's layers.
       std::tie(result[kInput], result[kWeight]) =
-          convolution_backward(std::move(g.input), saved[kInput], saved[kWeight], geometry(), transposed,
+          convolution_backward(std::move(g.input), saved[kInput], saved[kWeight], conv.geometry(), transposed,
                                {need[kInput], need[kWeight]}, /*cutlass_kernels=*/false);
     }
     result[kBias] = parameter_grad(need[kBias], g.bias, saved[kBias]);
@@ -133,8 +119,8 @@ struct ConvNormActivationBackward final : torch::autograd::Node {
 
   // The block with ATen's differentiable ops, from the saved inputs.
   at::Tensor recompute(const variable_list& t) const {
-    at::Tensor x = at::convolution(t[kInput], t[kWeight], or_none(t[kBias]), stride, padding, dilation, transposed,
-                                   output_padding, groups);
+    at::Tensor x = at::convolution(t[kInput], t[kWeight], or_none(t[kBias]), conv.stride, conv.padding, conv.dilation,
+                                   transposed, conv.output_padding, conv.groups);
     if (before_norm) x = apply_activation(x, activation, activation_parameter, or_none(t[kSlopes]));
     const at::ScalarType type = x.scalar_type();
     x = at::group_norm(x, num_groups, as_type(or_none(t[kNormWeight]), type), as_type(or_none(t[kNormBias]), type),
@@ -147,20 +133,12 @@ struct ConvNormActivationBackward final : torch::autograd::Node {
 enum NormEdge { kNormInput, kGamma, kBeta, kNormSlopes, kNormEdges };
 
 // The standalone norm's backward node. Saved: the inputs, the norm's mean and rstd.
-struct GroupNormActivationBackward final : torch::autograd::Node {
-  std::array<SavedVariable, kNormEdges> inputs;
-  SavedVariable mean, rstd;
+struct GroupNormActivationBackward final : SavingNode<kNormEdges> {
   int64_t num_groups = 1;
   double eps = 0, activation_parameter = 0;
   ActivationKind activation = ActivationKind::kIdentity;
 
   std::string name() const override { return "GroupNormActivationBackward"; }
-
-  void release_variables() override {
-    release_all(inputs);
-    mean.reset_data();
-    rstd.reset_data();
-  }
 
   variable_list apply(variable_list&& grads) override {
     if (!grads[0].defined()) return variable_list(kNormEdges);  // no gradient reached the output
@@ -206,15 +184,8 @@ at::Tensor record_block(CUTLASSFUSE_BLOCK_PARAMETERS) {
                                                         or_undefined(norm_weight),
                                                         or_undefined(norm_bias),
                                                         or_undefined(activation_weight)};
-  for (int i = 0; i < kSavedBlockInputs; ++i) n->inputs[i] = SavedVariable(saved[i], /*is_output=*/false);
-  n->y = SavedVariable(y, false);
-  n->mean = SavedVariable(mean, false);
-  n->rstd = SavedVariable(rstd, false);
-  n->stride = three(stride);
-  n->padding = three(padding);
-  n->output_padding = three(output_padding);
-  n->dilation = three(dilation);
-  n->groups = groups;
+  n->save(saved, y, mean, rstd);
+  n->conv.save(stride, padding, output_padding, dilation, groups);
   n->transposed = transposed;
   n->num_groups = num_groups;
   n->eps = eps;
@@ -237,9 +208,7 @@ at::Tensor record_norm(CUTLASSFUSE_NORM_PARAMETERS) {
   n->set_next_edges(torch::autograd::collect_next_edges(input, norm_weight, norm_bias, activation_weight));
   const std::array<at::Tensor, kNormEdges> saved{input, or_undefined(norm_weight), or_undefined(norm_bias),
                                                  or_undefined(activation_weight)};
-  for (int i = 0; i < kNormEdges; ++i) n->inputs[i] = SavedVariable(saved[i], /*is_output=*/false);
-  n->mean = SavedVariable(mean, false);
-  n->rstd = SavedVariable(rstd, false);
+  n->save(saved, at::Tensor(), mean, rstd);
   n->num_groups = num_groups;
   n->eps = eps;
   n->activation = *activation_from_name(activation);
