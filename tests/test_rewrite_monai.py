@@ -9,7 +9,7 @@ import torch
 from torch._prims_common import suggest_memory_format
 
 import cutlassfuse
-from cutlassfuse.padded_conv import ChannelPaddedConv3d
+from cutlassfuse.few_channel_conv import FewChannelConv3d
 
 from fuse_checks import assert_checkpoints_load_both_ways, assert_folded_checkpoints_load, randomized
 
@@ -40,7 +40,7 @@ NETWORKS = {
 
 def fused_blocks(model: torch.nn.Module) -> Counter:
     return Counter(type(m).__name__ for m in model.modules()
-                   if type(m).__module__.startswith("cutlassfuse.") and not isinstance(m, ChannelPaddedConv3d))
+                   if type(m).__module__.startswith("cutlassfuse.") and not isinstance(m, FewChannelConv3d))
 
 
 def assert_fused_convolutions_write_channels_last(model: torch.nn.Module, x: torch.Tensor) -> None:

@@ -37,7 +37,7 @@ from .block_modules import (
 from .blocks import activation_of_module
 from .cuda_graphs import CUDAGraphed
 from .modules import ConvTranspose3dReLUGroupNorm
-from .padded_conv import ChannelPaddedConv3d
+from .few_channel_conv import FewChannelConv3d
 from .traceable_forwards import opaque_to_tracing, stand_in
 
 _CONVS = (nn.Conv3d, nn.ConvTranspose3d)
@@ -87,7 +87,8 @@ class FuseResult:
     left_alone: list[str] = field(default_factory=list)  # one line per chain not fused: where, and why
     folded: list[str] = field(default_factory=list)  # one line per norm folded into its conv: where, what
     channels_last: bool = False  # whether the model's activations run channels-last (fuse's channels_last)
-    padded: list[str] = field(default_factory=list)  # the plain Conv3d layers whose input channels pad to 8
+    # one line per plain Conv3d of fewer than 8 input and output channels made a FewChannelConv3d
+    few_channel_convs: list[str] = field(default_factory=list)
     # one line per add of a block's output that the block's op now computes: where, what
     residual_adds: list[str] = field(default_factory=list)
 
@@ -95,7 +96,8 @@ class FuseResult:
         head = f"cutlassfuse.fuse: {len(self.replaced)} chain(s) fused"
         if self.folded:
             head += f", {len(self.folded)} norm(s) folded into their convolution"
-        lines = [head] + [f"  {line}" for line in self.replaced + self.residual_adds + self.folded + self.padded]
+        changes = self.replaced + self.residual_adds + self.folded + self.few_channel_convs
+        lines = [head] + [f"  {line}" for line in changes]
         lines += [f"  left alone: {line}" for line in self.left_alone]
         if self.not_traced:
             lines.append(f"  (forward() not traced: {self.not_traced})")
@@ -1067,18 +1069,19 @@ def _inputs_through(graph_module: torch.fx.GraphModule, function) -> None:
     graph_module.recompile()
 
 
-def _pad_input_channels(model: nn.Module) -> list[str]:
+def _few_channel_convs(model: nn.Module) -> list[str]:
     """Replaces each plain nn.Conv3d with fewer than 8 input and output channels (outside the fused
-    blocks, whose own convolutions pad the same way) by a ChannelPaddedConv3d holding its
-    parameters; one line per replacement."""
+    blocks, whose own convolutions pad their input channels to 8) by a FewChannelConv3d holding
+    its parameters; one line per replacement."""
     lines = []
     for path, conv in list(model.named_modules()):
         parent, _, name = path.rpartition(".")
         holder = model.get_submodule(parent)
-        if ChannelPaddedConv3d.takes(conv) and not type(holder).__module__.startswith("cutlassfuse."):
-            setattr(holder, name, ChannelPaddedConv3d.from_conv(conv))
-            lines.append(f"{path}: {_describe_module(conv)} -> its {conv.in_channels} input channel(s) padded to 8 "
-                         "in float16/bfloat16 on CUDA (tensor cores)")
+        if FewChannelConv3d.takes(conv) and not type(holder).__module__.startswith("cutlassfuse."):
+            setattr(holder, name, FewChannelConv3d.from_conv(conv))
+            lines.append(f"{path}: {_describe_module(conv)} -> FewChannelConv3d: a direct convolution in "
+                         f"float16/bfloat16 on CUDA, its {conv.in_channels} input channel(s) padded to 8 (tensor "
+                         "cores) where autograd records the call")
     return lines
 
 
@@ -1214,7 +1217,7 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = N
             _keep_unused_tensors(result.model, model, found.folds)
             _keep_original_keys(result.model, original, found.folds)
     result.left_alone = [f"{path}: {reason}" for path, reason in found.notes.items()]
-    result.padded = _pad_input_channels(result.model)
+    result.few_channel_convs = _few_channel_convs(result.model)
     if channels_last is None:
         # Channels-last pays where fuse() sees every op between the blocks; code it could not
         # trace may run ops that are slow on channels-last tensors or mix layouts (MONAI's
