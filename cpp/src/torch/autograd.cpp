@@ -52,13 +52,11 @@ struct ConvTransposeReluGroupNormBackward final : SavingNode<kDifferentiable> {
 
   std::string name() const override { return "ConvTransposeReluGroupNormBackward"; }
 
-  variable_list apply(variable_list&& grads) override {
-    if (!grads[0].defined()) return variable_list(kDifferentiable);  // no gradient reached the output
-    const variable_list saved = unpack_all(inputs);
-    const std::vector<bool> need = wanted_gradients(*this);
+  variable_list input_gradients(const at::Tensor& grad, const variable_list& saved,
+                                const std::vector<bool>& need) override {
     // Grad mode is on here only under create_graph (double backward).
-    if (at::GradMode::is_enabled()) return differentiable_gradients(recompute(saved), saved, need, grads[0]);
-    auto [dz, dgamma, dbeta, dbias] = norm_backward(grads[0], saved);
+    if (at::GradMode::is_enabled()) return differentiable_gradients(recompute(saved), saved, need, grad);
+    auto [dz, dgamma, dbeta, dbias] = norm_backward(grad, saved);
     variable_list result(kDifferentiable);
     if (need[kInput] || need[kWeight]) {
       std::tie(result[kInput], result[kWeight]) =
@@ -97,15 +95,22 @@ struct ConvTransposeReluGroupNormBackward final : SavingNode<kDifferentiable> {
   }
 };
 
+// The forward that keeps what the backward reads, through the dispatcher below autograd.
+ForwardForBackward redispatched_for_backward(CUTLASSFUSE_OP_PARAMETERS, bool keep_conv_output,
+                                             bool keep_space_to_depth) {
+  return for_backward_op().call(CUTLASSFUSE_OP_ARGUMENTS, keep_conv_output, keep_space_to_depth);
+}
+
 // The call recorded for its backward: the forward that keeps what the backward reads,
 // then the node, its edges and the output's history.
+template <ForBackwardSignature* Forward>
 at::Tensor forward_recorded(CUTLASSFUSE_OP_PARAMETERS) {
   check_no_forward_gradients("conv_transpose3d_relu_group_norm", input, weight, bias, norm_weight, norm_bias);
   const KeptTensor kept_tensor = kept_for_backward({CUTLASSFUSE_OP_ARGUMENTS});
   auto [out, kept, mean, rstd] = [&] {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return for_backward_op().call(CUTLASSFUSE_OP_ARGUMENTS, kept_tensor == KeptTensor::kConvOutput,
-                                  kept_tensor == KeptTensor::kActivationSpaceToDepth);
+    return Forward(CUTLASSFUSE_OP_ARGUMENTS, kept_tensor == KeptTensor::kConvOutput,
+                   kept_tensor == KeptTensor::kActivationSpaceToDepth);
   }();
   auto node = make_node<ConvTransposeReluGroupNormBackward>();
   auto* n = static_cast<ConvTransposeReluGroupNormBackward*>(node.get());
@@ -123,9 +128,8 @@ at::Tensor forward_recorded(CUTLASSFUSE_OP_PARAMETERS) {
   return out;
 }
 
-}  // namespace
-
-at::Tensor conv_transpose3d_relu_group_norm_autograd(CUTLASSFUSE_OP_PARAMETERS) {
+template <ForBackwardSignature* Forward>
+at::Tensor autograd_kernel(CUTLASSFUSE_OP_PARAMETERS) {
   const bool tracked =
       at::GradMode::is_enabled() &&
       (input.requires_grad() || weight.requires_grad() || (present(bias) && bias->requires_grad()) ||
@@ -134,11 +138,19 @@ at::Tensor conv_transpose3d_relu_group_norm_autograd(CUTLASSFUSE_OP_PARAMETERS) 
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     return fused_op().call(CUTLASSFUSE_OP_ARGUMENTS);
   }
-  return forward_recorded(CUTLASSFUSE_OP_ARGUMENTS);
+  return forward_recorded<Forward>(CUTLASSFUSE_OP_ARGUMENTS);
 }
 
+}  // namespace
+
+#if CUTLASSFUSE_WITH_CUDA
+at::Tensor conv_transpose3d_relu_group_norm_autograd_cuda(CUTLASSFUSE_OP_PARAMETERS) {
+  return autograd_kernel<&keeping_kernel<ForwardForBackward, &forward_for_backward_cuda>>(CUTLASSFUSE_OP_ARGUMENTS);
+}
+#endif
+
 TORCH_LIBRARY_IMPL(cutlassfuse, Autograd, m) {
-  m.impl("conv_transpose3d_relu_group_norm", &conv_transpose3d_relu_group_norm_autograd);
+  m.impl("conv_transpose3d_relu_group_norm", &autograd_kernel<&redispatched_for_backward>);
 }
 
 }  // namespace cutlassfuse

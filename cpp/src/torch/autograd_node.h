@@ -96,6 +96,13 @@ struct SavedConvGeometry {
   ConvTransposeGeometry geometry() const { return {stride, padding, output_padding, dilation, groups}; }
 };
 
+// Which of a node's outputs (its inputs' gradients) the running backward wants.
+inline std::vector<bool> wanted_gradients(const torch::autograd::Node& node) {
+  std::vector<bool> need(node.num_outputs());
+  for (size_t i = 0; i < need.size(); ++i) need[i] = node.task_should_compute_output(i);
+  return need;
+}
+
 // A backward node with what its forward saved for it: the differentiable inputs (undefined
 // where the call passed none), the norm's per-(sample, group) mean and rstd, and `kept`,
 // the activation or convolution output the forward kept where it keeps one. The engine
@@ -114,6 +121,17 @@ struct SavingNode : torch::autograd::Node {
     rstd = torch::autograd::SavedVariable(rstd_tensor, false);
   }
 
+  // No gradients where none reached the output; else the node's own, from the saved
+  // inputs and which of the inputs' gradients the running backward wants.
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) final {
+    if (!grads[0].defined()) return torch::autograd::variable_list(num_outputs());
+    return input_gradients(grads[0], unpack_all(inputs), wanted_gradients(*this));
+  }
+
+  virtual torch::autograd::variable_list input_gradients(const at::Tensor& grad,
+                                                         const torch::autograd::variable_list& saved,
+                                                         const std::vector<bool>& need) = 0;
+
   void release_variables() override {
     release_all(inputs);
     kept.reset_data();
@@ -121,12 +139,5 @@ struct SavingNode : torch::autograd::Node {
     rstd.reset_data();
   }
 };
-
-// Which of a node's outputs (its inputs' gradients) the running backward wants.
-inline std::vector<bool> wanted_gradients(const torch::autograd::Node& node) {
-  std::vector<bool> need(node.num_outputs());
-  for (size_t i = 0; i < need.size(); ++i) need[i] = node.task_should_compute_output(i);
-  return need;
-}
 
 }  // namespace cutlassfuse

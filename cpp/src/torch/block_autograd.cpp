@@ -83,17 +83,15 @@ struct ConvNormActivationBackward final : SavingNode<kSavedBlockInputs> {
 
   std::string name() const override { return "ConvNormActivationBackward"; }
 
-  variable_list apply(variable_list&& grads) override {
-    if (!grads[0].defined()) return variable_list(kBlockEdges);  // no gradient reached the output
-    const variable_list saved = unpack_all(inputs);
-    const std::vector<bool> need = wanted_gradients(*this);
+  variable_list input_gradients(const at::Tensor& grad, const variable_list& saved,
+                                const std::vector<bool>& need) override {
     // Grad mode is on here only under create_graph (double backward).
-    variable_list result = at::GradMode::is_enabled()
-                               ? differentiable_gradients(recompute(saved), saved,
-                                                          {need.begin(), need.begin() + kSavedBlockInputs}, grads[0])
-                               : gradients(saved, need, grads[0]);
+    variable_list result =
+        at::GradMode::is_enabled()
+            ? differentiable_gradients(recompute(saved), saved, {need.begin(), need.begin() + kSavedBlockInputs}, grad)
+            : gradients(saved, need, grad);
     result.resize(kBlockEdges);
-    if (need[kResidual]) result[kResidual] = grads[0];
+    if (need[kResidual]) result[kResidual] = grad;
     return result;
   }
 
@@ -140,22 +138,20 @@ struct GroupNormActivationBackward final : SavingNode<kNormEdges> {
 
   std::string name() const override { return "GroupNormActivationBackward"; }
 
-  variable_list apply(variable_list&& grads) override {
-    if (!grads[0].defined()) return variable_list(kNormEdges);  // no gradient reached the output
-    const variable_list saved = unpack_all(inputs);
-    const std::vector<bool> need = wanted_gradients(*this);
+  variable_list input_gradients(const at::Tensor& grad, const variable_list& saved,
+                                const std::vector<bool>& need) override {
     if (at::GradMode::is_enabled()) {
       const at::Tensor& x = saved[kNormInput];
       const at::ScalarType type = x.scalar_type();
       const at::Tensor out = apply_activation(at::group_norm(x, num_groups, as_type(or_none(saved[kGamma]), type),
                                                              as_type(or_none(saved[kBeta]), type), eps),
                                               activation, activation_parameter, or_none(saved[kNormSlopes]));
-      return differentiable_gradients(out, saved, need, grads[0]);
+      return differentiable_gradients(out, saved, need, grad);
     }
-    NormGradients g = norm_activation_gradients(grads[0], saved[kNormInput], at::Tensor(), mean.unpack(), rstd.unpack(),
-                                                saved[kGamma], saved[kBeta], num_groups,
-                                                {activation, activation_parameter, saved[kNormSlopes]},
-                                                /*before_norm=*/false);
+    NormGradients g =
+        norm_activation_gradients(grad, saved[kNormInput], at::Tensor(), mean.unpack(), rstd.unpack(), saved[kGamma],
+                                  saved[kBeta], num_groups, {activation, activation_parameter, saved[kNormSlopes]},
+                                  /*before_norm=*/false);
     variable_list result(kNormEdges);
     if (need[kNormInput]) result[kNormInput] = g.input;
     result[kGamma] = parameter_grad(need[kGamma], g.gamma, saved[kGamma]);
@@ -165,14 +161,24 @@ struct GroupNormActivationBackward final : SavingNode<kNormEdges> {
   }
 };
 
+// The forwards that keep what the backwards read, through the dispatcher below autograd.
+BlockForBackward redispatched_block_for_backward(CUTLASSFUSE_BLOCK_PARAMETERS) {
+  return block_for_backward_op().call(CUTLASSFUSE_BLOCK_ARGUMENTS);
+}
+
+NormForBackward redispatched_norm_for_backward(CUTLASSFUSE_NORM_PARAMETERS) {
+  return norm_for_backward_op().call(CUTLASSFUSE_NORM_ARGUMENTS);
+}
+
 // The block call recorded for its backward: the forward that keeps what the backward
 // reads, then the node, its edges and the output's history.
+template <BlockForBackwardSignature* Forward>
 at::Tensor record_block(CUTLASSFUSE_BLOCK_PARAMETERS) {
   check_no_forward_gradients("conv3d_norm_activation", input, weight, bias, norm_weight, norm_bias, activation_weight,
                              residual);
   auto [out, y, mean, rstd] = [&] {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return block_for_backward_op().call(CUTLASSFUSE_BLOCK_ARGUMENTS);
+    return Forward(CUTLASSFUSE_BLOCK_ARGUMENTS);
   }();
   auto node = make_node<ConvNormActivationBackward>();
   auto* n = static_cast<ConvNormActivationBackward*>(node.get());
@@ -197,11 +203,12 @@ at::Tensor record_block(CUTLASSFUSE_BLOCK_PARAMETERS) {
 }
 
 // The standalone norm's call recorded for its backward.
+template <NormForBackwardSignature* Forward>
 at::Tensor record_norm(CUTLASSFUSE_NORM_PARAMETERS) {
   check_no_forward_gradients("group_norm_activation", input, norm_weight, norm_bias, activation_weight);
   auto [out, mean, rstd] = [&] {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return norm_for_backward_op().call(CUTLASSFUSE_NORM_ARGUMENTS);
+    return Forward(CUTLASSFUSE_NORM_ARGUMENTS);
   }();
   auto node = make_node<GroupNormActivationBackward>();
   auto* n = static_cast<GroupNormActivationBackward*>(node.get());
@@ -217,9 +224,8 @@ at::Tensor record_norm(CUTLASSFUSE_NORM_PARAMETERS) {
   return out;
 }
 
-}  // namespace
-
-at::Tensor conv3d_norm_activation_autograd(CUTLASSFUSE_BLOCK_PARAMETERS) {
+template <BlockForBackwardSignature* Forward>
+at::Tensor block_autograd_kernel(CUTLASSFUSE_BLOCK_PARAMETERS) {
   const bool tracked =
       at::GradMode::is_enabled() &&
       (input.requires_grad() || weight.requires_grad() || requires_grad(bias) || requires_grad(norm_weight) ||
@@ -228,22 +234,37 @@ at::Tensor conv3d_norm_activation_autograd(CUTLASSFUSE_BLOCK_PARAMETERS) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     return block_op().call(CUTLASSFUSE_BLOCK_ARGUMENTS);
   }
-  return record_block(CUTLASSFUSE_BLOCK_ARGUMENTS);
+  return record_block<Forward>(CUTLASSFUSE_BLOCK_ARGUMENTS);
 }
 
-at::Tensor group_norm_activation_autograd(CUTLASSFUSE_NORM_PARAMETERS) {
+template <NormForBackwardSignature* Forward>
+at::Tensor norm_autograd_kernel(CUTLASSFUSE_NORM_PARAMETERS) {
   const bool tracked = at::GradMode::is_enabled() && (input.requires_grad() || requires_grad(norm_weight) ||
                                                       requires_grad(norm_bias) || requires_grad(activation_weight));
   if (!tracked) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     return norm_op().call(CUTLASSFUSE_NORM_ARGUMENTS);
   }
-  return record_norm(CUTLASSFUSE_NORM_ARGUMENTS);
+  return record_norm<Forward>(CUTLASSFUSE_NORM_ARGUMENTS);
 }
 
+}  // namespace
+
+#if CUTLASSFUSE_WITH_CUDA
+at::Tensor conv3d_norm_activation_autograd_cuda(CUTLASSFUSE_BLOCK_PARAMETERS) {
+  return block_autograd_kernel<&block_kernel<BlockForBackward, &block_forward_for_backward_cuda>>(
+      CUTLASSFUSE_BLOCK_ARGUMENTS);
+}
+
+at::Tensor group_norm_activation_autograd_cuda(CUTLASSFUSE_NORM_PARAMETERS) {
+  return norm_autograd_kernel<&norm_kernel<NormForBackward, &norm_activation_forward_for_backward_cuda>>(
+      CUTLASSFUSE_NORM_ARGUMENTS);
+}
+#endif
+
 TORCH_LIBRARY_IMPL(cutlassfuse, Autograd, m) {
-  m.impl("conv3d_norm_activation", &conv3d_norm_activation_autograd);
-  m.impl("group_norm_activation", &group_norm_activation_autograd);
+  m.impl("conv3d_norm_activation", &block_autograd_kernel<&redispatched_block_for_backward>);
+  m.impl("group_norm_activation", &norm_autograd_kernel<&redispatched_norm_for_backward>);
 }
 
 }  // namespace cutlassfuse

@@ -27,9 +27,10 @@ Result norm_kernel(CUTLASSFUSE_NORM_PARAMETERS) {
   return Impl({input, num_groups, norm_weight, norm_bias, eps, {activation, activation_parameter, activation_weight}});
 }
 
-// Record the call for its backward when grad mode is on and a differentiable tensor
-// requires grad; otherwise call the op below autograd.
-at::Tensor conv3d_norm_activation_autograd(CUTLASSFUSE_BLOCK_PARAMETERS);
-at::Tensor group_norm_activation_autograd(CUTLASSFUSE_NORM_PARAMETERS);
+// The ops' Autograd kernels as the modules' direct calls take them (python_module.cpp):
+// they record the call for its backward, the forward the op's CUDA kernel called directly
+// where the registered Autograd kernels go through the dispatcher below autograd.
+at::Tensor conv3d_norm_activation_autograd_cuda(CUTLASSFUSE_BLOCK_PARAMETERS);
+at::Tensor group_norm_activation_autograd_cuda(CUTLASSFUSE_NORM_PARAMETERS);
 
 }  // namespace cutlassfuse

@@ -28,8 +28,9 @@ Result keeping_kernel(CUTLASSFUSE_OP_PARAMETERS, bool keep_conv_output, bool kee
   return Impl({CUTLASSFUSE_OP_ARGUMENTS}, kept_tensor(keep_conv_output, keep_space_to_depth));
 }
 
-// Records the call for its backward when grad mode is on and a differentiable tensor
-// requires grad; otherwise calls the op below autograd.
-at::Tensor conv_transpose3d_relu_group_norm_autograd(CUTLASSFUSE_OP_PARAMETERS);
+// The op's Autograd kernel as the modules' direct calls take it (python_module.cpp):
+// records the call for its backward, its forward the op's CUDA kernel called directly
+// where the registered Autograd kernel goes through the dispatcher below autograd.
+at::Tensor conv_transpose3d_relu_group_norm_autograd_cuda(CUTLASSFUSE_OP_PARAMETERS);
 
 }  // namespace cutlassfuse
