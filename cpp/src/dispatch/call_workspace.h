@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cutlassfuse/plan/problem.h"
+#include "dispatch/device_allocation.h"
 
 namespace cutlassfuse {
 
@@ -21,7 +22,8 @@ class CallWorkspace {
     return region;
   }
 
-  void allocate(const at::TensorOptions& options) { buffer_ = at::empty({bytes_}, options.dtype(at::kByte)); }
+  // On `options`'s device, which must be the current one (device_allocation.h).
+  void allocate(const at::TensorOptions& options) { buffer_ = empty_on_device({bytes_}, options.dtype(at::kByte)); }
 
   template <class T = void>
   T* at(Region region) const {

@@ -32,6 +32,7 @@
 #include "cutlassfuse/norm/group_norm_generic.h"
 #include "cutlassfuse/op.h"
 #include "dispatch/block_path.h"
+#include "dispatch/device_allocation.h"
 #include "dispatch/op_arguments.h"
 #include "fallback/fallback_path.h"
 #include "norm/block_norm.h"
@@ -164,7 +165,7 @@ class FallbackBlock final : public PlannedBlock {
     // Written beside y when y is kept, or NCDHW from channels-last y; else in place.
     std::optional<at::Tensor> out;
     if (keep || block_output_memory_format(a) != y.suggest_memory_format())
-      out = at::empty(y.sizes(), y.options().memory_format(block_output_memory_format(a)));
+      out = empty_on_device(y.sizes(), y.options(), block_output_memory_format(a));
     NormResult r = normalize(y, out, norm, b.conv, keep, operands);
     return {std::move(r.out), keep ? y : at::Tensor(), std::move(r.mean), std::move(r.rstd)};
   }
@@ -188,8 +189,8 @@ NormForBackward run_standalone(const NormActivationArgs& a, const BlockProblem& 
   KernelOperands operands;
   const ActivationParams act =
       kernel_activation(b.activation, a.activation.parameter, a.activation.weight, operands.slopes);
-  NormResult r =
-      normalize(x, at::empty_like(x), NormEpilogue{a.norm_weight, a.norm_bias, {}, act}, b.conv, keep, operands);
+  const at::Tensor out = empty_on_device(x.sizes(), x.options(), x.suggest_memory_format());
+  NormResult r = normalize(x, out, NormEpilogue{a.norm_weight, a.norm_bias, {}, act}, b.conv, keep, operands);
   return {std::move(r.out), std::move(r.mean), std::move(r.rstd)};
 }
 

@@ -21,6 +21,7 @@
 
 #include "cutlassfuse/common/nvtx.h"
 #include "cutlassfuse/norm/group_norm_generic.h"
+#include "dispatch/device_allocation.h"
 #include "dispatch/op_arguments.h"
 #include "norm/block_norm.h"
 
@@ -101,7 +102,7 @@ ForwardOutputs FallbackCall::run() const {
   ForwardOutputs result;
   NormalizeOutputs outputs;
   if (call_.keep_for_backward) {
-    result.out = at::empty_like(y);
+    result.out = empty_on_device(y.sizes(), options, output_memory_format(a.input, a.weight));
     const bool keep_conv_output = call_.kept == KeptTensor::kConvOutput;
     if (keep_conv_output) {
       result.kept = y;
@@ -109,10 +110,10 @@ ForwardOutputs FallbackCall::run() const {
       // An NDHWC convolution output becomes the activation in place.
       result.kept = layout == ActivationLayout::kChannelsLast
                         ? y
-                        : at::empty(y.sizes(), options.memory_format(at::MemoryFormat::ChannelsLast3d));
+                        : empty_on_device(y.sizes(), options, at::MemoryFormat::ChannelsLast3d);
     }
-    result.mean = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
-    result.rstd = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
+    result.mean = empty_on_device({p.batch, p.num_groups}, options.dtype(at::kFloat));
+    result.rstd = empty_on_device({p.batch, p.num_groups}, options.dtype(at::kFloat));
     finalize.mean = result.mean.data_ptr<float>();
     finalize.rstd = result.rstd.data_ptr<float>();
     outputs = {result.out.data_ptr(), keep_conv_output ? nullptr : result.kept.data_ptr()};

@@ -3,6 +3,7 @@
 #include <ATen/cuda/CUDAContext.h>
 
 #include "cutlassfuse/common/nvtx.h"
+#include "dispatch/device_allocation.h"
 #include "dispatch/op_arguments.h"
 
 namespace cutlassfuse {
@@ -12,7 +13,7 @@ StatisticsWorkspace::StatisticsWorkspace(const TilePartials& tiles, const GroupN
   // The scale and shift start at a 256-byte boundary, as an allocation of their own would.
   constexpr int64_t kAlignment = 256;
   const int64_t partial_bytes = ceil_div(tiles.slots(shape) * int64_t{sizeof(WelfordPartial)}, kAlignment) * kAlignment;
-  bytes = at::empty({partial_bytes + group_norm_scale_shift_bytes(shape)}, options.dtype(at::kByte));
+  bytes = empty_on_device({partial_bytes + group_norm_scale_shift_bytes(shape)}, options.dtype(at::kByte));
   scale_shift = static_cast<char*>(bytes.data_ptr()) + partial_bytes;
   sources.regions[0] = {tiles, shape.spatial, 0};
   sources.region_count = 1;
@@ -34,8 +35,8 @@ NormResult finish_norm(const at::Tensor& y, const std::optional<at::Tensor>& out
   NormResult result;
   result.out = out.has_value() ? *out : y;
   if (keep) {
-    result.mean = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
-    result.rstd = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
+    result.mean = empty_on_device({p.batch, p.num_groups}, options.dtype(at::kFloat));
+    result.rstd = empty_on_device({p.batch, p.num_groups}, options.dtype(at::kFloat));
     finalize.mean = result.mean.data_ptr<float>();
     finalize.rstd = result.rstd.data_ptr<float>();
   }

@@ -11,6 +11,7 @@
 #include "cutlassfuse/op.h"
 #include "cutlassfuse/plan/math_mode.h"
 #include "cutlassfuse/sm90/fprop.h"
+#include "dispatch/device_allocation.h"
 #include "dispatch/op_arguments.h"
 #include "norm/block_norm.h"
 #include "sm90/tma_alignment.h"
@@ -56,8 +57,9 @@ class FusedBlock final : public PlannedBlock {
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     const at::Tensor input = channels_last_input(a.input);
     const at::Tensor filter = channels_last_weight(a);
-    const at::Tensor y = at::empty({p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]},
-                                   input.options().memory_format(at::MemoryFormat::ChannelsLast3d));
+    const at::Tensor y =
+        empty_on_device({p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]},
+                        input.options(), at::MemoryFormat::ChannelsLast3d);
     const GroupNormShape shape = group_norm_shape(p);
     StatisticsWorkspace stats(TilePartials::for_tiles(shape, kFpropTile.m, kFpropTile.n), shape, y.options());
 
@@ -102,7 +104,7 @@ class FusedBlock final : public PlannedBlock {
     // Beside y when y is kept; NCDHW from the normalize's transpose; else in place.
     std::optional<at::Tensor> out;
     if (keep || block_output_memory_format(a) == at::MemoryFormat::Contiguous)
-      out = at::empty(y.sizes(), y.options().memory_format(block_output_memory_format(a)));
+      out = empty_on_device(y.sizes(), y.options(), block_output_memory_format(a));
     const NormEpilogue norm{a.norm_weight, a.norm_bias, PreNorm{deferred_bias, {}}, before ? ActivationParams{} : act,
                             residual_in(a, block_output_memory_format(a))};
     NormResult r = finish_norm(y, out, stats, norm, p, keep, operands);

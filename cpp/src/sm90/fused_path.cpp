@@ -17,6 +17,7 @@
 #include "cutlassfuse/sm90/dgrad.h"
 #include "cutlassfuse/sm90/group_norm_finish.h"
 #include "dispatch/call_workspace.h"
+#include "dispatch/device_allocation.h"
 #include "dispatch/op_arguments.h"
 #include "dispatch/phase_streams.h"
 #include "sm90/left_operand.h"
@@ -278,15 +279,15 @@ ForwardOutputs FusedCall::run() const {
   const bool in_place = channels_last && !shuffled && !keep;
   const std::vector<int64_t> size{p.batch, p.out_channels, p.output_size[0], p.output_size[1], p.output_size[2]};
   ForwardOutputs result;
-  result.out = at::empty(size, options.memory_format(format));
+  result.out = empty_on_device(size, options, format);
   const at::Tensor& out = result.out;
   if (keep) {
-    result.kept = keeps_space_to_depth() ? at::empty({p.batch, p.input_size[0], p.input_size[1], p.input_size[2],
-                                                      p.stride[0], p.stride[1], p.stride[2], p.out_channels},
-                                                     options)
-                                         : at::empty(size, options.memory_format(at::MemoryFormat::ChannelsLast3d));
-    result.mean = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
-    result.rstd = at::empty({p.batch, p.num_groups}, options.dtype(at::kFloat));
+    result.kept = keeps_space_to_depth() ? empty_on_device({p.batch, p.input_size[0], p.input_size[1], p.input_size[2],
+                                                            p.stride[0], p.stride[1], p.stride[2], p.out_channels},
+                                                           options)
+                                         : empty_on_device(size, options, at::MemoryFormat::ChannelsLast3d);
+    result.mean = empty_on_device({p.batch, p.num_groups}, options.dtype(at::kFloat));
+    result.rstd = empty_on_device({p.batch, p.num_groups}, options.dtype(at::kFloat));
   }
 
   CallWorkspace workspace;
