@@ -1,17 +1,15 @@
 """nn.Conv3d for float16/bfloat16 CUDA layers of fewer than 8 input and output channels
 (a network's last layer, such as MONAI UNet's Conv3d(2, 2, 3)).
 
-cuDNN runs these layers with kernels that are far from memory bandwidth: UNet's last
-layer on 2x2x96^3 took 552 us in either dtype on an H200, and 138 us in float16 and 435
-in bfloat16 with its input padded to 8 zero channels, which makes it a tensor-core
-convolution with the same sums (every product the padding adds is an exact zero). Its
-7 MB in and 7 MB out take about 5 us at memory bandwidth. So inference calls run this
-project's direct convolution (``torch.ops.cutlassfuse.direct_conv3d``: a thread per
-output pixel, the filter in shared memory), and calls that autograd records run the
-padded convolution, whose backward is cuDNN's on tensor cores. Layers with 8 or more
-output channels are left as they are: padding SegResNet's Conv3d(1, 16, 3) made it
-slightly slower, and so it did every 1- and 4-channel layer of 16 output channels timed
-alone (docs/performance.md).
+cuDNN runs these layers with generic kernels far from memory bandwidth, in either dtype;
+with the input and weight padded to 8 zero channels it runs a tensor-core convolution with
+the same sums (every product the padding adds is an exact zero), faster in float16, much
+less so in bfloat16. So inference calls run this project's direct convolution
+(``torch.ops.cutlassfuse.direct_conv3d``: a thread per four output pixels along W, the
+filter in shared memory), and calls that autograd records run the padded convolution,
+whose backward is cuDNN's on tensor cores. Layers with 8 or more output channels are left
+as they are: padding made SegResNet's Conv3d(1, 16, 3) slightly slower, and every 1- and
+4-channel layer of 16 output channels timed alone (docs/performance.md has the times).
 """
 
 from __future__ import annotations
