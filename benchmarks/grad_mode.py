@@ -10,9 +10,12 @@ dropped without a backward.
     python benchmarks/grad_mode.py --device cpu --tiny   # checks the script where there is no GPU
 
 Per row: the path cutlassfuse takes (the prefix of `cutlassfuse.explain`), the four median
-ms, each the median over alternating rounds (so that clock and host drift fall on all
-four) of one round's median of `--repeats` calls between CUDA events, every call reading
-the next of fresh torch.rand input copies (`bench.time_rotating`); then cutlassfuse's
+ms, each the median over `--rounds` rounds of one round's median of `--repeats` calls
+between CUDA events, every call reading the next of fresh torch.rand input copies
+(`bench.time_rotating`). Each round times every row once, its four models one after the
+other: clock and host drift fall on all four of a row, and a slow stretch of the host
+(its time per call swings by half for a second at a time on shared machines) on one
+round of several rows rather than on every round of one; then cutlassfuse's
 grad-mode time over its no_grad time (target: at most 1.10), eager's grad-mode time over
 cutlassfuse's (target: above 1), and the largest difference between cutlassfuse's
 grad-mode and no_grad outputs. Float32 eager runs under PyTorch's defaults (TF32 allowed
@@ -29,7 +32,7 @@ import csv
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import nn
@@ -83,18 +86,6 @@ def path_taken(fused: nn.Module, x: torch.Tensor) -> str:
     return explanation.split(":")[0]
 
 
-def medians_over_rounds(models: dict[str, tuple[nn.Module, bool]], inputs: list[torch.Tensor], rounds: int,
-                        repeats: int) -> dict[str, float]:
-    """Per model (called in grad mode when its flag is set): the median over alternating
-    rounds of each round's median ms."""
-    samples: dict[str, list[float]] = {name: [] for name in models}
-    for _ in range(rounds):
-        for name, (model, grad_mode) in models.items():
-            with torch.set_grad_enabled(grad_mode):
-                samples[name].append(time_rotating(model, inputs, WARMUP, repeats).median_ms)
-    return {name: statistics.median(values) for name, values in samples.items()}
-
-
 def grad_vs_no_grad(fused: nn.Module, x: torch.Tensor) -> float:
     tracked = fused(x)
     with torch.no_grad():
@@ -102,23 +93,48 @@ def grad_vs_no_grad(fused: nn.Module, x: torch.Tensor) -> float:
     return (tracked.detach().double() - untracked.double()).abs().max().item()
 
 
-def run_case(shape: BenchShape, case: Case, eager: nn.Module, fused: nn.Module, inputs: list[torch.Tensor], *,
-             rounds: int, repeats: int) -> Row:
-    models = {"eager no_grad": (eager, False), "eager grad": (eager, True), "cutlassfuse no_grad": (fused, False),
-              "cutlassfuse grad": (fused, True)}
-    with case.setting():
-        path = path_taken(fused, inputs[0])
-        ms = medians_over_rounds(models, inputs, rounds, repeats)
-        difference = grad_vs_no_grad(fused, inputs[0])
-    overhead = ms["cutlassfuse grad"] / ms["cutlassfuse no_grad"]
-    speedup = ms["eager grad"] / ms["cutlassfuse grad"]
-    misses = []
-    if overhead > MAX_GRAD_OVERHEAD:
-        misses.append(f"grad/no_grad > {MAX_GRAD_OVERHEAD:.2f}")
-    if speedup <= 1.0:
-        misses.append("not faster than eager grad")
-    return Row(shape.name, case.label, path, ms["eager no_grad"], ms["eager grad"], ms["cutlassfuse no_grad"],
-               ms["cutlassfuse grad"], overhead, speedup, difference, "; ".join(misses))
+@dataclass
+class Measured:
+    """One row's layers, inputs and case, and the medians of each round."""
+    shape: BenchShape
+    case: Case
+    eager: nn.Module
+    fused: nn.Module
+    inputs: list[torch.Tensor]
+    path: str = ""
+    difference: float = 0.0
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+    def models(self) -> dict[str, tuple[nn.Module, bool]]:
+        """The four timed calls: each model, called in grad mode where the flag is set."""
+        return {"eager no_grad": (self.eager, False), "eager grad": (self.eager, True),
+                "cutlassfuse no_grad": (self.fused, False), "cutlassfuse grad": (self.fused, True)}
+
+    def check(self) -> None:
+        """The path cutlassfuse takes and its grad-mode output against its no_grad one."""
+        with self.case.setting():
+            self.path = path_taken(self.fused, self.inputs[0])
+            self.difference = grad_vs_no_grad(self.fused, self.inputs[0])
+
+    def time_round(self, repeats: int) -> None:
+        with self.case.setting():
+            for name, (model, grad_mode) in self.models().items():
+                with torch.set_grad_enabled(grad_mode):
+                    self.samples.setdefault(name, []).append(time_rotating(model, self.inputs, WARMUP,
+                                                                           repeats).median_ms)
+
+    def row(self) -> Row:
+        ms = {name: statistics.median(values) for name, values in self.samples.items()}
+        overhead = ms["cutlassfuse grad"] / ms["cutlassfuse no_grad"]
+        speedup = ms["eager grad"] / ms["cutlassfuse grad"]
+        misses = []
+        if overhead > MAX_GRAD_OVERHEAD:
+            misses.append(f"grad/no_grad > {MAX_GRAD_OVERHEAD:.2f}")
+        if speedup <= 1.0:
+            misses.append("not faster than eager grad")
+        return Row(self.shape.name, self.case.label, self.path, ms["eager no_grad"], ms["eager grad"],
+                   ms["cutlassfuse no_grad"], ms["cutlassfuse grad"], overhead, speedup, self.difference,
+                   "; ".join(misses))
 
 
 def print_row(r: Row) -> None:
@@ -134,7 +150,7 @@ def main() -> None:
                         help="comma-separated names of cutlassfuse.bench.DEFAULT_SHAPES")
     parser.add_argument("--dtypes", default="float16,bfloat16,float32", type=comma_list(DTYPES))
     parser.add_argument("--repeats", type=positive_int, default=30, help="timed calls per model and round")
-    parser.add_argument("--rounds", type=positive_int, default=5, help="alternating rounds per row")
+    parser.add_argument("--rounds", type=positive_int, default=5, help="rounds, each timing every row once")
     parser.add_argument("--csv", help="write the rows here")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--tiny", action="store_true", help="each shape at one sample and a fraction of its size")
@@ -152,14 +168,20 @@ def main() -> None:
     print(f"{'shape':<20}{'case':<19}{'path':<12}{'eager ng':>10}{'eager g':>10}{'cf ng':>10}{'cf g':>10}{'g/ng':>8}"
           f"{'vs eager':>9}{'|g-ng|':>10}")
     start = time.perf_counter()
-    rows = []
+    measured = []
     for shape in shapes:
         for dtype in dtypes:
             eager, fused = layer_models(shape, dtype, device)
             inputs = rotating_inputs(shape, dtype, device)
-            for case in cases(dtype):
-                rows.append(run_case(shape, case, eager, fused, inputs, rounds=args.rounds, repeats=args.repeats))
-                print_row(rows[-1])
+            measured += [Measured(shape, case, eager, fused, inputs) for case in cases(dtype)]
+    for m in measured:
+        m.check()
+    for _ in range(args.rounds):
+        for m in measured:
+            m.time_round(args.repeats)
+    rows = [m.row() for m in measured]
+    for r in rows:
+        print_row(r)
     missed = sum(bool(r.misses) for r in rows)
     eager_noise = max(r.eager_grad_ms / r.eager_no_grad_ms for r in rows)
     print(f"{missed} of {len(rows)} rows miss a target; {time.perf_counter() - start:.0f} s")

@@ -108,7 +108,7 @@ def grad_mode_table(path: Path) -> str:
                 "eager_no_grad_ms", "eager_grad_ms", "cutlassfuse_no_grad_ms", "cutlassfuse_grad_ms")),
             f"{float(r['grad_over_no_grad']):.2f}", f"{float(r['speedup_over_eager_grad']):.2f}x |"]))
     within = sum(float(r["grad_over_no_grad"]) <= 1.10 for r in rows)
-    return (f"`python benchmarks/grad_mode.py --csv {path.name}` (median ms of alternating rounds; layers with "
+    return (f"`python benchmarks/grad_mode.py --csv {path.name}` (median ms over rounds; layers with "
             f"conv bias, NCDHW input; \"fallback\" cases with the fused path turned off). Grad mode is within "
             f"1.10x of no_grad on {within} of {len(rows)} rows.\n\n" + "\n".join(lines) + "\n")
 
