@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Style checks, run by CI before the tests (README's test command): ruff over the
 # Python (pyproject.toml's [tool.ruff]) and clang-format over the C++/CUDA
-# (.clang-format). Both tools are pinned in requirements-build.txt so that a
+# (.clang-format). Both tools are pinned in requirements-test.txt so that a
 # formatter release cannot turn CI red on unchanged code. `--fix` rewrites in place.
 set -euo pipefail
 cd "$(dirname "$0")/.."
