@@ -1,9 +1,8 @@
 // A direct 3-D convolution for layers of few channels (a network's last layer, such as
-// MONAI UNet's Conv3d(2, 2, 3)): one thread per output pixel computes all its output
-// channels from the input pixels under the filter, the filter held in shared memory.
-// cuDNN runs these layers with kernels that are not bandwidth-bound (UNet's last layer:
-// 138 us in float16 and 435 in bfloat16 with its input padded to 8 channels, 552
-// unpadded, on an H200; its 7 MB in and out take about 5 us at memory bandwidth).
+// MONAI UNet's Conv3d(2, 2, 3)), which cuDNN runs with kernels far from memory bandwidth:
+// a thread computes four consecutive output pixels along W, all their output channels,
+// from the input pixels under the filter, which is in shared memory (docs/performance.md
+// has the times).
 #pragma once
 
 #include <cuda_runtime_api.h>
