@@ -68,3 +68,18 @@ def test_direct_conv3d_op_on_the_cpu_is_atens_convolution_and_passes_opcheck():
     torch.library.opcheck(torch.ops.cutlassfuse.direct_conv3d.default, arguments)
     channels_last = (x.contiguous(memory_format=torch.channels_last_3d), w, None, [1, 1, 1], [0, 0, 0], [1, 1, 1])
     torch.library.opcheck(torch.ops.cutlassfuse.direct_conv3d.default, channels_last)
+
+
+def test_direct_conv3d_op_that_autograd_records_is_atens_differentiable_convolution():
+    x = torch.randn(1, 2, 4, 5, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 2, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    arguments = (x, w, b, [1, 1, 2], [1, 1, 1], [1, 1, 1])
+    out = torch.ops.cutlassfuse.direct_conv3d(*arguments)
+    assert out.grad_fn is not None
+    torch.autograd.gradcheck(lambda *t: torch.ops.cutlassfuse.direct_conv3d(*t, *arguments[3:]), arguments[:3])
+    torch.library.opcheck(torch.ops.cutlassfuse.direct_conv3d.default, arguments)
+    tangent = torch.randn_like(x)
+    _, jvp = torch.func.jvp(lambda t: torch.ops.cutlassfuse.direct_conv3d(t, w.detach(), b.detach(), *arguments[3:]),
+                            (x.detach(),), (tangent,))
+    assert torch.allclose(jvp, torch.nn.functional.conv3d(tangent, w.detach(), None, *arguments[3:]))
