@@ -26,6 +26,8 @@ CASES = {
     "3_to_7_anisotropic": (3, 7, (3, 1, 5), (1, 2, 3), (2, 0, 1), (1, 1, 2), (7, 9, 16)),
     "5_to_8_dilated_no_padding": (5, 8, 3, 1, 0, 2, (8, 8, 8)),
     "4_to_1_k2_s2": (4, 1, 2, 2, 0, 1, (8, 10, 11)),
+    # three taps along W at stride 1 (the unrolled row path), strided elsewhere, a partial last group
+    "6_to_3_w3_strided_dh": (6, 3, (2, 2, 3), (2, 1, 1), (0, 1, 1), 1, (5, 6, 33)),
 }
 
 

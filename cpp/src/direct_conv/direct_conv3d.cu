@@ -12,11 +12,80 @@ constexpr int kThreads = 256;
 // memory serves all of them, and their input pixels overlap at stride 1.
 constexpr int kPixelsPerThread = 4;
 
+// The sums of one input row (fixed depth and height taps) for a thread's pixels, the
+// taps along W given at compile time at stride and dilation 1: the row's kPixelsPerThread
+// + kTapsW - 1 input values are loaded once per channel, without bounds checks away from
+// the row's ends, and every multiply-add is unrolled.
+template <class T, int kOut, int kTapsW>
+__device__ __forceinline__ void accumulate_row(const T* row, const float* row_filter, int ow0, int taps,
+                                               const DirectConv3dProblem& p, float (&sum)[kPixelsPerThread][kOut]) {
+  constexpr int kSpan = kPixelsPerThread + kTapsW - 1;
+  const int iw0 = ow0 - p.padding[2];
+  const bool interior = iw0 >= 0 && iw0 + kSpan <= p.input_size[2];
+  const int64_t pixel_stride = p.input_strides[4];
+  for (int ci = 0; ci < p.in_channels; ++ci) {
+    const T* channel = row + ci * p.input_strides[1];
+    float v[kSpan];
+    if (interior) {
+#pragma unroll
+      for (int t = 0; t < kSpan; ++t) v[t] = to_float(channel[(iw0 + t) * pixel_stride]);
+    } else {
+#pragma unroll
+      for (int t = 0; t < kSpan; ++t) {
+        const int iw = iw0 + t;
+        v[t] = iw >= 0 && iw < p.input_size[2] ? to_float(channel[iw * pixel_stride]) : 0.f;
+      }
+    }
+    const float* f = row_filter + ci * taps * kOut;
+#pragma unroll
+    for (int kw = 0; kw < kTapsW; ++kw) {
+#pragma unroll
+      for (int co = 0; co < kOut; ++co) {
+        const float w = f[kw * kOut + co];
+#pragma unroll
+        for (int j = 0; j < kPixelsPerThread; ++j) sum[j][co] = fmaf(v[kw + j], w, sum[j][co]);
+      }
+    }
+  }
+}
+
+// The same sums for any taps, stride and dilation along W: each tap loads its values.
+template <class T, int kOut>
+__device__ __forceinline__ void accumulate_taps(const T* row, const float* row_filter, int ow0, int taps,
+                                                const DirectConv3dProblem& p, float (&sum)[kPixelsPerThread][kOut]) {
+  for (int kw = 0; kw < p.kernel_size[2]; ++kw) {
+    int64_t offset[kPixelsPerThread];
+    bool inside[kPixelsPerThread];
+#pragma unroll
+    for (int j = 0; j < kPixelsPerThread; ++j) {
+      const int iw = (ow0 + j) * p.stride[2] - p.padding[2] + kw * p.dilation[2];
+      inside[j] = ow0 + j < p.output_size[2] && iw >= 0 && iw < p.input_size[2];
+      offset[j] = iw * p.input_strides[4];
+    }
+    for (int ci = 0; ci < p.in_channels; ++ci) {
+      const float* f = row_filter + (ci * taps + kw) * kOut;
+      float v[kPixelsPerThread];
+#pragma unroll
+      for (int j = 0; j < kPixelsPerThread; ++j) {
+        v[j] = inside[j] ? to_float(row[offset[j] + ci * p.input_strides[1]]) : 0.f;
+      }
+#pragma unroll
+      for (int co = 0; co < kOut; ++co) {
+        const float w = f[co];
+#pragma unroll
+        for (int j = 0; j < kPixelsPerThread; ++j) sum[j][co] = fmaf(v[j], w, sum[j][co]);
+      }
+    }
+  }
+}
+
 // A thread per kPixelsPerThread output pixels along W, consecutive threads along W
 // (coalesced in NCDHW, contiguous pixels in NDHWC). kOut: the output channels rounded up
 // to 1, 2, 4 or 8, the filter in shared memory padded with zero filters to kOut, so
-// that the multiply-adds are unrolled and unpredicated and few are wasted.
-template <class T, int kOut>
+// that the multiply-adds are unrolled and unpredicated and few are wasted. kTapsW: the
+// filter's taps along W where they are 3 at stride and dilation 1 along W (accumulate_row),
+// 0 for any other (accumulate_taps).
+template <class T, int kOut, int kTapsW>
 __global__ void __launch_bounds__(kThreads)
 direct_conv3d_kernel(const T* __restrict__ input, const T* __restrict__ weight, const T* __restrict__ bias,
                      T* __restrict__ out, DirectConv3dProblem p) {
@@ -59,30 +128,11 @@ direct_conv3d_kernel(const T* __restrict__ input, const T* __restrict__ weight, 
         const int ih = oh * p.stride[1] - p.padding[1] + kh * p.dilation[1];
         if (ih < 0 || ih >= p.input_size[1]) continue;
         const T* row = sample + id * p.input_strides[2] + ih * p.input_strides[3];
-        for (int kw = 0; kw < p.kernel_size[2]; ++kw) {
-          const int tap = (kd * p.kernel_size[1] + kh) * p.kernel_size[2] + kw;
-          int64_t offset[kPixelsPerThread];
-          bool inside[kPixelsPerThread];
-#pragma unroll
-          for (int j = 0; j < kPixelsPerThread; ++j) {
-            const int iw = (ow0 + j) * p.stride[2] - p.padding[2] + kw * p.dilation[2];
-            inside[j] = ow0 + j < p.output_size[2] && iw >= 0 && iw < p.input_size[2];
-            offset[j] = iw * p.input_strides[4];
-          }
-          for (int ci = 0; ci < p.in_channels; ++ci) {
-            const float* f = filter + (ci * taps + tap) * kOut;
-            float v[kPixelsPerThread];
-#pragma unroll
-            for (int j = 0; j < kPixelsPerThread; ++j) {
-              v[j] = inside[j] ? to_float(row[offset[j] + ci * p.input_strides[1]]) : 0.f;
-            }
-#pragma unroll
-            for (int co = 0; co < kOut; ++co) {
-              const float w = f[co];
-#pragma unroll
-              for (int j = 0; j < kPixelsPerThread; ++j) sum[j][co] = fmaf(v[j], w, sum[j][co]);
-            }
-          }
+        const float* row_filter = filter + (kd * p.kernel_size[1] + kh) * p.kernel_size[2] * kOut;
+        if constexpr (kTapsW > 0) {
+          accumulate_row<T, kOut, kTapsW>(row, row_filter, ow0, taps, p, sum);
+        } else {
+          accumulate_taps<T, kOut>(row, row_filter, ow0, taps, p, sum);
         }
       }
     }
@@ -99,7 +149,7 @@ direct_conv3d_kernel(const T* __restrict__ input, const T* __restrict__ weight, 
   }
 }
 
-template <class T, int kOut>
+template <class T, int kOut, int kTapsW>
 void launch(const void* input, const void* weight, const void* bias, void* out, const DirectConv3dProblem& p,
             int sm_count, cudaStream_t stream) {
   const int64_t items = direct_conv3d_work_items(p);
@@ -108,19 +158,27 @@ void launch(const void* input, const void* weight, const void* bias, void* out, 
                                static_cast<int64_t>(sizeof(float));
   // Enough resident blocks to hide the loads' latency; each block loads the filter once.
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(items, kThreads), int64_t{sm_count} * 8));
-  direct_conv3d_kernel<T, kOut><<<blocks, kThreads, static_cast<size_t>(filter_bytes), stream>>>(
+  direct_conv3d_kernel<T, kOut, kTapsW><<<blocks, kThreads, static_cast<size_t>(filter_bytes), stream>>>(
       static_cast<const T*>(input), static_cast<const T*>(weight), static_cast<const T*>(bias), static_cast<T*>(out),
       p);
   check_launch("direct_conv3d_kernel");
 }
 
+template <class T, int kOut>
+void launch_for_taps(const void* input, const void* weight, const void* bias, void* out, const DirectConv3dProblem& p,
+                     int sm_count, cudaStream_t stream) {
+  if (p.kernel_size[2] == 3 && p.stride[2] == 1 && p.dilation[2] == 1)
+    return launch<T, kOut, 3>(input, weight, bias, out, p, sm_count, stream);
+  return launch<T, kOut, 0>(input, weight, bias, out, p, sm_count, stream);
+}
+
 template <class T>
 void launch_for_channels(const void* input, const void* weight, const void* bias, void* out,
                          const DirectConv3dProblem& p, int sm_count, cudaStream_t stream) {
-  if (p.out_channels <= 1) return launch<T, 1>(input, weight, bias, out, p, sm_count, stream);
-  if (p.out_channels <= 2) return launch<T, 2>(input, weight, bias, out, p, sm_count, stream);
-  if (p.out_channels <= 4) return launch<T, 4>(input, weight, bias, out, p, sm_count, stream);
-  return launch<T, 8>(input, weight, bias, out, p, sm_count, stream);
+  if (p.out_channels <= 1) return launch_for_taps<T, 1>(input, weight, bias, out, p, sm_count, stream);
+  if (p.out_channels <= 2) return launch_for_taps<T, 2>(input, weight, bias, out, p, sm_count, stream);
+  if (p.out_channels <= 4) return launch_for_taps<T, 4>(input, weight, bias, out, p, sm_count, stream);
+  return launch_for_taps<T, 8>(input, weight, bias, out, p, sm_count, stream);
 }
 
 }  // namespace

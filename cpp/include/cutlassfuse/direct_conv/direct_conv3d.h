@@ -1,8 +1,9 @@
 // A direct 3-D convolution for layers of few channels (a network's last layer, such as
 // MONAI UNet's Conv3d(2, 2, 3)), which cuDNN runs with kernels far from memory bandwidth:
 // a thread computes four consecutive output pixels along W, all their output channels,
-// from the input pixels under the filter, which is in shared memory (docs/performance.md
-// has the times).
+// from the input pixels under the filter, which is in shared memory; filters of three taps
+// along W at stride and dilation 1 there (most of these layers) load each input row once
+// per channel and unroll every multiply-add (docs/performance.md has the times).
 #pragma once
 
 #include <cuda_runtime_api.h>
