@@ -483,3 +483,20 @@ def test_input_channels_padded_for_the_tensor_cores(in_channels, dtype, channels
         reference = eager(x, *modules, False)
     ours, theirs = errors(tracked.detach(), expected), errors(reference, expected)
     assert ours.max_abs <= max(1.5 * theirs.max_abs, FLOOR[dtype]), f"cutlassfuse {ours}, eager {theirs}"
+
+
+@pytest.mark.parametrize(("size", "kernel"), [((16, 16, 16), "normalize_channels_first_vectors_kernel"),
+                                              ((15, 15, 15), "normalize_channels_first_kernel")])
+def test_ncdhw_normalize_takes_16_byte_vectors_where_planes_hold_whole_ones(size, kernel):
+    """The standalone norm of NCDHW input normalizes with 16-byte accesses where every
+    plane is a whole number of aligned vectors, one element a lane otherwise; both match
+    eager's GroupNorm -> ReLU."""
+    norm = nn.GroupNorm(4, 8).cuda().half()
+    x = torch.randn(2, 8, *size, device="cuda").half()
+    with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        out = cutlassfuse.group_norm_activation(x, 4, norm.weight, norm.bias, norm.eps, activation="relu")
+        torch.cuda.synchronize()
+    names = cuda_kernel_names(profile)
+    assert sum(f"{kernel}<" in n for n in names) == 1, names
+    expected = F.relu(F.group_norm(x.double(), 4, norm.weight.double(), norm.bias.double(), norm.eps))
+    assert (out.double() - expected).abs().max().item() <= 1e-2
