@@ -58,7 +58,11 @@ constexpr int kMinTileM = 32;
 template <class T>
 constexpr int kRowLoads = sizeof(T) == 2 ? 6 : 4;
 template <class T>
-constexpr int kVectorLoads = sizeof(T) == 2 ? 3 : 2;
+constexpr int kVectorLoads = 2;
+// NCDHW vectors: runs of 32 * kVector pixels of each channel read at once, so that a warp
+// keeps kVectorLoads x kVectorRuns loads in flight however few channels its tile gives it.
+template <class T>
+constexpr int kVectorRuns = sizeof(T) == 2 ? 2 : 1;
 template <class T>
 constexpr int kElementLoads = sizeof(T) == 2 ? 2 : 1;
 
@@ -258,13 +262,14 @@ __device__ void channels_last_moments(const StatsInput<T>& a, const Segment& s, 
 
 // NCDHW: the segment's moments per channel into scratch.channel. Warp w takes the
 // tile's channels w, w + kWarps, ..., kChannels at once (a lane's loads in flight, one
-// per channel, however short the segment): each a contiguous run of the segment's
-// pixels, 32 * kVector at a time (vectors: kVector consecutive ones a lane; elements:
-// 32 apart, each load coalesced), reduced by shuffles.
+// per channel and run, however short the segment): each a contiguous run of the
+// segment's pixels, 32 * kVector x kRuns at a time (vectors: kVector consecutive ones a
+// lane; elements: 32 apart, each load coalesced), reduced by shuffles.
 template <class T, bool kVectors>
 __device__ void channels_first_moments(const StatsInput<T>& a, const Segment& s, StatsScratch& scratch) {
   constexpr int kChannels = kVectors ? kVectorLoads<T> : kElementLoads<T>;
-  constexpr int kPixelsAtOnce = 32 * kVector;
+  constexpr int kRuns = kVectors ? kVectorRuns<T> : 1;
+  constexpr int kRun = 32 * kVector;  // pixels of a channel a warp reads with one load
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   // Value i of a lane's load is src[offset(i)].
@@ -287,32 +292,39 @@ __device__ void channels_first_moments(const StatsInput<T>& a, const Segment& s,
     float sum[kChannels] = {};
     float squares[kChannels] = {};
 #pragma unroll 1
-    for (int p = 0; p < s.rows; p += kPixelsAtOnce) {
-      const T* src = runs + p + lane_first;
-      // In the segment: offsets below `limit` (a vector is in or out as a whole: the
-      // rows are whole vectors).
-      const int limit = s.rows - p - lane_first;
-      const auto inside = [&](int i) { return offset(kVectors ? 0 : i) < limit; };
-      Packed<T, kVector> loads[kChannels] = {};
+    for (int p = 0; p < s.rows; p += kRun * kRuns) {
+      // Run r's value i of a lane is inside the segment where its offset is below
+      // limit(r) (a vector is in or out as a whole: the rows are whole vectors).
+      const auto limit = [&](int r) { return s.rows - (p + r * kRun) - lane_first; };
+      const auto inside = [&](int r, int i) { return offset(kVectors ? 0 : i) < limit(r); };
+      Packed<T, kVector> loads[kRuns][kChannels] = {};
 #pragma unroll
-      for (int u = 0; u < kChannels; ++u) {
-        if (u >= count) continue;
-        if constexpr (kVectors) {
-          if (inside(0)) loads[u].load_vector(src + u * channel_stride);
-        } else {
-          loads[u].load_elements(src + u * channel_stride, offset, inside);
+      for (int r = 0; r < kRuns; ++r) {
+        const T* src = runs + p + r * kRun + lane_first;
+#pragma unroll
+        for (int u = 0; u < kChannels; ++u) {
+          if (u >= count) continue;
+          if constexpr (kVectors) {
+            if (inside(r, 0)) loads[r][u].load_vector(src + u * channel_stride);
+          } else {
+            loads[r][u].load_elements(src + u * channel_stride, offset, [&](int i) { return inside(r, i); });
+          }
         }
       }
+      // Each channel's values in pixel order, as one run at a time would sum them.
 #pragma unroll
-      for (int u = 0; u < kChannels; ++u) {
-        float v[kVector];
-        loads[u].unpack(v);
-        terms.apply(v, [&](int) { return u; });
+      for (int r = 0; r < kRuns; ++r) {
 #pragma unroll
-        for (int i = 0; i < kVector; ++i) {
-          const float x = inside(i) ? v[i] - shift[u] : 0.f;
-          sum[u] += x;
-          squares[u] = fmaf(x, x, squares[u]);
+        for (int u = 0; u < kChannels; ++u) {
+          float v[kVector];
+          loads[r][u].unpack(v);
+          terms.apply(v, [&](int) { return u; });
+#pragma unroll
+          for (int i = 0; i < kVector; ++i) {
+            const float x = inside(r, i) ? v[i] - shift[u] : 0.f;
+            sum[u] += x;
+            squares[u] = fmaf(x, x, squares[u]);
+          }
         }
       }
     }
