@@ -56,7 +56,7 @@ constexpr int kMinTileM = 32;
 // kChannelsPerThread elements; NCDHW channels read at once, a vector or kVector
 // elements of each.
 template <class T>
-constexpr int kRowLoads = sizeof(T) == 2 ? 6 : 4;
+constexpr int kRowLoads = sizeof(T) == 2 ? 7 : 4;
 template <class T>
 constexpr int kVectorLoads = 2;
 // NCDHW vectors: runs of 32 * kVector pixels of each channel read at once, so that a warp
