@@ -115,7 +115,7 @@ def test_module_packs_nothing_on_cpu():
 REMOVED_SWITCHES = ["set_dgrad_config", "set_skip_border_taps", "set_drawn_tile_schedule", "set_fused_path_enabled",
                     "set_phase_streams"]
 DEFAULT_FLAGS = dict(fused_path=True, dgrad_config="auto", skip_border_taps=True, drawn_tile_schedule=True,
-                     phase_streams=1, conv_gradients="auto")
+                     phase_streams=1, conv_gradients="auto", resident_norm=True)
 
 
 def test_kernel_switches_live_in_backends_only():
@@ -146,7 +146,7 @@ def test_backend_flags_default_set_and_restore():
 def test_backend_flags_context_restores_on_exit_and_on_exceptions():
     config = backends.dgrad_configs()[0]
     changed = dict(fused_path=False, dgrad_config=config, skip_border_taps=False, drawn_tile_schedule=False,
-                   phase_streams=8, conv_gradients="cutlass")
+                   phase_streams=8, conv_gradients="cutlass", resident_norm=False)
     with backends.flags(**changed):
         assert backends.get_flags() == changed
         with backends.flags(phase_streams=2):  # nested: only the flag given changes

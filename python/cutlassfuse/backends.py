@@ -20,6 +20,9 @@ configuration against another, a kernel feature on and off):
   the measured rule prefers them (strided layers), ATen's ``convolution_backward``
   (cuDNN) elsewhere; "aten": ATen everywhere; "cutlass": the CUTLASS kernels wherever
   they take the layer.
+- ``resident_norm`` (True): False makes the standalone norm (``group_norm_activation``)
+  run its statistics, finalize and normalize as three launches where one launch holding
+  the tensor on chip would take it.
 
 ``cutlassfuse.explain(...)`` reports what a call runs under the current flags.
 """
@@ -32,7 +35,7 @@ from collections.abc import Iterator
 import torch
 
 _NAMES = ("fused_path", "dgrad_config", "skip_border_taps", "drawn_tile_schedule", "phase_streams",
-          "conv_gradients")
+          "conv_gradients", "resident_norm")
 
 
 def get_flags() -> dict[str, bool | str | int]:
@@ -42,23 +45,25 @@ def get_flags() -> dict[str, bool | str | int]:
 
 def set_flags(*, fused_path: bool | None = None, dgrad_config: str | None = None,
               skip_border_taps: bool | None = None, drawn_tile_schedule: bool | None = None,
-              phase_streams: int | None = None,
-              conv_gradients: str | None = None) -> dict[str, bool | str | int]:
+              phase_streams: int | None = None, conv_gradients: str | None = None,
+              resident_norm: bool | None = None) -> dict[str, bool | str | int]:
     """Sets the flags given (None leaves one as it is) in one step; returns the previous
     flags."""
     previous = torch.ops.cutlassfuse.set_backend_flags(fused_path, dgrad_config, skip_border_taps,
-                                                       drawn_tile_schedule, phase_streams, conv_gradients)
+                                                       drawn_tile_schedule, phase_streams, conv_gradients,
+                                                       resident_norm)
     return dict(zip(_NAMES, previous, strict=True))
 
 
 @contextlib.contextmanager
 def flags(*, fused_path: bool | None = None, dgrad_config: str | None = None,
           skip_border_taps: bool | None = None, drawn_tile_schedule: bool | None = None,
-          phase_streams: int | None = None, conv_gradients: str | None = None) -> Iterator[None]:
+          phase_streams: int | None = None, conv_gradients: str | None = None,
+          resident_norm: bool | None = None) -> Iterator[None]:
     """``set_flags(...)`` inside the ``with`` block; every flag as before after it."""
     previous = set_flags(fused_path=fused_path, dgrad_config=dgrad_config, skip_border_taps=skip_border_taps,
                          drawn_tile_schedule=drawn_tile_schedule, phase_streams=phase_streams,
-                         conv_gradients=conv_gradients)
+                         conv_gradients=conv_gradients, resident_norm=resident_norm)
     try:
         yield
     finally:

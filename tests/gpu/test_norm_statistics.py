@@ -3,7 +3,9 @@ thousands of rows tall whose rows straddle two samples, many small samples per t
 channels-last with channel counts that take element loads, NCDHW with an odd number of
 pixels, InstanceNorm over many channels, groups spanning tile columns, an input not
 16-byte aligned, and an activation with per-channel slopes before the norm; against
-float64 and no further from it than eager in the same dtype, bitwise repeatable."""
+float64 and no further from it than eager in the same dtype, bitwise repeatable. The
+standalone shapes run on the separate statistics, finalize and normalize kernels and
+again with the resident kernel where it takes them (test_norm_resident.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 import cutlassfuse
+from cutlassfuse import backends
 from cutlassfuse.testing import errors, poison_cuda_allocator
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("strict_float32")]
@@ -84,13 +87,15 @@ def check_standalone(x: torch.Tensor, num_groups: int, seed: int) -> None:
     assert torch.equal(out, again), "two runs differ"
 
 
+@pytest.mark.parametrize("resident_norm", [False, True], ids=["separate", "resident_where_taken"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
 @pytest.mark.parametrize("channels_last", [False, True], ids=["ncdhw", "channels_last"])
 @pytest.mark.parametrize("case", SHAPES)
-def test_standalone_norm_against_float64(case, channels_last, dtype):
+def test_standalone_norm_against_float64(case, channels_last, dtype, resident_norm):
     shape, num_groups = SHAPES[case]
     seed = seed_of(case, channels_last, dtype)
-    check_standalone(make_input(shape, dtype, channels_last, seed), num_groups, seed)
+    with backends.flags(resident_norm=resident_norm):
+        check_standalone(make_input(shape, dtype, channels_last, seed), num_groups, seed)
 
 
 def misaligned(x: torch.Tensor) -> torch.Tensor:
@@ -173,8 +178,9 @@ def test_statistics_grid_is_one_wave(shape):
     """The statistics kernel launches about as many tiles as stay resident at once (three
     blocks per SM), each block reducing its tile once: no partly filled second wave."""
     x = make_input(shape, torch.float16, True, seed_of("one_wave", *shape))
-    grids = kernel_grids(lambda: cutlassfuse.group_norm_activation(x, 8, activation="relu"),
-                         "norm_activation_stats_kernel")
+    with backends.flags(resident_norm=False):
+        grids = kernel_grids(lambda: cutlassfuse.group_norm_activation(x, 8, activation="relu"),
+                             "norm_activation_stats_kernel")
     assert len(grids) == 1, grids
     blocks = grids[0][0] * grids[0][1] * grids[0][2]
     resident = torch.cuda.get_device_properties(x.device).multi_processor_count * 3

@@ -190,11 +190,16 @@ NormForBackward run_standalone(const NormActivationArgs& a, const BlockProblem& 
   const ActivationParams act =
       kernel_activation(b.activation, a.activation.parameter, a.activation.weight, operands.slopes);
   const at::Tensor out = empty_on_device(x.sizes(), x.options(), x.suggest_memory_format());
-  NormResult r = normalize(x, out, NormEpilogue{a.norm_weight, a.norm_bias, {}, act}, b.conv, keep, operands);
+  const NormEpilogue norm{a.norm_weight, a.norm_bias, {}, act};
+  std::optional<NormResult> resident;
+  if (current_options().backend.resident_norm) resident = resident_norm(x, out, norm, b.conv, keep, operands);
+  NormResult r = resident.has_value() ? std::move(*resident) : normalize(x, out, norm, b.conv, keep, operands);
   return {std::move(r.out), std::move(r.mean), std::move(r.rstd)};
 }
 
 constexpr const char* kNormKernels = "cutlassfuse activation/GroupNorm statistics, finalize and normalize kernels";
+constexpr const char* kResidentNormKernel =
+    "one cutlassfuse activation/GroupNorm kernel holding the tensor on chip (statistics, grid barrier, normalize)";
 }  // namespace
 
 BlockRouting plan_fallback_block(const BlockCall& call) {
@@ -219,8 +224,11 @@ NormForBackward norm_activation_forward_for_backward_cuda(const NormActivationAr
 std::string explain_norm_activation_cuda(const NormActivationArgs& a) {
   const BlockProblem b = validate_norm_activation(a);
   const std::string why = standalone_unsupported_reason(a, b);
-  return why.empty() ? std::string("norm: ") + kNormKernels
-                     : std::string(kNormReferenceDescription) + ", because " + why;
+  if (!why.empty()) return std::string(kNormReferenceDescription) + ", because " + why;
+  const c10::cuda::CUDAGuard device_guard(a.input.device());
+  const bool resident = current_options().backend.resident_norm &&
+                        resident_norm_takes(a.input.contiguous(a.input.suggest_memory_format()), b.conv);
+  return std::string("norm: ") + (resident ? kResidentNormKernel : kNormKernels);
 }
 
 }  // namespace cutlassfuse

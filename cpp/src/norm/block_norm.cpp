@@ -19,6 +19,60 @@ StatisticsWorkspace::StatisticsWorkspace(const TilePartials& tiles, const GroupN
   sources.region_count = 1;
 }
 
+namespace {
+
+GroupNormAffine norm_affine(const NormEpilogue& norm, KernelOperands& operands) {
+  return {data_or_null(norm.gamma, operands.gamma), data_or_null(norm.beta, operands.beta),
+          *affine_element_type(norm.gamma, norm.beta)};
+}
+
+ResidentNormCall resident_call(const at::Tensor& y, const NormEpilogue& norm, const GroupNormAffine& affine,
+                               const Problem& p) {
+  return {*element_type(y.scalar_type()),
+          y.const_data_ptr(),
+          y.is_contiguous() ? ActivationLayout::kChannelsFirst : ActivationLayout::kChannelsLast,
+          norm.pre,
+          norm.after,
+          group_norm_shape(p),
+          affine,
+          static_cast<float>(p.eps),
+          const_cast<void*>(y.const_data_ptr()),
+          norm.residual.has_value() ? norm.residual->const_data_ptr() : nullptr,
+          nullptr};
+}
+
+}  // namespace
+
+std::optional<NormResult> resident_norm(const at::Tensor& y, const std::optional<at::Tensor>& out,
+                                        const NormEpilogue& norm, const Problem& p, bool keep,
+                                        KernelOperands& operands) {
+  if (out.has_value() && out->is_contiguous() != y.is_contiguous()) return std::nullopt;
+  ResidentNormCall call = resident_call(y, norm, norm_affine(norm, operands), p);
+  if (out.has_value()) call.out = out->data_ptr();
+  const std::optional<ResidentNormPlan> plan = plan_resident_norm(call);
+  if (!plan.has_value()) return std::nullopt;
+  const auto options = y.options();
+  const at::Tensor workspace = empty_on_device({plan->workspace_bytes()}, options.dtype(at::kByte));
+  call.workspace = workspace.data_ptr();
+  NormResult result;
+  result.out = out.has_value() ? *out : y;
+  if (keep) {
+    result.mean = empty_on_device({p.batch, p.num_groups}, options.dtype(at::kFloat));
+    result.rstd = empty_on_device({p.batch, p.num_groups}, options.dtype(at::kFloat));
+    call.mean = result.mean.data_ptr<float>();
+    call.rstd = result.rstd.data_ptr<float>();
+  }
+  if (!norm_activation_resident(call, *plan, at::cuda::getCurrentCUDAStream())) return std::nullopt;
+  return result;
+}
+
+bool resident_norm_takes(const at::Tensor& y, const Problem& p) {
+  KernelOperands operands;
+  const std::optional<at::Tensor> none;
+  const NormEpilogue norm{none, none, {}, {}};
+  return plan_resident_norm(resident_call(y, norm, norm_affine(norm, operands), p)).has_value();
+}
+
 NormResult finish_norm(const at::Tensor& y, const std::optional<at::Tensor>& out, const StatisticsWorkspace& stats,
                        const NormEpilogue& norm, const Problem& p, bool keep, KernelOperands& operands) {
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -27,10 +81,9 @@ NormResult finish_norm(const at::Tensor& y, const std::optional<at::Tensor>& out
       y.is_contiguous() ? ActivationLayout::kChannelsFirst : ActivationLayout::kChannelsLast;
   const GroupNormShape shape = group_norm_shape(p);
   const auto options = y.options();
-  const GroupNormAffine affine{data_or_null(norm.gamma, operands.gamma), data_or_null(norm.beta, operands.beta),
-                               *affine_element_type(norm.gamma, norm.beta)};
-  SingleRegionFinalize finalize = statistics_finalize(stats.data(), stats.sources, element, shape, affine,
-                                                      static_cast<float>(p.eps), stats.scale_shift);
+  SingleRegionFinalize finalize =
+      statistics_finalize(stats.data(), stats.sources, element, shape, norm_affine(norm, operands),
+                          static_cast<float>(p.eps), stats.scale_shift);
   finalize.mean_shift = stats.mean_shift;
   NormResult result;
   result.out = out.has_value() ? *out : y;

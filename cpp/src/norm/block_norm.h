@@ -10,6 +10,7 @@
 
 #include "cutlassfuse/norm/group_norm.h"
 #include "cutlassfuse/norm/group_norm_generic.h"
+#include "cutlassfuse/norm/group_norm_resident.h"
 
 namespace cutlassfuse {
 
@@ -45,6 +46,18 @@ struct NormEpilogue {
   ActivationParams after;
   std::optional<at::Tensor> residual;  // added to the output, in the output's layout; absent: none
 };
+
+// Statistics, finalize and normalize of `y` (packed NCDHW or NDHWC) in one resident
+// launch (group_norm_resident.h), into `out` when given (y's layout) else in place;
+// mean and rstd when `keep`. Nothing where that kernel does not take the call: the
+// caller runs the separate launches.
+std::optional<NormResult> resident_norm(const at::Tensor& y, const std::optional<at::Tensor>& out,
+                                        const NormEpilogue& norm, const Problem& p, bool keep,
+                                        KernelOperands& operands);
+
+// Whether resident_norm takes a call on `y` written in y's layout, without a residual
+// or a PReLU before the norm (the standalone norm's calls).
+bool resident_norm_takes(const at::Tensor& y, const Problem& p);
 
 // Finalize and normalize `y` (packed NCDHW or NDHWC) whose partials are in `stats`:
 // into `out` when given (y's layout, or NCDHW), else in place; mean and rstd when `keep`.

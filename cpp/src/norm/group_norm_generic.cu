@@ -10,6 +10,7 @@
 
 #include "cutlassfuse/common/device_utils.cuh"
 #include "cutlassfuse/norm/group_norm_generic.h"
+#include "norm/channel_vector.cuh"
 #include "norm/norm_activation_terms.cuh"
 
 namespace cutlassfuse {
@@ -30,15 +31,6 @@ bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 template <class T>
 __device__ __forceinline__ float plus_residual(const T* __restrict__ residual, int64_t index, float v) {
   return residual == nullptr ? v : v + to_float(residual[index]);
-}
-
-template <class T>
-__device__ __forceinline__ void add_residual(const T* __restrict__ residual, int64_t index, float (&v)[kVector]) {
-  if (residual == nullptr) return;
-  float r[kVector];
-  load_vector(residual + index, r);
-#pragma unroll
-  for (int k = 0; k < kVector; ++k) v[k] += r[k];
 }
 
 // v[i] = after(v[i] * scale + shift), v[i] of channel(i) with scale_shift(i).
@@ -285,83 +277,6 @@ normalize_channels_last_kernel(const T* y, PreTerms<T> pre, const float2* __rest
     if (begin + k < count) out[offset + k] = from_float<T>(plus_residual(residual, offset + k, v[j]));
   }
 }
-
-// A thread's kVector consecutive channels of one sample, for a thread that normalizes
-// only those channels: their constants read once into registers (the bias, scale and
-// shift, and PReLU's slopes where the activation before or after the norm is PReLU, one
-// of them at most), applied with the operations of apply_pre and apply_norm_after.
-struct ChannelVector {
-  int first;  // the first of the channels
-  float bias[kVector];
-  float2 scale_shift[kVector];
-  float slopes[kVector];
-
-  template <class T>
-  __device__ __forceinline__ ChannelVector(const PreTerms<T>& pre, const ActivationParams& after,
-                                           const float2* __restrict__ sample_scale_shift, int first_channel)
-      : first(first_channel) {
-    const ActivationParams prelu = pre.activation.kind == ActivationKind::kPReLU ? pre.activation : after;
-#pragma unroll
-    for (int k = 0; k < kVector; ++k) {
-      bias[k] = pre.bias_at(first + k);
-      scale_shift[k] = sample_scale_shift[first + k];
-      slopes[k] =
-          prelu.kind == ActivationKind::kPReLU ? activation_parameter<ActivationKind::kPReLU>(prelu, first + k) : 0.f;
-    }
-  }
-
-  // Whether the registers hold every slope the activations need: one PReLU at most.
-  static bool holds(const ActivationParams& pre, const ActivationParams& after) {
-    return pre.kind != ActivationKind::kPReLU || after.kind != ActivationKind::kPReLU;
-  }
-
-  // v = pre(v) = activation(v + bias).
-  __device__ __forceinline__ void apply_pre(const ActivationParams& activation, float (&v)[kVector]) const {
-#pragma unroll
-    for (int k = 0; k < kVector; ++k) v[k] += bias[k];
-    activate_with_slopes(activation, v);
-  }
-
-  // v = after(v * scale + shift).
-  __device__ __forceinline__ void apply_norm_after(const ActivationParams& after, float (&v)[kVector]) const {
-#pragma unroll
-    for (int k = 0; k < kVector; ++k) v[k] = fmaf(v[k], scale_shift[k].x, scale_shift[k].y);
-    activate_with_slopes(after, v);
-  }
-
- private:
-  // activate_each, PReLU's slopes taken from the registers.
-  __device__ __forceinline__ void activate_with_slopes(const ActivationParams& a, float (&v)[kVector]) const {
-    if (a.kind == ActivationKind::kPReLU) {
-#pragma unroll
-      for (int k = 0; k < kVector; ++k) v[k] = activate(ActivationKind::kPReLU, v[k], slopes[k]);
-    } else {
-      activate_each(a, v, [&](int k) { return first + k; });
-    }
-  }
-};
-
-// kVector values of T as loaded, converted to float where used: for 16-bit types half
-// the registers that floats take while other loads are in flight.
-template <class T>
-struct LoadedVector {
-  uint4 words[sizeof(T) * kVector / sizeof(uint4)];
-
-  __device__ __forceinline__ void load(const T* src) {
-#pragma unroll
-    for (int w = 0; w < static_cast<int>(std::size(words)); ++w) words[w] = reinterpret_cast<const uint4*>(src)[w];
-  }
-
-  __device__ __forceinline__ void unpack(float (&v)[kVector]) const {
-    const T* values = reinterpret_cast<const T*>(words);
-#pragma unroll
-    for (int k = 0; k < kVector; ++k) v[k] = to_float(values[k]);
-  }
-};
-
-// Vectors a thread has in flight: 64 bytes, four of a 16-bit type, two of float.
-template <class T>
-constexpr int kUnroll = 64 / static_cast<int>(sizeof(T) * kVector);
 
 // NDHWC in whole vectors of kVector channels (channels % kVector == 0, 16-byte aligned
 // pointers; a vector is one 16-byte access of a 16-bit type, two of float): block

@@ -31,6 +31,16 @@ __device__ __forceinline__ void apply_pre(const PreTerms<T>& pre, float (&v)[N],
   activate_each(pre.activation, v, channel);
 }
 
+// v += the residual's vector at `index` (a block's residual connection), where one is given.
+template <class T>
+__device__ __forceinline__ void add_residual(const T* __restrict__ residual, int64_t index, float (&v)[kVector]) {
+  if (residual == nullptr) return;
+  float r[kVector];
+  load_vector(residual + index, r);
+#pragma unroll
+  for (int k = 0; k < kVector; ++k) v[k] += r[k];
+}
+
 // Calls f with the C++ element type of `element`.
 template <class F>
 void with_type(ElementType element, F&& f) {

@@ -104,13 +104,6 @@ struct ChannelTerms {
   }
 };
 
-// (count, mean, M2) of `count` values from the sums of their deviations from `shift`
-// and of the deviations' squares.
-__device__ __forceinline__ WelfordPartial shifted_moments(float count, float shift, float sum, float squares) {
-  const float shifted_mean = sum / count;
-  return {count, shift + shifted_mean, fmaxf(squares - sum * shifted_mean, 0.f)};
-}
-
 // What the statistics read.
 template <class T>
 struct StatsInput {

@@ -133,19 +133,21 @@ ConvGradients conv_gradients_named(std::string_view name) {
   return *choice;
 }
 
-using FlagsTuple = std::tuple<bool, std::string, bool, bool, int64_t, std::string>;
+using FlagsTuple = std::tuple<bool, std::string, bool, bool, int64_t, std::string, bool>;
 
 FlagsTuple flags_tuple(const BackendFlags& f) {
   return {f.fused_path,       f.dgrad_config ? sm90::config_name(*f.dgrad_config) : "auto",
           f.skip_border_taps, f.drawn_tile_schedule,
-          f.phase_streams,    conv_gradients_name(f.conv_gradients)};
+          f.phase_streams,    conv_gradients_name(f.conv_gradients),
+          f.resident_norm};
 }
 
 // Sets the flags given (absent ones keep theirs) in one step; returns the flags before.
 FlagsTuple set_backend_flags_from_schema(std::optional<bool> fused_path, std::optional<c10::string_view> dgrad_config,
                                          std::optional<bool> skip_border_taps, std::optional<bool> drawn_tile_schedule,
                                          std::optional<int64_t> phase_streams,
-                                         std::optional<c10::string_view> conv_gradients) {
+                                         std::optional<c10::string_view> conv_gradients,
+                                         std::optional<bool> resident_norm) {
   return flags_tuple(exchange_backend_flags([&](BackendFlags f) {
     f.fused_path = fused_path.value_or(f.fused_path);
     if (dgrad_config) f.dgrad_config = dgrad_config_named(*dgrad_config);
@@ -153,6 +155,7 @@ FlagsTuple set_backend_flags_from_schema(std::optional<bool> fused_path, std::op
     f.drawn_tile_schedule = drawn_tile_schedule.value_or(f.drawn_tile_schedule);
     f.phase_streams = phase_streams.value_or(f.phase_streams);
     if (conv_gradients) f.conv_gradients = conv_gradients_named(*conv_gradients);
+    f.resident_norm = resident_norm.value_or(f.resident_norm);
     return f;
   }));
 }
@@ -204,10 +207,10 @@ TORCH_LIBRARY(cutlassfuse, m) {
   // one step, validated before any changes; returns the flags before.
   m.def(
       "set_backend_flags(bool? fused_path=None, str? dgrad_config=None, bool? skip_border_taps=None, "
-      "bool? drawn_tile_schedule=None, int? phase_streams=None, str? conv_gradients=None) -> "
-      "(bool, str, bool, bool, int, str)",
+      "bool? drawn_tile_schedule=None, int? phase_streams=None, str? conv_gradients=None, "
+      "bool? resident_norm=None) -> (bool, str, bool, bool, int, str, bool)",
       &set_backend_flags_from_schema);
-  m.def("backend_flags() -> (bool, str, bool, bool, int, str)", &backend_flags_for_schema);
+  m.def("backend_flags() -> (bool, str, bool, bool, int, str, bool)", &backend_flags_for_schema);
   m.def("dgrad_configs() -> str[]", &dgrad_config_names);
   m.def(
       "subpixel_plan(int[3] input_size, int[3] kernel_size, int[3] stride, int[3] padding, int[3] output_padding, "

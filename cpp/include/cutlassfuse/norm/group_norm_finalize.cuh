@@ -25,6 +25,13 @@ __device__ __forceinline__ WelfordPartial merge(WelfordPartial a, WelfordPartial
   return {count, a.mean + delta * weight_b, a.m2 + b.m2 + delta * delta * a.count * weight_b};
 }
 
+// (count, mean, M2) of `count` values from the sums of their deviations from `shift`
+// and of the deviations' squares.
+__device__ __forceinline__ WelfordPartial shifted_moments(float count, float shift, float sum, float squares) {
+  const float shifted_mean = sum / count;
+  return {count, shift + shifted_mean, fmaxf(squares - sum * shifted_mean, 0.f)};
+}
+
 __device__ __forceinline__ WelfordPartial shuffle_down(WelfordPartial p, int offset) {
   return {__shfl_down_sync(0xffffffffu, p.count, offset), __shfl_down_sync(0xffffffffu, p.mean, offset),
           __shfl_down_sync(0xffffffffu, p.m2, offset)};

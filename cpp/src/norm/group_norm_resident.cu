@@ -1,0 +1,591 @@
+// GroupNorm with its activations in one cooperative launch, the tensor held in shared
+// memory and L2 between its read and its normalize. See
+// cutlassfuse/norm/group_norm_resident.h.
+//
+// A block owns one contiguous chunk of a unit (NCDHW: a (sample, group) span of
+// channels_per_group planes; NDHWC: a sample's rows of pixels, all channels) and walks
+// it in kVector-element vectors, thread t taking vectors t, t + kThreads, ..., with
+// kUnroll loads in flight. Its statistics are sums of deviations from a shift (a value
+// of the chunk, as norm_statistics.cu's), reduced in a fixed order into one partial
+// per group it holds. NDHWC rows are a power of two of vectors up to 32, so a thread
+// stays on one vector of channels and its lanes reduce by shuffles.
+#include <cooperative_groups.h>
+
+#include <algorithm>
+#include <atomic>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "cutlassfuse/norm/group_norm_finalize.cuh"
+#include "cutlassfuse/norm/group_norm_resident.h"
+#include "norm/channel_vector.cuh"
+
+namespace cutlassfuse {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+// Three blocks per SM keep kUnroll loads of 768 threads in flight, what DRAM's latency
+// needs at full bandwidth, and split the SM's shared memory into three stages.
+constexpr int kBlocksPerSm = 2;
+// What the GPU reserves of an SM's shared memory per resident block.
+constexpr int kReservedSharedPerBlock = 1024;
+// Loads in flight per thread while phase 1 streams what shared memory does not hold, as
+// many as the registers hold without spills (ptxas -v) beside kSums sums and shifts.
+template <class T, int kSums>
+constexpr int kStreamLoads = kSums == 1 ? 2 * kUnroll<T> : kUnroll<T>;
+// NDHWC: channels up to kMaxRowVectors vectors a row (a warp's lanes hold whole rows).
+constexpr int kMaxRowVectors = 32;
+
+template <class T>
+struct ResidentArgs {
+  const T* y;
+  T* out;
+  const T* residual;
+  PreTerms<T> pre;
+  ActivationParams after;
+  GroupNormAffine affine;
+  float eps;
+  int64_t spatial;
+  int channels;
+  int num_groups;
+  int parts;
+  int64_t part_length;        // NCDHW: vectors of a span a part holds; NDHWC: rows
+  int stage_capacity;         // vectors a block's shared memory stages
+  FastDivisor plane_vectors;  // NCDHW: spatial / kVector
+  WelfordPartial* partials;   // [sample, group, part]
+  float2* mean_rstd;          // [sample, group]
+  float* mean;
+  float* rstd;
+};
+
+// The block's shared memory: its reduction scratch, then the staged vectors. Sizes in
+// elements: `sums` channels summed per thread (NDHWC: the row's; NCDHW: one), `normalized`
+// channels whose scale and shift the block holds.
+struct SharedLayout {
+  int sums;
+  int normalized;
+
+  CUTLASSFUSE_HOST_DEVICE int scratch_bytes() const {
+    const int bytes = kWarps * sums * 8 + normalized * 8 + sums * 4 + sums * 12;
+    return (bytes + 15) / 16 * 16;
+  }
+};
+
+struct Scratch {
+  float2* warp_sums;        // [kWarps][sums]: each warp's (sum, squares)
+  float2* scale_shift;      // [normalized]
+  float* shift;             // [sums]
+  WelfordPartial* channel;  // [sums], then merged per group
+
+  __device__ Scratch(char* base, const SharedLayout& l)
+      : warp_sums(reinterpret_cast<float2*>(base)), scale_shift(warp_sums + kWarps * l.sums),
+        shift(reinterpret_cast<float*>(scale_shift + l.normalized)),
+        channel(reinterpret_cast<WelfordPartial*>(shift + l.sums)) {}
+};
+
+// The block's chunk: `vectors` vectors from element `first` of y, the first `staged`
+// of them kept in shared memory.
+struct Chunk {
+  int64_t first;
+  int vectors;
+  int staged;
+
+  // The thread's vectors, and how many of them are staged.
+  __device__ int own() const { return own_below(vectors); }
+  __device__ int own_staged() const { return own_below(staged); }
+  __device__ int64_t offset(int k) const { return first + int64_t{index(k)} * kVector; }
+  __device__ static int index(int k) { return static_cast<int>(threadIdx.x) + k * kThreads; }
+
+ private:
+  __device__ static int own_below(int count) {
+    const int t = static_cast<int>(threadIdx.x);
+    return count > t ? (count - t + kThreads - 1) / kThreads : 0;
+  }
+};
+
+// body(r, vector) for r = 0 .. count - 1, the vector at y + offset(r), kLoads loads in
+// flight: each slot's next load is issued as its vector is taken up.
+template <int kLoads, class T, class Offset, class Body>
+__device__ __forceinline__ void walk_loads(const T* y, int count, const Offset& offset, const Body& body) {
+  LoadedVector<T> loads[kLoads];
+#pragma unroll
+  for (int u = 0; u < kLoads; ++u) {
+    if (u < count) loads[u].load(y + offset(u));
+  }
+  for (int first = 0; first < count; first += kLoads) {
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int r = first + u;
+      if (r >= count) break;
+      const LoadedVector<T> current = loads[u];
+      if (r + kLoads < count) loads[u].load(y + offset(r + kLoads));
+      body(r, current);
+    }
+  }
+}
+
+// A vector from global to shared memory without registers (sm_80's cp.async, 16 bytes
+// at a time, through L2 only).
+template <class T>
+__device__ __forceinline__ void copy_async(LoadedVector<T>& shared, const T* global) {
+  constexpr int kCopies = sizeof(LoadedVector<T>) / sizeof(uint4);
+#pragma unroll
+  for (int w = 0; w < kCopies; ++w) {
+    const auto address = static_cast<unsigned>(__cvta_generic_to_shared(&shared.words[w]));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address),
+                 "l"(global + w * (sizeof(uint4) / sizeof(T)))
+                 : "memory");
+  }
+}
+
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// The thread's own copies landed (no other thread reads them: no barrier needed).
+__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Phase 1 of a thread: each of its vectors summed (as deviations from `shift`, of the
+// channel `slot(k)` of kSums sums). The staged ones are copied into `stage` first, all
+// in flight at once, the others then stream through registers (so they are the ones
+// read last, which L2 holds for the normalize); the staged ones are summed last.
+template <class T, int kSums, class Values, class Slot>
+__device__ __forceinline__ void sum_chunk(const T* y, const Chunk& chunk, LoadedVector<T>* stage, const Values& values,
+                                          const Slot& slot, const float (&shift)[kSums], float (&sum)[kSums],
+                                          float (&squares)[kSums]) {
+  const int own = chunk.own();
+  const int staged = chunk.own_staged();
+  for (int k = 0; k < staged; ++k) copy_async(stage[Chunk::index(k)], y + chunk.offset(k));
+  commit_copies();
+  const auto add = [&](int k, const LoadedVector<T>& loaded) {
+    float v[kVector];
+    values(k, loaded, v);
+#pragma unroll
+    for (int i = 0; i < kVector; ++i) {
+      const int s = slot(i);
+      const float x = v[i] - shift[s];
+      sum[s] += x;
+      squares[s] = fmaf(x, x, squares[s]);
+    }
+  };
+  walk_loads<kStreamLoads<T, kSums>>(
+      y, own - staged, [&](int r) { return chunk.offset(staged + r); },
+      [&](int r, const LoadedVector<T>& loaded) { add(staged + r, loaded); });
+  wait_copies();
+  for (int k = 0; k < staged; ++k) add(k, stage[Chunk::index(k)]);
+}
+
+// store_vector with an evict-first policy: the kernel never reads the output, and L2
+// keeps the input lines the normalize still reads.
+template <class T>
+__device__ __forceinline__ void store_vector_evict_first(T* dst, const float (&v)[kVector]) {
+  if constexpr (sizeof(T) == 4) {
+    __stcs(reinterpret_cast<float4*>(dst), make_float4(v[0], v[1], v[2], v[3]));
+    __stcs(reinterpret_cast<float4*>(dst) + 1, make_float4(v[4], v[5], v[6], v[7]));
+  } else {
+    uint4 raw;
+    T* elements = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < kVector; ++i) elements[i] = from_float<T>(v[i]);
+    __stcs(reinterpret_cast<uint4*>(dst), raw);
+  }
+}
+
+// Phase 3 of a thread: out = normalize(k, vector) for each of its vectors. The staged
+// ones first, each slot refilled as it frees by an async copy of a vector outside shared
+// memory, those read last first (what L2 holds the most recent of); then those that
+// found no slot, through registers; then the refilled slots.
+template <class T, class Normalize>
+__device__ __forceinline__ void normalize_chunk(const ResidentArgs<T>& a, const Chunk& chunk, LoadedVector<T>* stage,
+                                                const Normalize& normalize) {
+  const int own = chunk.own();
+  const int staged = chunk.own_staged();
+  const int refilled = min(staged, own - staged);
+  const auto write = [&](int k, const LoadedVector<T>& loaded) {
+    float v[kVector];
+    normalize(k, loaded, v);
+    const int64_t offset = chunk.offset(k);
+    add_residual(a.residual, offset, v);
+    store_vector_evict_first(a.out + offset, v);
+  };
+  // The r-th vector outside shared memory, from the last read back.
+  const auto unstaged = [&](int r) { return own - 1 - r; };
+  for (int k = 0; k < staged; ++k) {
+    LoadedVector<T>& slot = stage[Chunk::index(k)];
+    write(k, slot);  // its store takes the slot's value: the copy below lands after the read
+    if (k < refilled) copy_async(slot, a.y + chunk.offset(unstaged(k)));
+  }
+  commit_copies();
+  walk_loads<kUnroll<T>>(
+      a.y, own - staged - refilled, [&](int r) { return chunk.offset(unstaged(refilled + r)); },
+      [&](int r, const LoadedVector<T>& loaded) { write(unstaged(refilled + r), loaded); });
+  wait_copies();
+  for (int k = 0; k < refilled; ++k) write(unstaged(k), stage[Chunk::index(k)]);
+}
+
+// The merge of `parts` consecutive partials in a fixed order: lane l takes parts l,
+// l + 32, ..., then a shuffle tree. Complete at lane 0. Read through L2: other blocks
+// wrote them in this launch.
+__device__ WelfordPartial merge_parts(const WelfordPartial* first, int parts) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  WelfordPartial acc{0.f, 0.f, 0.f};
+  for (int p = lane; p < parts; p += 32) {
+    const WelfordPartial* partial = first + p;
+    acc = merge(acc, {__ldcg(&partial->count), __ldcg(&partial->mean), __ldcg(&partial->m2)});
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) acc = merge(acc, shuffle_down(acc, offset));
+  return acc;
+}
+
+// Phase 2, between two grid barriers: each (sample, group) merged by one warp of the
+// grid into its mean and rstd (as group_norm_finalize computes them). One warp a group,
+// its partials contiguous: every block merging every group it holds instead had all
+// blocks read the same few lines of L2 at once.
+template <class T>
+__device__ void finalize_groups(const ResidentArgs<T>& a, int64_t batch) {
+  cg::grid_group grid = cg::this_grid();
+  grid.sync();
+  const int64_t warps = int64_t{gridDim.x} * kWarps;
+  for (int64_t item = blockIdx.x * int64_t{kWarps} + threadIdx.x / 32; item < batch * a.num_groups; item += warps) {
+    const WelfordPartial total = merge_parts(a.partials + item * a.parts, a.parts);
+    if (threadIdx.x % 32 == 0) {
+      const float variance = total.count > 0.f ? total.m2 / total.count : 0.f;  // biased, as GroupNorm
+      const float2 mean_rstd{total.mean, rsqrtf(variance + a.eps)};
+      a.mean_rstd[item] = mean_rstd;
+      if (a.mean != nullptr) {
+        a.mean[item] = mean_rstd.x;
+        a.rstd[item] = mean_rstd.y;
+      }
+    }
+  }
+  grid.sync();
+}
+
+__device__ __forceinline__ float2 channel_scale_shift(const GroupNormAffine& affine, int c, float2 mean_rstd) {
+  const float scale = mean_rstd.y * load_affine(affine.gamma, affine.element, c, 1.f);
+  return {scale, load_affine(affine.beta, affine.element, c, 0.f) - mean_rstd.x * scale};
+}
+
+// NCDHW: block (span n * groups + g, part). One sum a thread; the channel of vector k
+// from its index in the span.
+template <class T>
+__device__ void resident_channels_first(const ResidentArgs<T>& a, char* shared) {
+  const int channels_per_group = a.channels / a.num_groups;
+  const SharedLayout layout{1, channels_per_group};
+  const Scratch s(shared, layout);
+  auto* stage = reinterpret_cast<LoadedVector<T>*>(shared + layout.scratch_bytes());
+  const int64_t span = blockIdx.x / a.parts;
+  const int part = static_cast<int>(blockIdx.x % a.parts);
+  const int g = static_cast<int>(span % a.num_groups);
+  const int64_t span_vectors = channels_per_group * a.spatial / kVector;
+  const int64_t part_begin = std::min(span_vectors, part * a.part_length);
+  const int vectors = static_cast<int>(std::min(span_vectors - part_begin, a.part_length));
+  const Chunk chunk{(span * span_vectors + part_begin) * kVector, vectors, std::min(vectors, a.stage_capacity)};
+  const int first_channel = g * channels_per_group;
+  // The channel of the thread's k-th vector, within the group.
+  const auto local_channel = [&](int k) {
+    return static_cast<int>(a.plane_vectors.quotient(static_cast<uint32_t>(part_begin + Chunk::index(k))));
+  };
+  const auto pre_values = [&](int k, const LoadedVector<T>& loaded, float (&v)[kVector]) {
+    loaded.unpack(v);
+    const int c = first_channel + local_channel(k);
+    apply_pre(a.pre, v, [&](int) { return c; });
+  };
+
+  float shift[1] = {0.f};
+  if (vectors > 0) {
+    const int c = first_channel + static_cast<int>(a.plane_vectors.quotient(static_cast<uint32_t>(part_begin)));
+    shift[0] = to_float(a.y[chunk.first]);
+    apply_pre(a.pre, shift, [&](int) { return c; });
+  }
+  float sum[1] = {0.f};
+  float squares[1] = {0.f};
+  sum_chunk(a.y, chunk, stage, pre_values, [](int) { return 0; }, shift, sum, squares);
+#pragma unroll
+  for (int lanes = 16; lanes > 0; lanes /= 2) {
+    sum[0] += __shfl_xor_sync(0xffffffffu, sum[0], lanes);
+    squares[0] += __shfl_xor_sync(0xffffffffu, squares[0], lanes);
+  }
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  if (threadIdx.x % 32 == 0) s.warp_sums[warp] = {sum[0], squares[0]};
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float2 total{0.f, 0.f};
+    for (int w = 0; w < kWarps; ++w) total = {total.x + s.warp_sums[w].x, total.y + s.warp_sums[w].y};
+    a.partials[blockIdx.x] = vectors > 0
+                                 ? shifted_moments(static_cast<float>(vectors * kVector), shift[0], total.x, total.y)
+                                 : WelfordPartial{0.f, 0.f, 0.f};
+  }
+
+  finalize_groups(a, gridDim.x / a.parts / a.num_groups);
+  const float2 mean_rstd = __ldcg(a.mean_rstd + span);
+  for (int c = static_cast<int>(threadIdx.x); c < channels_per_group; c += kThreads)
+    s.scale_shift[c] = channel_scale_shift(a.affine, first_channel + c, mean_rstd);
+  __syncthreads();
+
+  normalize_chunk(a, chunk, stage, [&](int k, const LoadedVector<T>& loaded, float (&v)[kVector]) {
+    loaded.unpack(v);
+    const int local = local_channel(k);
+    const int c = first_channel + local;
+    const auto channel = [&](int) { return c; };
+    apply_pre(a.pre, v, channel);
+    const float2 ss = s.scale_shift[local];
+#pragma unroll
+    for (int i = 0; i < kVector; ++i) v[i] = fmaf(v[i], ss.x, ss.y);
+    activate_each(a.after, v, channel);
+  });
+}
+
+// NDHWC: block (sample n, part of its rows). kVector sums a thread, its channels'.
+template <class T>
+__device__ void resident_channels_last(const ResidentArgs<T>& a, char* shared) {
+  const SharedLayout layout{a.channels, a.channels};
+  const Scratch s(shared, layout);
+  auto* stage = reinterpret_cast<LoadedVector<T>*>(shared + layout.scratch_bytes());
+  const int64_t n = blockIdx.x / a.parts;
+  const int part = static_cast<int>(blockIdx.x % a.parts);
+  const int row_vectors = a.channels / kVector;
+  const int64_t row_begin = std::min(a.spatial, part * a.part_length);
+  const int rows = static_cast<int>(std::min(a.spatial - row_begin, a.part_length));
+  const int vectors = rows * row_vectors;
+  const Chunk chunk{(n * a.spatial + row_begin) * a.channels, vectors, std::min(vectors, a.stage_capacity)};
+  const int column = static_cast<int>(threadIdx.x) % row_vectors * kVector;  // the thread's first channel
+  const auto pre_values = [&](int, const LoadedVector<T>& loaded, float (&v)[kVector]) {
+    loaded.unpack(v);
+    apply_pre(a.pre, v, [&](int i) { return column + i; });
+  };
+
+  float shift[kVector] = {};
+  if (rows > 0) {
+    LoadedVector<T> first;
+    first.load(a.y + chunk.first + column);
+    pre_values(0, first, shift);
+  }
+  float sum[kVector] = {};
+  float squares[kVector] = {};
+  sum_chunk(a.y, chunk, stage, pre_values, [](int i) { return i; }, shift, sum, squares);
+  for (int lanes = row_vectors; lanes < 32; lanes *= 2) {
+#pragma unroll
+    for (int i = 0; i < kVector; ++i) {
+      sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], lanes);
+      squares[i] += __shfl_xor_sync(0xffffffffu, squares[i], lanes);
+    }
+  }
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  if (static_cast<int>(threadIdx.x % 32) < row_vectors) {
+#pragma unroll
+    for (int i = 0; i < kVector; ++i) {
+      s.warp_sums[warp * a.channels + column + i] = {sum[i], squares[i]};
+      if (warp == 0) s.shift[column + i] = shift[i];
+    }
+  }
+  __syncthreads();
+  for (int c = static_cast<int>(threadIdx.x); c < a.channels; c += kThreads) {
+    float2 total{0.f, 0.f};
+    for (int w = 0; w < kWarps; ++w) {
+      const float2 part_sums = s.warp_sums[w * a.channels + c];
+      total = {total.x + part_sums.x, total.y + part_sums.y};
+    }
+    s.channel[c] = rows > 0 ? shifted_moments(static_cast<float>(rows), s.shift[c], total.x, total.y)
+                            : WelfordPartial{0.f, 0.f, 0.f};
+  }
+  __syncthreads();
+  // Each group's channels merged by Chan's formula in a fixed tree.
+  const int channels_per_group = a.channels / a.num_groups;
+  for (int step = 1; step < channels_per_group; step *= 2) {
+    for (int c = static_cast<int>(threadIdx.x); c < a.channels; c += kThreads) {
+      const int k = c % channels_per_group;
+      if (k % (2 * step) == 0 && k + step < channels_per_group) s.channel[c] = merge(s.channel[c], s.channel[c + step]);
+    }
+    __syncthreads();
+  }
+  for (int g = static_cast<int>(threadIdx.x); g < a.num_groups; g += kThreads)
+    a.partials[(n * a.num_groups + g) * a.parts + part] = s.channel[g * channels_per_group];
+
+  finalize_groups(a, gridDim.x / a.parts);
+  for (int c = static_cast<int>(threadIdx.x); c < a.channels; c += kThreads)
+    s.scale_shift[c] =
+        channel_scale_shift(a.affine, c, __ldcg(a.mean_rstd + n * a.num_groups + c / channels_per_group));
+  __syncthreads();
+
+  const ChannelVector terms(a.pre, a.after, s.scale_shift, column);
+  normalize_chunk(a, chunk, stage, [&](int, const LoadedVector<T>& loaded, float (&v)[kVector]) {
+    loaded.unpack(v);
+    terms.apply_pre(a.pre.activation, v);
+    terms.apply_norm_after(a.after, v);
+  });
+}
+
+template <class T, bool kChannelsLast>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+    norm_activation_resident_kernel(const __grid_constant__ ResidentArgs<T> a) {
+  extern __shared__ __align__(16) char shared[];
+  if constexpr (kChannelsLast) {
+    resident_channels_last(a, shared);
+  } else {
+    resident_channels_first(a, shared);
+  }
+}
+
+void check_cuda(cudaError_t error, const char* what) {
+  if (error != cudaSuccess)
+    throw std::runtime_error(std::string("cutlassfuse: ") + what + ": " + cudaGetErrorString(error));
+}
+
+// What a GPU holds of one kernel: resident blocks, and the shared memory each gets.
+struct ResidentCapacity {
+  int blocks = 0;
+  int shared_bytes = 0;
+  int64_t l2_bytes = 0;
+};
+
+template <class T, bool kChannelsLast>
+auto resident_kernel() {
+  return norm_activation_resident_kernel<T, kChannelsLast>;
+}
+
+// The current device's capacity for the kernel, queried once per device (the kernel's
+// shared memory limit is raised then): driver queries per call would show in the host
+// time of small calls.
+template <class T, bool kChannelsLast>
+ResidentCapacity device_capacity() {
+  const auto kernel = resident_kernel<T, kChannelsLast>();
+  constexpr int kMaxDevices = 64;
+  static ResidentCapacity capacities[kMaxDevices];
+  static std::atomic<bool> known[kMaxDevices];
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "querying the current device");
+  if (device < kMaxDevices && known[device].load(std::memory_order_acquire)) return capacities[device];
+  int sms = 0;
+  int per_sm = 0;
+  int l2 = 0;
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "querying the SM count");
+  check_cuda(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
+             "querying shared memory");
+  check_cuda(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device), "querying the L2 size");
+  ResidentCapacity c;
+  c.shared_bytes = (per_sm / kBlocksPerSm - kReservedSharedPerBlock) / 16 * 16;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, c.shared_bytes),
+             "raising the resident norm's shared memory");
+  int per_sm_blocks = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_blocks, kernel, kThreads, c.shared_bytes),
+             "querying the resident norm's occupancy");
+  c.blocks = per_sm_blocks * sms;
+  c.l2_bytes = l2;
+  if (device < kMaxDevices) {
+    capacities[device] = c;
+    known[device].store(true, std::memory_order_release);
+  }
+  return c;
+}
+
+bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Whether the resident kernel takes the call's layout, channels and pointers.
+bool takes(const ResidentNormCall& c) {
+  const GroupNormShape& shape = c.shape;
+  const int64_t elements = shape.batch * shape.channels * shape.spatial;
+  if (!aligned(c.y) || !aligned(c.out) || !aligned(c.residual)) return false;
+  if (elements == 0 || elements >= (int64_t{1} << 31)) return false;
+  if (c.layout == ActivationLayout::kChannelsFirst) return shape.spatial % kVector == 0;
+  const int64_t row_vectors = shape.channels / kVector;
+  return shape.channels % kVector == 0 && row_vectors <= kMaxRowVectors && (row_vectors & (row_vectors - 1)) == 0 &&
+         ChannelVector::holds(c.pre.activation, c.after);
+}
+
+SharedLayout shared_layout(const GroupNormShape& shape, ActivationLayout layout) {
+  const auto channels = static_cast<int>(shape.channels);
+  const auto groups = static_cast<int>(shape.num_groups);
+  return layout == ActivationLayout::kChannelsLast ? SharedLayout{channels, channels}
+                                                   : SharedLayout{1, channels / groups};
+}
+
+// Vectors a unit holds, and how many there are.
+int64_t unit_vectors(const GroupNormShape& shape, ActivationLayout layout) {
+  return layout == ActivationLayout::kChannelsLast ? shape.spatial * shape.channels / kVector
+                                                   : shape.channels / shape.num_groups * shape.spatial / kVector;
+}
+
+int64_t units(const GroupNormShape& shape, ActivationLayout layout) {
+  return layout == ActivationLayout::kChannelsLast ? shape.batch : shape.batch * shape.num_groups;
+}
+
+template <class T, bool kChannelsLast>
+std::optional<ResidentNormPlan> plan_for(const ResidentNormCall& c) {
+  const ResidentCapacity capacity = device_capacity<T, kChannelsLast>();
+  const int stage_bytes = capacity.shared_bytes - shared_layout(c.shape, c.layout).scratch_bytes();
+  const int64_t count = units(c.shape, c.layout);
+  if (stage_bytes < 0 || count > capacity.blocks) return std::nullopt;
+  const int64_t bytes = c.shape.batch * c.shape.channels * c.shape.spatial * int64_t{sizeof(T)};
+  if (bytes > int64_t{capacity.blocks} * stage_bytes + capacity.l2_bytes) return std::nullopt;
+  // Parts a unit: as many as the GPU holds, none without a vector for every thread.
+  const int64_t parts =
+      std::min(capacity.blocks / count, std::max<int64_t>(1, unit_vectors(c.shape, c.layout) / kThreads));
+  return ResidentNormPlan{count, static_cast<int>(parts), c.shape.batch * c.shape.num_groups};
+}
+
+template <class T, bool kChannelsLast>
+bool launch(const ResidentNormCall& c, const ResidentNormPlan& plan, cudaStream_t stream) {
+  const auto kernel = resident_kernel<T, kChannelsLast>();
+  const ResidentCapacity capacity = device_capacity<T, kChannelsLast>();
+  const int stage_bytes = capacity.shared_bytes - shared_layout(c.shape, c.layout).scratch_bytes();
+  const int64_t vectors = unit_vectors(c.shape, c.layout);
+  const int64_t part_vectors = ceil_div(vectors, int64_t{plan.parts});
+  const int row_vectors = static_cast<int>(c.shape.channels / kVector);
+  ResidentArgs<T> a{static_cast<const T*>(c.y),
+                    static_cast<T*>(c.out),
+                    static_cast<const T*>(c.residual),
+                    pre_terms<T>(c.pre),
+                    c.after,
+                    c.affine,
+                    c.eps,
+                    c.shape.spatial,
+                    static_cast<int>(c.shape.channels),
+                    static_cast<int>(c.shape.num_groups),
+                    plan.parts,
+                    kChannelsLast ? ceil_div(part_vectors, int64_t{row_vectors}) : part_vectors,
+                    stage_bytes / static_cast<int>(sizeof(LoadedVector<T>)),
+                    FastDivisor(static_cast<uint32_t>(c.shape.spatial / kVector)),
+                    static_cast<WelfordPartial*>(c.workspace),
+                    reinterpret_cast<float2*>(static_cast<char*>(c.workspace) + plan.partials_bytes()),
+                    c.mean,
+                    c.rstd};
+  void* args[] = {&a};
+  const cudaError_t error = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel),
+                                                        dim3(static_cast<unsigned>(plan.units * plan.parts)),
+                                                        dim3(kThreads), args, capacity.shared_bytes, stream);
+  if (error == cudaErrorCooperativeLaunchTooLarge) {
+    (void)cudaGetLastError();  // not sticky: clear it for the separate launches that follow
+    return false;
+  }
+  check_cuda(error, "launching norm_activation_resident_kernel");
+  return true;
+}
+
+// f(channels_last, element) with both as types: std::bool_constant and T{}.
+template <class F>
+auto with_kernel(const ResidentNormCall& c, F&& f) {
+  decltype(f(std::true_type{}, float{})) result{};
+  with_type(c.element, [&](auto t) {
+    result = c.layout == ActivationLayout::kChannelsLast ? f(std::true_type{}, t) : f(std::false_type{}, t);
+  });
+  return result;
+}
+
+}  // namespace
+
+std::optional<ResidentNormPlan> plan_resident_norm(const ResidentNormCall& call) {
+  if (!takes(call)) return std::nullopt;
+  return with_kernel(
+      call, [&](auto channels_last, auto t) { return plan_for<decltype(t), decltype(channels_last)::value>(call); });
+}
+
+bool norm_activation_resident(const ResidentNormCall& call, const ResidentNormPlan& plan, cudaStream_t stream) {
+  return with_kernel(call, [&](auto channels_last, auto t) {
+    return launch<decltype(t), decltype(channels_last)::value>(call, plan, stream);
+  });
+}
+
+}  // namespace cutlassfuse
