@@ -41,6 +41,17 @@ ResidentNormCall resident_call(const at::Tensor& y, const NormEpilogue& norm, co
           nullptr};
 }
 
+// The result's tensors: `out` (y where absent), mean and rstd when `keep`.
+NormResult norm_result(const at::Tensor& y, const std::optional<at::Tensor>& out, const Problem& p, bool keep) {
+  NormResult result;
+  result.out = out.has_value() ? *out : y;
+  if (keep) {
+    result.mean = empty_on_device({p.batch, p.num_groups}, y.options().dtype(at::kFloat));
+    result.rstd = empty_on_device({p.batch, p.num_groups}, y.options().dtype(at::kFloat));
+  }
+  return result;
+}
+
 }  // namespace
 
 std::optional<NormResult> resident_norm(const at::Tensor& y, const std::optional<at::Tensor>& out,
@@ -51,14 +62,10 @@ std::optional<NormResult> resident_norm(const at::Tensor& y, const std::optional
   if (out.has_value()) call.out = out->data_ptr();
   const std::optional<ResidentNormPlan> plan = plan_resident_norm(call);
   if (!plan.has_value()) return std::nullopt;
-  const auto options = y.options();
-  const at::Tensor workspace = empty_on_device({plan->workspace_bytes()}, options.dtype(at::kByte));
+  const at::Tensor workspace = empty_on_device({plan->workspace_bytes()}, y.options().dtype(at::kByte));
   call.workspace = workspace.data_ptr();
-  NormResult result;
-  result.out = out.has_value() ? *out : y;
+  NormResult result = norm_result(y, out, p, keep);
   if (keep) {
-    result.mean = empty_on_device({p.batch, p.num_groups}, options.dtype(at::kFloat));
-    result.rstd = empty_on_device({p.batch, p.num_groups}, options.dtype(at::kFloat));
     call.mean = result.mean.data_ptr<float>();
     call.rstd = result.rstd.data_ptr<float>();
   }
@@ -80,16 +87,12 @@ NormResult finish_norm(const at::Tensor& y, const std::optional<at::Tensor>& out
   const ActivationLayout layout =
       y.is_contiguous() ? ActivationLayout::kChannelsFirst : ActivationLayout::kChannelsLast;
   const GroupNormShape shape = group_norm_shape(p);
-  const auto options = y.options();
   SingleRegionFinalize finalize =
       statistics_finalize(stats.data(), stats.sources, element, shape, norm_affine(norm, operands),
                           static_cast<float>(p.eps), stats.scale_shift);
   finalize.mean_shift = stats.mean_shift;
-  NormResult result;
-  result.out = out.has_value() ? *out : y;
+  NormResult result = norm_result(y, out, p, keep);
   if (keep) {
-    result.mean = empty_on_device({p.batch, p.num_groups}, options.dtype(at::kFloat));
-    result.rstd = empty_on_device({p.batch, p.num_groups}, options.dtype(at::kFloat));
     finalize.mean = result.mean.data_ptr<float>();
     finalize.rstd = result.rstd.data_ptr<float>();
   }

@@ -1,14 +1,13 @@
 // GroupNorm with its activations in one cooperative launch, the tensor held in shared
-// memory and L2 between its read and its normalize. See
-// cutlassfuse/norm/group_norm_resident.h.
+// memory between its read and its normalize. See cutlassfuse/norm/group_norm_resident.h.
 //
 // A block owns one contiguous chunk of a unit (NCDHW: a (sample, group) span of
-// channels_per_group planes; NDHWC: a sample's rows of pixels, all channels) and walks
-// it in kVector-element vectors, thread t taking vectors t, t + kThreads, ..., with
-// kUnroll loads in flight. Its statistics are sums of deviations from a shift (a value
-// of the chunk, as norm_statistics.cu's), reduced in a fixed order into one partial
-// per group it holds. NDHWC rows are a power of two of vectors up to 32, so a thread
-// stays on one vector of channels and its lanes reduce by shuffles.
+// channels_per_group planes; NDHWC: a sample's rows of pixels, all channels), which its
+// shared memory holds, in kVector-element vectors: thread t copies and takes vectors
+// t, t + kThreads, ... Its statistics are sums of deviations from a shift (a value of
+// the chunk, as norm_statistics.cu's), reduced in a fixed order into one partial per
+// group it holds. NDHWC rows are a power of two of vectors up to 32, so a thread stays
+// on one vector of channels and its lanes reduce by shuffles.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -28,15 +27,11 @@ namespace cg = cooperative_groups;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-// Three blocks per SM keep kUnroll loads of 768 threads in flight, what DRAM's latency
-// needs at full bandwidth, and split the SM's shared memory into three stages.
+// Two blocks per SM, each with half its shared memory: the NDHWC kernel's sums and
+// channel constants take 92 registers a thread (ptxas -v), too many for three.
 constexpr int kBlocksPerSm = 2;
 // What the GPU reserves of an SM's shared memory per resident block.
 constexpr int kReservedSharedPerBlock = 1024;
-// Loads in flight per thread while phase 1 streams what shared memory does not hold, as
-// many as the registers hold without spills (ptxas -v) beside kSums sums and shifts.
-template <class T, int kSums>
-constexpr int kStreamLoads = kSums == 1 ? 2 * kUnroll<T> : kUnroll<T>;
 // NDHWC: channels up to kMaxRowVectors vectors a row (a warp's lanes hold whole rows).
 constexpr int kMaxRowVectors = 32;
 
@@ -54,7 +49,6 @@ struct ResidentArgs {
   int num_groups;
   int parts;
   int64_t part_length;        // NCDHW: vectors of a span a part holds; NDHWC: rows
-  int stage_capacity;         // vectors a block's shared memory stages
   FastDivisor plane_vectors;  // NCDHW: spatial / kVector
   WelfordPartial* partials;   // [sample, group, part]
   float2* mean_rstd;          // [sample, group]
@@ -87,46 +81,19 @@ struct Scratch {
         channel(reinterpret_cast<WelfordPartial*>(shift + l.sums)) {}
 };
 
-// The block's chunk: `vectors` vectors from element `first` of y, the first `staged`
-// of them kept in shared memory.
+// The block's chunk: `vectors` vectors from element `first` of y.
 struct Chunk {
   int64_t first;
   int vectors;
-  int staged;
 
-  // The thread's vectors, and how many of them are staged.
-  __device__ int own() const { return own_below(vectors); }
-  __device__ int own_staged() const { return own_below(staged); }
+  // The thread's vectors: k = 0 .. own() - 1, the index(k)-th of the chunk.
+  __device__ int own() const {
+    const int t = static_cast<int>(threadIdx.x);
+    return vectors > t ? (vectors - t + kThreads - 1) / kThreads : 0;
+  }
   __device__ int64_t offset(int k) const { return first + int64_t{index(k)} * kVector; }
   __device__ static int index(int k) { return static_cast<int>(threadIdx.x) + k * kThreads; }
-
- private:
-  __device__ static int own_below(int count) {
-    const int t = static_cast<int>(threadIdx.x);
-    return count > t ? (count - t + kThreads - 1) / kThreads : 0;
-  }
 };
-
-// body(r, vector) for r = 0 .. count - 1, the vector at y + offset(r), kLoads loads in
-// flight: each slot's next load is issued as its vector is taken up.
-template <int kLoads, class T, class Offset, class Body>
-__device__ __forceinline__ void walk_loads(const T* y, int count, const Offset& offset, const Body& body) {
-  LoadedVector<T> loads[kLoads];
-#pragma unroll
-  for (int u = 0; u < kLoads; ++u) {
-    if (u < count) loads[u].load(y + offset(u));
-  }
-  for (int first = 0; first < count; first += kLoads) {
-#pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      const int r = first + u;
-      if (r >= count) break;
-      const LoadedVector<T> current = loads[u];
-      if (r + kLoads < count) loads[u].load(y + offset(r + kLoads));
-      body(r, current);
-    }
-  }
-}
 
 // A vector from global to shared memory without registers (sm_80's cp.async, 16 bytes
 // at a time, through L2 only).
@@ -146,21 +113,19 @@ __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_
 // The thread's own copies landed (no other thread reads them: no barrier needed).
 __device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-// Phase 1 of a thread: each of its vectors summed (as deviations from `shift`, of the
-// channel `slot(k)` of kSums sums). The staged ones are copied into `stage` first, all
-// in flight at once, the others then stream through registers (so they are the ones
-// read last, which L2 holds for the normalize); the staged ones are summed last.
+// Phase 1 of a thread: its vectors copied into `stage`, all in flight at once, then each
+// summed (as deviations from `shift`, of the channel `slot(k)` of kSums sums).
 template <class T, int kSums, class Values, class Slot>
 __device__ __forceinline__ void sum_chunk(const T* y, const Chunk& chunk, LoadedVector<T>* stage, const Values& values,
                                           const Slot& slot, const float (&shift)[kSums], float (&sum)[kSums],
                                           float (&squares)[kSums]) {
   const int own = chunk.own();
-  const int staged = chunk.own_staged();
-  for (int k = 0; k < staged; ++k) copy_async(stage[Chunk::index(k)], y + chunk.offset(k));
+  for (int k = 0; k < own; ++k) copy_async(stage[Chunk::index(k)], y + chunk.offset(k));
   commit_copies();
-  const auto add = [&](int k, const LoadedVector<T>& loaded) {
+  wait_copies();
+  for (int k = 0; k < own; ++k) {
     float v[kVector];
-    values(k, loaded, v);
+    values(k, stage[Chunk::index(k)], v);
 #pragma unroll
     for (int i = 0; i < kVector; ++i) {
       const int s = slot(i);
@@ -168,60 +133,20 @@ __device__ __forceinline__ void sum_chunk(const T* y, const Chunk& chunk, Loaded
       sum[s] += x;
       squares[s] = fmaf(x, x, squares[s]);
     }
-  };
-  walk_loads<kStreamLoads<T, kSums>>(
-      y, own - staged, [&](int r) { return chunk.offset(staged + r); },
-      [&](int r, const LoadedVector<T>& loaded) { add(staged + r, loaded); });
-  wait_copies();
-  for (int k = 0; k < staged; ++k) add(k, stage[Chunk::index(k)]);
-}
-
-// store_vector with an evict-first policy: the kernel never reads the output, and L2
-// keeps the input lines the normalize still reads.
-template <class T>
-__device__ __forceinline__ void store_vector_evict_first(T* dst, const float (&v)[kVector]) {
-  if constexpr (sizeof(T) == 4) {
-    __stcs(reinterpret_cast<float4*>(dst), make_float4(v[0], v[1], v[2], v[3]));
-    __stcs(reinterpret_cast<float4*>(dst) + 1, make_float4(v[4], v[5], v[6], v[7]));
-  } else {
-    uint4 raw;
-    T* elements = reinterpret_cast<T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < kVector; ++i) elements[i] = from_float<T>(v[i]);
-    __stcs(reinterpret_cast<uint4*>(dst), raw);
   }
 }
 
-// Phase 3 of a thread: out = normalize(k, vector) for each of its vectors. The staged
-// ones first, each slot refilled as it frees by an async copy of a vector outside shared
-// memory, those read last first (what L2 holds the most recent of); then those that
-// found no slot, through registers; then the refilled slots.
+// Phase 3 of a thread: out = normalize(k, vector) for each of its vectors, from `stage`.
 template <class T, class Normalize>
-__device__ __forceinline__ void normalize_chunk(const ResidentArgs<T>& a, const Chunk& chunk, LoadedVector<T>* stage,
-                                                const Normalize& normalize) {
-  const int own = chunk.own();
-  const int staged = chunk.own_staged();
-  const int refilled = min(staged, own - staged);
-  const auto write = [&](int k, const LoadedVector<T>& loaded) {
+__device__ __forceinline__ void normalize_chunk(const ResidentArgs<T>& a, const Chunk& chunk,
+                                                const LoadedVector<T>* stage, const Normalize& normalize) {
+  for (int k = 0; k < chunk.own(); ++k) {
     float v[kVector];
-    normalize(k, loaded, v);
+    normalize(k, stage[Chunk::index(k)], v);
     const int64_t offset = chunk.offset(k);
     add_residual(a.residual, offset, v);
-    store_vector_evict_first(a.out + offset, v);
-  };
-  // The r-th vector outside shared memory, from the last read back.
-  const auto unstaged = [&](int r) { return own - 1 - r; };
-  for (int k = 0; k < staged; ++k) {
-    LoadedVector<T>& slot = stage[Chunk::index(k)];
-    write(k, slot);  // its store takes the slot's value: the copy below lands after the read
-    if (k < refilled) copy_async(slot, a.y + chunk.offset(unstaged(k)));
+    store_vector(a.out + offset, v);
   }
-  commit_copies();
-  walk_loads<kUnroll<T>>(
-      a.y, own - staged - refilled, [&](int r) { return chunk.offset(unstaged(refilled + r)); },
-      [&](int r, const LoadedVector<T>& loaded) { write(unstaged(refilled + r), loaded); });
-  wait_copies();
-  for (int k = 0; k < refilled; ++k) write(unstaged(k), stage[Chunk::index(k)]);
 }
 
 // The merge of `parts` consecutive partials in a fixed order: lane l takes parts l,
@@ -282,7 +207,7 @@ __device__ void resident_channels_first(const ResidentArgs<T>& a, char* shared) 
   const int64_t span_vectors = channels_per_group * a.spatial / kVector;
   const int64_t part_begin = std::min(span_vectors, part * a.part_length);
   const int vectors = static_cast<int>(std::min(span_vectors - part_begin, a.part_length));
-  const Chunk chunk{(span * span_vectors + part_begin) * kVector, vectors, std::min(vectors, a.stage_capacity)};
+  const Chunk chunk{(span * span_vectors + part_begin) * kVector, vectors};
   const int first_channel = g * channels_per_group;
   // The channel of the thread's k-th vector, within the group.
   const auto local_channel = [&](int k) {
@@ -350,7 +275,7 @@ __device__ void resident_channels_last(const ResidentArgs<T>& a, char* shared) {
   const int64_t row_begin = std::min(a.spatial, part * a.part_length);
   const int rows = static_cast<int>(std::min(a.spatial - row_begin, a.part_length));
   const int vectors = rows * row_vectors;
-  const Chunk chunk{(n * a.spatial + row_begin) * a.channels, vectors, std::min(vectors, a.stage_capacity)};
+  const Chunk chunk{(n * a.spatial + row_begin) * a.channels, vectors};
   const int column = static_cast<int>(threadIdx.x) % row_vectors * kVector;  // the thread's first channel
   const auto pre_values = [&](int, const LoadedVector<T>& loaded, float (&v)[kVector]) {
     loaded.unpack(v);
@@ -438,7 +363,6 @@ void check_cuda(cudaError_t error, const char* what) {
 struct ResidentCapacity {
   int blocks = 0;
   int shared_bytes = 0;
-  int64_t l2_bytes = 0;
 };
 
 template <class T, bool kChannelsLast>
@@ -460,11 +384,9 @@ ResidentCapacity device_capacity() {
   if (device < kMaxDevices && known[device].load(std::memory_order_acquire)) return capacities[device];
   int sms = 0;
   int per_sm = 0;
-  int l2 = 0;
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "querying the SM count");
   check_cuda(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
              "querying shared memory");
-  check_cuda(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device), "querying the L2 size");
   ResidentCapacity c;
   c.shared_bytes = (per_sm / kBlocksPerSm - kReservedSharedPerBlock) / 16 * 16;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, c.shared_bytes),
@@ -473,7 +395,6 @@ ResidentCapacity device_capacity() {
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_blocks, kernel, kThreads, c.shared_bytes),
              "querying the resident norm's occupancy");
   c.blocks = per_sm_blocks * sms;
-  c.l2_bytes = l2;
   if (device < kMaxDevices) {
     capacities[device] = c;
     known[device].store(true, std::memory_order_release);
@@ -515,25 +436,24 @@ int64_t units(const GroupNormShape& shape, ActivationLayout layout) {
 template <class T, bool kChannelsLast>
 std::optional<ResidentNormPlan> plan_for(const ResidentNormCall& c) {
   const ResidentCapacity capacity = device_capacity<T, kChannelsLast>();
-  const int stage_bytes = capacity.shared_bytes - shared_layout(c.shape, c.layout).scratch_bytes();
+  const int64_t stage_vectors =
+      (capacity.shared_bytes - shared_layout(c.shape, c.layout).scratch_bytes()) / int64_t{sizeof(LoadedVector<T>)};
   const int64_t count = units(c.shape, c.layout);
-  if (stage_bytes < 0 || count > capacity.blocks) return std::nullopt;
-  const int64_t bytes = c.shape.batch * c.shape.channels * c.shape.spatial * int64_t{sizeof(T)};
-  if (bytes > int64_t{capacity.blocks} * stage_bytes + capacity.l2_bytes) return std::nullopt;
+  if (count > capacity.blocks) return std::nullopt;
   // Parts a unit: as many as the GPU holds, none without a vector for every thread.
-  const int64_t parts =
-      std::min(capacity.blocks / count, std::max<int64_t>(1, unit_vectors(c.shape, c.layout) / kThreads));
-  return ResidentNormPlan{count, static_cast<int>(parts), c.shape.batch * c.shape.num_groups};
+  const int64_t vectors = unit_vectors(c.shape, c.layout);
+  const int64_t parts = std::min(capacity.blocks / count, std::max<int64_t>(1, vectors / kThreads));
+  // NDHWC parts are whole rows.
+  const int64_t row_vectors = kChannelsLast ? c.shape.channels / kVector : 1;
+  const int64_t part_length = ceil_div(ceil_div(vectors, parts), row_vectors);
+  if (part_length * row_vectors > stage_vectors) return std::nullopt;
+  return ResidentNormPlan{count, static_cast<int>(parts), part_length, c.shape.batch * c.shape.num_groups};
 }
 
 template <class T, bool kChannelsLast>
 bool launch(const ResidentNormCall& c, const ResidentNormPlan& plan, cudaStream_t stream) {
   const auto kernel = resident_kernel<T, kChannelsLast>();
   const ResidentCapacity capacity = device_capacity<T, kChannelsLast>();
-  const int stage_bytes = capacity.shared_bytes - shared_layout(c.shape, c.layout).scratch_bytes();
-  const int64_t vectors = unit_vectors(c.shape, c.layout);
-  const int64_t part_vectors = ceil_div(vectors, int64_t{plan.parts});
-  const int row_vectors = static_cast<int>(c.shape.channels / kVector);
   ResidentArgs<T> a{static_cast<const T*>(c.y),
                     static_cast<T*>(c.out),
                     static_cast<const T*>(c.residual),
@@ -545,8 +465,7 @@ bool launch(const ResidentNormCall& c, const ResidentNormPlan& plan, cudaStream_
                     static_cast<int>(c.shape.channels),
                     static_cast<int>(c.shape.num_groups),
                     plan.parts,
-                    kChannelsLast ? ceil_div(part_vectors, int64_t{row_vectors}) : part_vectors,
-                    stage_bytes / static_cast<int>(sizeof(LoadedVector<T>)),
+                    plan.part_length,
                     FastDivisor(static_cast<uint32_t>(c.shape.spatial / kVector)),
                     static_cast<WelfordPartial*>(c.workspace),
                     reinterpret_cast<float2*>(static_cast<char*>(c.workspace) + plan.partials_bytes()),

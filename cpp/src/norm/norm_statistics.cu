@@ -57,7 +57,6 @@ constexpr int kMinTileM = 32;
 // elements of each.
 template <class T>
 constexpr int kRowLoads = sizeof(T) == 2 ? 7 : 4;
-template <class T>
 constexpr int kVectorLoads = 2;
 // NCDHW vectors: runs of 32 * kVector pixels of each channel read at once, so that a warp
 // keeps kVectorLoads x kVectorRuns loads in flight however few channels its tile gives it.
@@ -260,7 +259,7 @@ __device__ void channels_last_moments(const StatsInput<T>& a, const Segment& s, 
 // lane; elements: 32 apart, each load coalesced), reduced by shuffles.
 template <class T, bool kVectors>
 __device__ void channels_first_moments(const StatsInput<T>& a, const Segment& s, StatsScratch& scratch) {
-  constexpr int kChannels = kVectors ? kVectorLoads<T> : kElementLoads<T>;
+  constexpr int kChannels = kVectors ? kVectorLoads : kElementLoads<T>;
   constexpr int kRuns = kVectors ? kVectorRuns<T> : 1;
   constexpr int kRun = 32 * kVector;  // pixels of a channel a warp reads with one load
   const int lane = static_cast<int>(threadIdx.x) % 32;
