@@ -18,8 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import cutlassfuse
-from cutlassfuse import backends
-from cutlassfuse import GroupNormActivation
+from cutlassfuse import GroupNormActivation, backends
 from cutlassfuse.blocks import ACTIVATIONS, activation_of_module
 from cutlassfuse.testing import (
     ACTIVATION_MODULES,

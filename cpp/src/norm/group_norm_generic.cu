@@ -24,8 +24,6 @@ constexpr int kChunk = kThreads * kPerThread;
 // bounds guarantee two.
 constexpr int kResidentPerSm = 2;
 
-bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // The output plus the residual's value at the output's `index` (the residual in the
 // output's layout), where a residual is given: the block's sum, rounded once.
 template <class T>
@@ -524,11 +522,6 @@ __global__ void __launch_bounds__(kThreads, kResidentPerSm)
       __syncthreads();
     }
   }
-}
-
-void check_cuda(cudaError_t error, const char* what) {
-  if (error != cudaSuccess)
-    throw std::runtime_error(std::string("cutlassfuse: ") + what + ": " + cudaGetErrorString(error));
 }
 
 // How many blocks of the vector and transposing normalize kernels the current GPU holds

@@ -176,8 +176,7 @@ __device__ void finalize_groups(const ResidentArgs<T>& a, int64_t batch) {
   for (int64_t item = blockIdx.x * int64_t{kWarps} + threadIdx.x / 32; item < batch * a.num_groups; item += warps) {
     const WelfordPartial total = merge_parts(a.partials + item * a.parts, a.parts);
     if (threadIdx.x % 32 == 0) {
-      const float variance = total.count > 0.f ? total.m2 / total.count : 0.f;  // biased, as GroupNorm
-      const float2 mean_rstd{total.mean, rsqrtf(variance + a.eps)};
+      const float2 mean_rstd{total.mean, group_rstd(total, a.eps)};
       a.mean_rstd[item] = mean_rstd;
       if (a.mean != nullptr) {
         a.mean[item] = mean_rstd.x;
@@ -186,11 +185,6 @@ __device__ void finalize_groups(const ResidentArgs<T>& a, int64_t batch) {
     }
   }
   grid.sync();
-}
-
-__device__ __forceinline__ float2 channel_scale_shift(const GroupNormAffine& affine, int c, float2 mean_rstd) {
-  const float scale = mean_rstd.y * load_affine(affine.gamma, affine.element, c, 1.f);
-  return {scale, load_affine(affine.beta, affine.element, c, 0.f) - mean_rstd.x * scale};
 }
 
 // NCDHW: block (span n * groups + g, part). One sum a thread; the channel of vector k
@@ -247,7 +241,7 @@ __device__ void resident_channels_first(const ResidentArgs<T>& a, char* shared) 
   finalize_groups(a, gridDim.x / a.parts / a.num_groups);
   const float2 mean_rstd = __ldcg(a.mean_rstd + span);
   for (int c = static_cast<int>(threadIdx.x); c < channels_per_group; c += kThreads)
-    s.scale_shift[c] = channel_scale_shift(a.affine, first_channel + c, mean_rstd);
+    s.scale_shift[c] = channel_scale_shift(a.affine, first_channel + c, mean_rstd.x, mean_rstd.y);
   __syncthreads();
 
   normalize_chunk(a, chunk, stage, [&](int k, const LoadedVector<T>& loaded, float (&v)[kVector]) {
@@ -330,9 +324,10 @@ __device__ void resident_channels_last(const ResidentArgs<T>& a, char* shared) {
     a.partials[(n * a.num_groups + g) * a.parts + part] = s.channel[g * channels_per_group];
 
   finalize_groups(a, gridDim.x / a.parts);
-  for (int c = static_cast<int>(threadIdx.x); c < a.channels; c += kThreads)
-    s.scale_shift[c] =
-        channel_scale_shift(a.affine, c, __ldcg(a.mean_rstd + n * a.num_groups + c / channels_per_group));
+  for (int c = static_cast<int>(threadIdx.x); c < a.channels; c += kThreads) {
+    const float2 mean_rstd = __ldcg(a.mean_rstd + n * a.num_groups + c / channels_per_group);
+    s.scale_shift[c] = channel_scale_shift(a.affine, c, mean_rstd.x, mean_rstd.y);
+  }
   __syncthreads();
 
   const ChannelVector terms(a.pre, a.after, s.scale_shift, column);
@@ -352,11 +347,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   } else {
     resident_channels_first(a, shared);
   }
-}
-
-void check_cuda(cudaError_t error, const char* what) {
-  if (error != cudaSuccess)
-    throw std::runtime_error(std::string("cutlassfuse: ") + what + ": " + cudaGetErrorString(error));
 }
 
 // What a GPU holds of one kernel: resident blocks, and the shared memory each gets.
@@ -401,8 +391,6 @@ ResidentCapacity device_capacity() {
   }
   return c;
 }
-
-bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Whether the resident kernel takes the call's layout, channels and pointers.
 bool takes(const ResidentNormCall& c) {

@@ -1,7 +1,8 @@
 // What the generic GroupNorm kernels share (cutlassfuse/norm/group_norm_generic.h): the
 // value the norm reads, pre(y) = activation(y + bias), as the statistics
-// (norm_statistics.cu) and the normalize (group_norm_generic.cu) take it, and the
-// dispatch of their launches on the element type.
+// (norm_statistics.cu), the normalize (group_norm_generic.cu) and the resident kernel
+// (group_norm_resident.cu) take it, the residual's add, and on the host the pointers'
+// alignment check, launch errors and the dispatch of launches on the element type.
 #pragma once
 
 #include "cutlassfuse/common/device_utils.cuh"
@@ -39,6 +40,14 @@ __device__ __forceinline__ void add_residual(const T* __restrict__ residual, int
   load_vector(residual + index, r);
 #pragma unroll
   for (int k = 0; k < kVector; ++k) v[k] += r[k];
+}
+
+// Whether p may take 16-byte vector accesses (null counts: nothing is accessed).
+inline bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+inline void check_cuda(cudaError_t error, const char* what) {
+  if (error != cudaSuccess)
+    throw std::runtime_error(std::string("cutlassfuse: ") + what + ": " + cudaGetErrorString(error));
 }
 
 // Calls f with the C++ element type of `element`.

@@ -96,6 +96,20 @@ __device__ WelfordPartial unreached_moments(const StatisticsSourcesOf<kCapacity>
 
 // --- finalize: partials -> per-channel scale and shift -------------------------------------
 
+// 1 / sqrt(variance + eps) of a group's merged moments, the variance biased, as GroupNorm's.
+__device__ __forceinline__ float group_rstd(const WelfordPartial& total, float eps) {
+  const float variance = total.count > 0.f ? total.m2 / total.count : 0.f;
+  return rsqrtf(variance + eps);
+}
+
+// Channel c's (scale, shift) of the normalize's out = x * scale + shift: mean, rstd, gamma
+// and beta folded.
+__device__ __forceinline__ float2 channel_scale_shift(const GroupNormAffine& affine, int64_t c, float mean,
+                                                      float rstd) {
+  const float scale = rstd * load_affine(affine.gamma, affine.element, c, 1.f);
+  return {scale, load_affine(affine.beta, affine.element, c, 0.f) - mean * scale};
+}
+
 // The slots of (sample n, group g) over all regions as one sequence, regions in order,
 // so that a thread's loads do not wait on one another region by region.
 template <int kCapacity>
@@ -194,21 +208,16 @@ __device__ void finalize_group(const StatisticsFinalizeOf<kCapacity>& f, int64_t
   if (thread == 0) {
     if (sources.unreached_pixels > 0)
       total = merge(total, unreached_moments(sources, f.element, g, channels_per_group));
-    const float variance = total.count > 0.f ? total.m2 / total.count : 0.f;   // biased, as GroupNorm
     scratch.mean = total.mean + load_affine(f.mean_shift, f.element, g, 0.f);  // one channel per group
-    scratch.rstd = rsqrtf(variance + f.eps);
+    scratch.rstd = group_rstd(total, f.eps);
     if (f.mean != nullptr) {
       f.mean[n * f.num_groups + g] = scratch.mean;
       f.rstd[n * f.num_groups + g] = scratch.rstd;
     }
   }
   sync();
-  const GroupNormAffine& affine = f.affine;
-  for (int c = g * channels_per_group + thread; c < (g + 1) * channels_per_group; c += kWarps * 32) {
-    const float scale = scratch.rstd * load_affine(affine.gamma, affine.element, c, 1.f);
-    f.scale_shift[n * f.channels + c] = {scale,
-                                         load_affine(affine.beta, affine.element, c, 0.f) - scratch.mean * scale};
-  }
+  for (int c = g * channels_per_group + thread; c < (g + 1) * channels_per_group; c += kWarps * 32)
+    f.scale_shift[n * f.channels + c] = channel_scale_shift(f.affine, c, scratch.mean, scratch.rstd);
 }
 
 // --- the finishing kernels: finalize blocks in front of the normalize blocks -------------
