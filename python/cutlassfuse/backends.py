@@ -21,8 +21,8 @@ configuration against another, a kernel feature on and off):
   (cuDNN) elsewhere; "aten": ATen everywhere; "cutlass": the CUTLASS kernels wherever
   they take the layer.
 - ``resident_norm`` (True): False makes the standalone norm (``group_norm_activation``)
-  run its statistics, finalize and normalize as three launches where one launch holding
-  the tensor on chip would take it.
+  and the fallback blocks' norm run its statistics, finalize and normalize as three
+  launches where one launch holding the tensor on chip would take it.
 
 ``cutlassfuse.explain(...)`` reports what a call runs under the current flags.
 """

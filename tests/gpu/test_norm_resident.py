@@ -1,8 +1,8 @@
-"""The standalone norm's resident kernel (one cooperative launch holding the tensor in
-shared memory): which calls it takes, that it ran (the profiler sees it and not
-the separate statistics kernel), outputs against float64 no further from it than eager
-in the same dtype, bitwise repeatable, every output element written, and the mean and
-rstd the backward reads."""
+"""The resident norm kernel (one cooperative launch holding the tensor in shared
+memory), for the standalone norm and the fallback blocks' norm: which calls it takes,
+that it ran (the profiler sees it and not the separate statistics kernel), outputs
+against float64 no further from it than eager in the same dtype, bitwise repeatable,
+every output element written, and the mean and rstd the backward reads."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import cutlassfuse
 from cutlassfuse import backends
 from cutlassfuse.testing import errors, poison_cuda_allocator
+from test_blocks_cuda import assert_block_no_further_from_float64_than_eager, build, cast  # tests/gpu
 from test_norm_statistics import FLOOR, affine, kernel_grids, make_input, seed_of  # tests/gpu
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("strict_float32")]
@@ -174,3 +175,45 @@ def test_cuda_graph_replays_the_resident_launch():
         expected = cutlassfuse.group_norm_activation(static, num_groups, activation="silu")
     torch.cuda.synchronize()
     assert torch.equal(out, expected)
+
+
+# (dtype, channels_last, pixels): fallback blocks whose output the resident kernel takes in
+# place: channels-last 16-bit, and NCDHW float32 with pixels a multiple of 8
+FALLBACK_BLOCKS = [(torch.float16, True, (6, 5, 7)), (torch.bfloat16, True, (6, 5, 7)),
+                   (torch.float32, False, (8, 6, 4)), (torch.float32, True, (6, 5, 7))]
+
+
+@pytest.mark.parametrize("grad_mode", [False, True], ids=["no_grad", "grad_mode"])
+@pytest.mark.parametrize("before", [False, True], ids=["after", "before"])
+@pytest.mark.parametrize(("dtype", "channels_last", "pixels"), FALLBACK_BLOCKS,
+                         ids=[f"{str(d)[6:]}-{'cl' if c else 'ncdhw'}" for d, c, _ in FALLBACK_BLOCKS])
+def test_fallback_block_norm_in_one_launch(dtype, channels_last, pixels, before, grad_mode):
+    """A block on the fallback (cuDNN's convolution) normalizes its output in the resident
+    launch, the bias and an activation before or after the norm applied there; in grad mode
+    it keeps the convolution's output and writes the output beside it."""
+    seed = seed_of("fallback", dtype, channels_last, before, grad_mode)
+    modules64 = cast(build(False, "prelu", ("group", 4, True, True, 1), seed), torch.float64)
+    modules = cast(modules64, dtype)
+    conv, norm, act = modules
+    memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
+    x = make_input((2, 8, *pixels), dtype, channels_last, seed)
+
+    def call():
+        return cutlassfuse.conv3d_norm_activation(x, conv.weight, conv.bias, padding=1, num_groups=4,
+                                                  norm_weight=norm.weight, norm_bias=norm.bias, activation="prelu",
+                                                  activation_weight=act.weight, activation_before_norm=before)
+
+    with backends.flags(fused_path=False):
+        path = cutlassfuse.explain_block(cutlassfuse.conv3d_norm_activation, x, conv.weight, conv.bias, padding=1,
+                                         num_groups=4, activation="prelu", activation_weight=act.weight)
+        assert path.startswith("fallback:") and RESIDENT[len("norm: "):] in path, path
+        with torch.set_grad_enabled(grad_mode):
+            resident = kernel_grids(call, "norm_activation_resident_kernel")
+            separate = kernel_grids(call, "norm_activation_stats_kernel")
+        assert len(resident) == 1 and not separate, (resident, separate)
+        if not grad_mode:
+            assert_block_no_further_from_float64_than_eager(x, modules, modules64, before, memory_format)
+        with backends.flags(resident_norm=False):
+            assert RESIDENT[len("norm: "):] not in cutlassfuse.explain_block(
+                cutlassfuse.conv3d_norm_activation, x, conv.weight, conv.bias, padding=1, num_groups=4,
+                activation="prelu", activation_weight=act.weight)

@@ -5,6 +5,9 @@
 // it), and out = act(x * scale + shift) for an activation after the norm. The
 // standalone norm runs the same kernels on its input.
 //
+// A tensor that shared memory holds takes one launch instead of the three
+// (group_norm_resident.h) when it is written in its own layout.
+//
 // The normalize runs in place on the convolution's output when nothing is kept for a
 // backward. A call that keeps what its backward reads writes the output beside the
 // convolution's output, which it keeps as it is (no copy), and the finalize writes mean
@@ -64,10 +67,15 @@ std::string standalone_unsupported_reason(const NormActivationArgs& a, const Blo
 }
 
 // Statistics, finalize and normalize of `y` (packed NCDHW or NDHWC): into `out` when
-// given (y's layout, or NCDHW), else in place; mean and rstd when `keep`.
+// given (y's layout, or NCDHW), else in place; mean and rstd when `keep`. In one launch
+// where the resident kernel takes the call (resident_norm), else in three.
 NormResult normalize(const at::Tensor& y, const std::optional<at::Tensor>& out, const NormEpilogue& norm,
                      const Problem& p, bool keep, KernelOperands& operands) {
   const NvtxRange range("cutlassfuse.norm_activation");
+  if (current_options().backend.resident_norm) {
+    if (std::optional<NormResult> resident = resident_norm(y, out, norm, p, keep, operands))
+      return std::move(*resident);
+  }
   const GroupNormShape shape = group_norm_shape(p);
   const TilePartials tiles =
       generic_stats_tiles(shape, at::cuda::getDeviceProperties(y.device().index())->multiProcessorCount);
@@ -85,6 +93,28 @@ bool convolves_channels_last(const ConvNormActivationArgs& a) {
   return (type == at::kHalf || type == at::kBFloat16) && a.input.is_contiguous() &&
          block_output_memory_format(a) == at::MemoryFormat::Contiguous;
 }
+
+// The layout of the convolution's output, which the normalize reads.
+at::MemoryFormat conv_output_memory_format(const ConvNormActivationArgs& a, bool keep) {
+  return keep                         ? kept_conv_output_memory_format(a)
+         : convolves_channels_last(a) ? at::MemoryFormat::ChannelsLast3d
+                                      : block_output_memory_format(a);
+}
+
+// Whether the block's norm runs in one resident launch (normalize): the output in the
+// convolution output's layout, on a tensor the kernel takes.
+bool normalizes_in_one_launch(const BlockCall& call) {
+  const ConvNormActivationArgs& a = call.args;
+  const at::MemoryFormat format = block_output_memory_format(a);
+  if (!current_options().backend.resident_norm || conv_output_memory_format(a, call.keep_for_backward) != format)
+    return false;
+  const void* residual = has_residual(a) && a.residual->is_contiguous(format) ? a.residual->const_data_ptr() : nullptr;
+  return resident_norm_takes(a.input.scalar_type(), format, nullptr, residual, call.problem.conv);
+}
+
+constexpr const char* kNormKernels = "cutlassfuse activation/GroupNorm statistics, finalize and normalize kernels";
+constexpr const char* kResidentNormKernel =
+    "one cutlassfuse activation/GroupNorm kernel holding the tensor on chip (statistics, grid barrier, normalize)";
 
 // cuDNN runs a float16/bfloat16 Conv3d whose input channels are not a multiple of 8
 // without tensor cores (implicit_convolveNd_sgemm: 0.55 ms for MONAI UNet's first layer,
@@ -122,7 +152,8 @@ class FallbackBlock final : public PlannedBlock {
   explicit FallbackBlock(const BlockCall& call) : call_(call) {}
 
   std::string description() const override {
-    return std::string(kBlockKernels) + (convolves_channels_last(call_.args) ? kChannelsLastConvolution : "") +
+    return std::string(kConvolution) + " + " + (normalizes_in_one_launch(call_) ? kResidentNormKernel : kNormKernels) +
+           (convolves_channels_last(call_.args) ? kChannelsLastConvolution : "") +
            (pads_input_channels(call_.args) ? kPaddedChannels : "");
   }
 
@@ -148,12 +179,9 @@ class FallbackBlock final : public PlannedBlock {
         // given, spares ATen's conversion of the weight.
         if (input.suggest_memory_format() == at::MemoryFormat::ChannelsLast3d) weight = channels_last_weight(a);
       }
-      const at::MemoryFormat y_format = keep            ? kept_conv_output_memory_format(a)
-                                        : channels_last ? at::MemoryFormat::ChannelsLast3d
-                                                        : block_output_memory_format(a);
       y = convolution_without_bias(input, weight, {a.stride, a.padding, a.output_padding, a.dilation, a.groups},
                                    a.transposed)
-              .contiguous(y_format);
+              .contiguous(conv_output_memory_format(a, keep));
     }
     KernelOperands operands;
     const ActivationParams act =
@@ -171,9 +199,8 @@ class FallbackBlock final : public PlannedBlock {
   }
 
  private:
-  static constexpr const char* kBlockKernels =
-      "cuDNN convolution without bias (float32: PyTorch's, under its switches; float16/bfloat16: deterministic) + "
-      "cutlassfuse bias/activation/GroupNorm statistics, finalize and normalize kernels";
+  static constexpr const char* kConvolution =
+      "cuDNN convolution without bias (float32: PyTorch's, under its switches; float16/bfloat16: deterministic)";
   static constexpr const char* kPaddedChannels =
       "; the input channels zero-padded to a multiple of 8 (cuDNN's tensor-core kernels)";
   static constexpr const char* kChannelsLastConvolution =
@@ -191,15 +218,9 @@ NormForBackward run_standalone(const NormActivationArgs& a, const BlockProblem& 
       kernel_activation(b.activation, a.activation.parameter, a.activation.weight, operands.slopes);
   const at::Tensor out = empty_on_device(x.sizes(), x.options(), x.suggest_memory_format());
   const NormEpilogue norm{a.norm_weight, a.norm_bias, {}, act};
-  std::optional<NormResult> resident;
-  if (current_options().backend.resident_norm) resident = resident_norm(x, out, norm, b.conv, keep, operands);
-  NormResult r = resident.has_value() ? std::move(*resident) : normalize(x, out, norm, b.conv, keep, operands);
+  NormResult r = normalize(x, out, norm, b.conv, keep, operands);
   return {std::move(r.out), std::move(r.mean), std::move(r.rstd)};
 }
-
-constexpr const char* kNormKernels = "cutlassfuse activation/GroupNorm statistics, finalize and normalize kernels";
-constexpr const char* kResidentNormKernel =
-    "one cutlassfuse activation/GroupNorm kernel holding the tensor on chip (statistics, grid barrier, normalize)";
 }  // namespace
 
 BlockRouting plan_fallback_block(const BlockCall& call) {
@@ -226,8 +247,11 @@ std::string explain_norm_activation_cuda(const NormActivationArgs& a) {
   const std::string why = standalone_unsupported_reason(a, b);
   if (!why.empty()) return std::string(kNormReferenceDescription) + ", because " + why;
   const c10::cuda::CUDAGuard device_guard(a.input.device());
-  const bool resident = current_options().backend.resident_norm &&
-                        resident_norm_takes(a.input.contiguous(a.input.suggest_memory_format()), b.conv);
+  const at::MemoryFormat format = a.input.suggest_memory_format();
+  const bool resident =
+      current_options().backend.resident_norm &&
+      resident_norm_takes(a.input.scalar_type(), format,
+                          a.input.is_contiguous(format) ? a.input.const_data_ptr() : nullptr, nullptr, b.conv);
   return std::string("norm: ") + (resident ? kResidentNormKernel : kNormKernels);
 }
 

@@ -26,19 +26,24 @@ GroupNormAffine norm_affine(const NormEpilogue& norm, KernelOperands& operands) 
           *affine_element_type(norm.gamma, norm.beta)};
 }
 
-ResidentNormCall resident_call(const at::Tensor& y, const NormEpilogue& norm, const GroupNormAffine& affine,
-                               const Problem& p) {
-  return {*element_type(y.scalar_type()),
-          y.const_data_ptr(),
-          y.is_contiguous() ? ActivationLayout::kChannelsFirst : ActivationLayout::kChannelsLast,
+// The call on `y` (of `type`, packed in `layout`), in place, with `residual` added.
+ResidentNormCall resident_call(at::ScalarType type, ActivationLayout layout, const void* y, const void* residual,
+                               const NormEpilogue& norm, const GroupNormAffine& affine, const Problem& p) {
+  return {*element_type(type),
+          y,
+          layout,
           norm.pre,
           norm.after,
           group_norm_shape(p),
           affine,
           static_cast<float>(p.eps),
-          const_cast<void*>(y.const_data_ptr()),
-          norm.residual.has_value() ? norm.residual->const_data_ptr() : nullptr,
+          const_cast<void*>(y),
+          residual,
           nullptr};
+}
+
+ActivationLayout layout_of(const at::Tensor& y) {
+  return y.is_contiguous() ? ActivationLayout::kChannelsFirst : ActivationLayout::kChannelsLast;
 }
 
 // The result's tensors: `out` (y where absent), mean and rstd when `keep`.
@@ -58,7 +63,9 @@ std::optional<NormResult> resident_norm(const at::Tensor& y, const std::optional
                                         const NormEpilogue& norm, const Problem& p, bool keep,
                                         KernelOperands& operands) {
   if (out.has_value() && out->is_contiguous() != y.is_contiguous()) return std::nullopt;
-  ResidentNormCall call = resident_call(y, norm, norm_affine(norm, operands), p);
+  ResidentNormCall call = resident_call(y.scalar_type(), layout_of(y), y.const_data_ptr(),
+                                        norm.residual.has_value() ? norm.residual->const_data_ptr() : nullptr, norm,
+                                        norm_affine(norm, operands), p);
   if (out.has_value()) call.out = out->data_ptr();
   const std::optional<ResidentNormPlan> plan = plan_resident_norm(call);
   if (!plan.has_value()) return std::nullopt;
@@ -73,19 +80,22 @@ std::optional<NormResult> resident_norm(const at::Tensor& y, const std::optional
   return result;
 }
 
-bool resident_norm_takes(const at::Tensor& y, const Problem& p) {
+bool resident_norm_takes(at::ScalarType type, at::MemoryFormat format, const void* data, const void* residual,
+                         const Problem& p) {
   KernelOperands operands;
   const std::optional<at::Tensor> none;
   const NormEpilogue norm{none, none, {}, {}};
-  return plan_resident_norm(resident_call(y, norm, norm_affine(norm, operands), p)).has_value();
+  const ActivationLayout layout =
+      format == at::MemoryFormat::ChannelsLast3d ? ActivationLayout::kChannelsLast : ActivationLayout::kChannelsFirst;
+  return plan_resident_norm(resident_call(type, layout, data, residual, norm, norm_affine(norm, operands), p))
+      .has_value();
 }
 
 NormResult finish_norm(const at::Tensor& y, const std::optional<at::Tensor>& out, const StatisticsWorkspace& stats,
                        const NormEpilogue& norm, const Problem& p, bool keep, KernelOperands& operands) {
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const ElementType element = *element_type(y.scalar_type());
-  const ActivationLayout layout =
-      y.is_contiguous() ? ActivationLayout::kChannelsFirst : ActivationLayout::kChannelsLast;
+  const ActivationLayout layout = layout_of(y);
   const GroupNormShape shape = group_norm_shape(p);
   SingleRegionFinalize finalize =
       statistics_finalize(stats.data(), stats.sources, element, shape, norm_affine(norm, operands),

@@ -55,9 +55,10 @@ std::optional<NormResult> resident_norm(const at::Tensor& y, const std::optional
                                         const NormEpilogue& norm, const Problem& p, bool keep,
                                         KernelOperands& operands);
 
-// Whether resident_norm takes a call on `y` written in y's layout, without a residual
-// or a PReLU before the norm (the standalone norm's calls).
-bool resident_norm_takes(const at::Tensor& y, const Problem& p);
+// Whether resident_norm takes a call on a tensor of `type` in `format` at `data` (absent:
+// a new allocation) written in its layout, with the residual at `residual` (or none).
+bool resident_norm_takes(at::ScalarType type, at::MemoryFormat format, const void* data, const void* residual,
+                         const Problem& p);
 
 // Finalize and normalize `y` (packed NCDHW or NDHWC) whose partials are in `stats`:
 // into `out` when given (y's layout, or NCDHW), else in place; mean and rstd when `keep`.
