@@ -60,8 +60,9 @@ struct BackendFlags {
   bool drawn_tile_schedule = true;
   int64_t phase_streams = 1;  // streams a call's sub-pixel phases are spread over, 1 to 8
   ConvGradients conv_gradients = ConvGradients::kAuto;
-  // The standalone norm runs as one resident launch where that kernel takes the call
-  // (norm/group_norm_resident.h); false: the statistics, finalize and normalize launches.
+  // The standalone norm and the fallback blocks' norm run as one resident launch where
+  // that kernel takes the call (norm/group_norm_resident.h); false: the statistics,
+  // finalize and normalize launches.
   bool resident_norm = true;
 };
 inline constexpr int64_t kMaxPhaseStreams = 8;

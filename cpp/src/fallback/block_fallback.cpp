@@ -72,18 +72,13 @@ std::string standalone_unsupported_reason(const NormActivationArgs& a, const Blo
 NormResult normalize(const at::Tensor& y, const std::optional<at::Tensor>& out, const NormEpilogue& norm,
                      const Problem& p, bool keep, KernelOperands& operands) {
   const NvtxRange range("cutlassfuse.norm_activation");
-  if (current_options().backend.resident_norm) {
-    if (std::optional<NormResult> resident = resident_norm(y, out, norm, p, keep, operands))
-      return std::move(*resident);
-  }
+  if (std::optional<NormResult> resident = resident_norm(y, out, norm, p, keep, operands)) return std::move(*resident);
   const GroupNormShape shape = group_norm_shape(p);
   const TilePartials tiles =
       generic_stats_tiles(shape, at::cuda::getDeviceProperties(y.device().index())->multiProcessorCount);
   const StatisticsWorkspace stats(tiles, shape, y.options());
-  const ActivationLayout layout =
-      y.is_contiguous() ? ActivationLayout::kChannelsFirst : ActivationLayout::kChannelsLast;
-  norm_activation_stats(*element_type(y.scalar_type()), y.data_ptr(), layout, norm.pre, shape, tiles, stats.data(),
-                        at::cuda::getCurrentCUDAStream());
+  norm_activation_stats(*element_type(y.scalar_type()), y.data_ptr(), layout_of(y), norm.pre, shape, tiles,
+                        stats.data(), at::cuda::getCurrentCUDAStream());
   return finish_norm(y, out, stats, norm, p, keep, operands);
 }
 
@@ -106,8 +101,7 @@ at::MemoryFormat conv_output_memory_format(const ConvNormActivationArgs& a, bool
 bool normalizes_in_one_launch(const BlockCall& call) {
   const ConvNormActivationArgs& a = call.args;
   const at::MemoryFormat format = block_output_memory_format(a);
-  if (!current_options().backend.resident_norm || conv_output_memory_format(a, call.keep_for_backward) != format)
-    return false;
+  if (conv_output_memory_format(a, call.keep_for_backward) != format) return false;
   const void* residual = has_residual(a) && a.residual->is_contiguous(format) ? a.residual->const_data_ptr() : nullptr;
   return resident_norm_takes(a.input.scalar_type(), format, nullptr, residual, call.problem.conv);
 }
@@ -249,7 +243,6 @@ std::string explain_norm_activation_cuda(const NormActivationArgs& a) {
   const c10::cuda::CUDAGuard device_guard(a.input.device());
   const at::MemoryFormat format = a.input.suggest_memory_format();
   const bool resident =
-      current_options().backend.resident_norm &&
       resident_norm_takes(a.input.scalar_type(), format,
                           a.input.is_contiguous(format) ? a.input.const_data_ptr() : nullptr, nullptr, b.conv);
   return std::string("norm: ") + (resident ? kResidentNormKernel : kNormKernels);

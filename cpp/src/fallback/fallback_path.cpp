@@ -86,8 +86,7 @@ ForwardOutputs FallbackCall::run() const {
     const NvtxRange range("cutlassfuse.cudnn_conv_transpose3d");
     y = convolution(a).contiguous(output_memory_format(a.input, a.weight));
   }
-  const ActivationLayout layout =
-      y.is_contiguous() ? ActivationLayout::kChannelsFirst : ActivationLayout::kChannelsLast;
+  const ActivationLayout layout = layout_of(y);
 
   std::optional<at::Tensor> bias, gamma, beta;
   const void* bias_ptr = data_or_null(a.bias, bias);

@@ -3,6 +3,7 @@
 #include <ATen/cuda/CUDAContext.h>
 
 #include "cutlassfuse/common/nvtx.h"
+#include "cutlassfuse/settings.h"
 #include "dispatch/device_allocation.h"
 #include "dispatch/op_arguments.h"
 
@@ -42,10 +43,6 @@ ResidentNormCall resident_call(at::ScalarType type, ActivationLayout layout, con
           nullptr};
 }
 
-ActivationLayout layout_of(const at::Tensor& y) {
-  return y.is_contiguous() ? ActivationLayout::kChannelsFirst : ActivationLayout::kChannelsLast;
-}
-
 // The result's tensors: `out` (y where absent), mean and rstd when `keep`.
 NormResult norm_result(const at::Tensor& y, const std::optional<at::Tensor>& out, const Problem& p, bool keep) {
   NormResult result;
@@ -59,9 +56,14 @@ NormResult norm_result(const at::Tensor& y, const std::optional<at::Tensor>& out
 
 }  // namespace
 
+ActivationLayout layout_of(const at::Tensor& y) {
+  return y.is_contiguous() ? ActivationLayout::kChannelsFirst : ActivationLayout::kChannelsLast;
+}
+
 std::optional<NormResult> resident_norm(const at::Tensor& y, const std::optional<at::Tensor>& out,
                                         const NormEpilogue& norm, const Problem& p, bool keep,
                                         KernelOperands& operands) {
+  if (!current_options().backend.resident_norm) return std::nullopt;
   if (out.has_value() && out->is_contiguous() != y.is_contiguous()) return std::nullopt;
   ResidentNormCall call = resident_call(y.scalar_type(), layout_of(y), y.const_data_ptr(),
                                         norm.residual.has_value() ? norm.residual->const_data_ptr() : nullptr, norm,
@@ -82,6 +84,7 @@ std::optional<NormResult> resident_norm(const at::Tensor& y, const std::optional
 
 bool resident_norm_takes(at::ScalarType type, at::MemoryFormat format, const void* data, const void* residual,
                          const Problem& p) {
+  if (!current_options().backend.resident_norm) return false;
   KernelOperands operands;
   const std::optional<at::Tensor> none;
   const NormEpilogue norm{none, none, {}, {}};

@@ -47,16 +47,20 @@ struct NormEpilogue {
   std::optional<at::Tensor> residual;  // added to the output, in the output's layout; absent: none
 };
 
+// The layout of a packed NCDHW or NDHWC tensor.
+ActivationLayout layout_of(const at::Tensor& y);
+
 // Statistics, finalize and normalize of `y` (packed NCDHW or NDHWC) in one resident
 // launch (group_norm_resident.h), into `out` when given (y's layout) else in place;
-// mean and rstd when `keep`. Nothing where that kernel does not take the call: the
-// caller runs the separate launches.
+// mean and rstd when `keep`. Nothing where that kernel does not take the call or the
+// resident_norm backend flag is off: the caller runs the separate launches.
 std::optional<NormResult> resident_norm(const at::Tensor& y, const std::optional<at::Tensor>& out,
                                         const NormEpilogue& norm, const Problem& p, bool keep,
                                         KernelOperands& operands);
 
 // Whether resident_norm takes a call on a tensor of `type` in `format` at `data` (absent:
-// a new allocation) written in its layout, with the residual at `residual` (or none).
+// a new allocation) written in its layout, with the residual at `residual` (or none),
+// under the current backend flags.
 bool resident_norm_takes(at::ScalarType type, at::MemoryFormat format, const void* data, const void* residual,
                          const Problem& p);
 
