@@ -1,5 +1,6 @@
-"""The resident norm kernel (one cooperative launch holding the tensor in shared
-memory), for the standalone norm and the fallback blocks' norm: which calls it takes,
+"""The resident norm kernel (one cooperative launch holding the tensor on chip: in shared
+memory, and where larger, the rest in L2), for the standalone norm and the fallback
+blocks' norm: which calls it takes,
 that it ran (the profiler sees it and not the separate statistics kernel), outputs
 against float64 no further from it than eager in the same dtype, bitwise repeatable,
 every output element written, and the mean and rstd the backward reads."""
@@ -32,12 +33,14 @@ TAKEN = {
     "wide_groups": ((2, 128, 6, 8, 10), 4),
     # a unit smaller than one vector per thread of a block
     "tiny": ((3, 8, 2, 2, 2), 2),
+    # 45 MB of 16-bit data: a third of each block's part streams through L2
+    "streams": ((1, 16, 112, 112, 112), 8),
 }
 
 # (shape, num_groups, channels_last): calls it leaves to the separate launches
 LEFT = {
-    # SegResNet's first norm at 128^3: 67 MB of 16-bit data, more than shared memory holds
-    "segres_norm": ((1, 16, 128, 128, 128), 8, True),
+    # 262 MB of 16-bit data, more than shared memory and L2 hold
+    "beyond_l2": ((1, 32, 160, 160, 160), 8, True),
     "odd_pixels_ncdhw": ((2, 16, 9, 9, 9), 4, False),
     "twelve_channels_channels_last": ((2, 12, 8, 8, 8), 3, True),
     "many_units": ((512, 16, 2, 2, 2), 16, False),
@@ -98,9 +101,20 @@ def test_leaves_other_calls_to_the_separate_kernels(case):
                                 "norm_activation_resident_kernel")
 
 
-# float32 segres_64 (34 MB) is larger than shared memory holds: not taken
+def test_streams_what_shared_memory_does_not_hold():
+    """The "streams" call is larger than the shared memory of every SM together: it is
+    taken because the rest of each block's part streams through L2."""
+    shape, num_groups = TAKEN["streams"]
+    x = make_input(shape, torch.float16, True, seed_of("streams"))
+    properties = torch.cuda.get_device_properties(x.device)
+    shared = properties.multi_processor_count * properties.shared_memory_per_multiprocessor
+    assert x.numel() * x.element_size() > shared, (x.numel(), shared)
+    assert explain(x, num_groups).startswith(RESIDENT)
+
+
+# float32 "streams" (90 MB) is more than shared memory and L2 hold: not taken
 CASE_DTYPES = [(case, dtype) for case in TAKEN for dtype in DTYPES
-               if not (case == "segres_64" and dtype == torch.float32)]
+               if not (case == "streams" and dtype == torch.float32)]
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["ncdhw", "channels_last"])
@@ -178,9 +192,11 @@ def test_cuda_graph_replays_the_resident_launch():
 
 
 # (dtype, channels_last, pixels): fallback blocks whose output the resident kernel takes in
-# place: channels-last 16-bit, and NCDHW float32 with pixels a multiple of 8
+# place: channels-last 16-bit, and NCDHW float32 with pixels a multiple of 8; the last
+# one's output (57 MB) streams in part through L2
 FALLBACK_BLOCKS = [(torch.float16, True, (6, 5, 7)), (torch.bfloat16, True, (6, 5, 7)),
-                   (torch.float32, False, (8, 6, 4)), (torch.float32, True, (6, 5, 7))]
+                   (torch.float32, False, (8, 6, 4)), (torch.float32, True, (6, 5, 7)),
+                   (torch.float16, True, (96, 96, 96))]
 
 
 @pytest.mark.parametrize("grad_mode", [False, True], ids=["no_grad", "grad_mode"])

@@ -5,6 +5,7 @@
 
 #include <iterator>
 
+#include "norm/l2_policy.cuh"
 #include "norm/norm_activation_terms.cuh"
 
 namespace cutlassfuse {
@@ -68,11 +69,29 @@ struct ChannelVector {
 // the registers that floats take while other loads are in flight.
 template <class T>
 struct LoadedVector {
-  uint4 words[sizeof(T) * kVector / sizeof(uint4)];
+  static constexpr int kWordElements = sizeof(uint4) / sizeof(T);
+  uint4 words[kVector / kWordElements];
 
   __device__ __forceinline__ void load(const T* src) {
 #pragma unroll
     for (int w = 0; w < static_cast<int>(std::size(words)); ++w) words[w] = reinterpret_cast<const uint4*>(src)[w];
+  }
+
+  // As load, with an L2 eviction priority.
+  __device__ __forceinline__ void load(const T* src, L2Policy policy) {
+#pragma unroll
+    for (int w = 0; w < static_cast<int>(std::size(words)); ++w) words[w] = load_with(src + w * kWordElements, policy);
+  }
+
+  __device__ __forceinline__ void store(T* dst, L2Policy policy) const {
+#pragma unroll
+    for (int w = 0; w < static_cast<int>(std::size(words)); ++w) store_with(dst + w * kWordElements, words[w], policy);
+  }
+
+  __device__ __forceinline__ void pack(const float (&v)[kVector]) {
+    T* values = reinterpret_cast<T*>(words);
+#pragma unroll
+    for (int k = 0; k < kVector; ++k) values[k] = from_float<T>(v[k]);
   }
 
   __device__ __forceinline__ void unpack(float (&v)[kVector]) const {

@@ -1,13 +1,16 @@
-// GroupNorm with its activations in one cooperative launch, the tensor held in shared
-// memory between its read and its normalize. See cutlassfuse/norm/group_norm_resident.h.
+// GroupNorm with its activations in one cooperative launch, the tensor held on chip
+// between its read and its normalize. See cutlassfuse/norm/group_norm_resident.h.
 //
 // A block owns one contiguous chunk of a unit (NCDHW: a (sample, group) span of
-// channels_per_group planes; NDHWC: a sample's rows of pixels, all channels), which its
-// shared memory holds, in kVector-element vectors: thread t copies and takes vectors
-// t, t + kThreads, ... Its statistics are sums of deviations from a shift (a value of
-// the chunk, as norm_statistics.cu's), reduced in a fixed order into one partial per
-// group it holds. NDHWC rows are a power of two of vectors up to 32, so a thread stays
-// on one vector of channels and its lanes reduce by shuffles.
+// channels_per_group planes; NDHWC: a sample's rows of pixels, all channels), in
+// kVector-element vectors: thread t takes vectors t, t + kThreads, ... Its shared memory
+// holds the chunk's first `kept` vectors (staged); the rest, where the chunk is larger,
+// streams: read in phase 1 with L2's evict-last priority and again in phase 3, from L2,
+// while everything read or written for the last time is evict-first. Its statistics are
+// sums of deviations from a shift (a value of the chunk, as norm_statistics.cu's),
+// reduced in a fixed order into one partial per group it holds. NDHWC rows are a power
+// of two of vectors up to 32, so a thread stays on one vector of channels and its lanes
+// reduce by shuffles.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -34,6 +37,12 @@ constexpr int kBlocksPerSm = 2;
 constexpr int kReservedSharedPerBlock = 1024;
 // NDHWC: channels up to kMaxRowVectors vectors a row (a warp's lanes hold whole rows).
 constexpr int kMaxRowVectors = 32;
+// A thread's staged vectors are copied in kCopyGroups groups, each summed as soon as it
+// lands, while the later ones are still in flight.
+constexpr int kCopyGroups = 4;
+// The streamed parts of all blocks together take at most this share of L2, which also
+// sees the staged vectors pass and the output written.
+constexpr double kStreamedL2Share = 0.75;
 
 template <class T>
 struct ResidentArgs {
@@ -49,6 +58,7 @@ struct ResidentArgs {
   int num_groups;
   int parts;
   int64_t part_length;        // NCDHW: vectors of a span a part holds; NDHWC: rows
+  int kept;                   // vectors of a part staged in shared memory
   FastDivisor plane_vectors;  // NCDHW: spatial / kVector
   WelfordPartial* partials;   // [sample, group, part]
   float2* mean_rstd;          // [sample, group]
@@ -81,51 +91,79 @@ struct Scratch {
         channel(reinterpret_cast<WelfordPartial*>(shift + l.sums)) {}
 };
 
-// The block's chunk: `vectors` vectors from element `first` of y.
+// The block's chunk: `vectors` vectors from element `first` of y, the first `kept` of
+// them staged in shared memory, the rest streamed.
 struct Chunk {
   int64_t first;
   int vectors;
+  int kept;
 
-  // The thread's vectors: k = 0 .. own() - 1, the index(k)-th of the chunk.
-  __device__ int own() const {
-    const int t = static_cast<int>(threadIdx.x);
-    return vectors > t ? (vectors - t + kThreads - 1) / kThreads : 0;
-  }
+  // The thread's vectors: k = 0 .. own() - 1, the index(k)-th of the chunk; the first
+  // staged() of them staged.
+  __device__ int own() const { return below(vectors); }
+  __device__ int staged() const { return below(kept); }
+  __device__ bool streams() const { return kept < vectors; }
   __device__ int64_t offset(int k) const { return first + int64_t{index(k)} * kVector; }
   __device__ static int index(int k) { return static_cast<int>(threadIdx.x) + k * kThreads; }
+
+ private:
+  // The thread's vectors of the chunk's first `limit`.
+  __device__ static int below(int limit) {
+    const int t = static_cast<int>(threadIdx.x);
+    return limit > t ? (limit - t + kThreads - 1) / kThreads : 0;
+  }
 };
 
-// A vector from global to shared memory without registers (sm_80's cp.async, 16 bytes
-// at a time, through L2 only).
+// A vector from global to shared memory without registers (sm_80's cp.async).
 template <class T>
-__device__ __forceinline__ void copy_async(LoadedVector<T>& shared, const T* global) {
-  constexpr int kCopies = sizeof(LoadedVector<T>) / sizeof(uint4);
+__device__ __forceinline__ void copy_async(LoadedVector<T>& shared, const T* global, L2Policy policy) {
 #pragma unroll
-  for (int w = 0; w < kCopies; ++w) {
-    const auto address = static_cast<unsigned>(__cvta_generic_to_shared(&shared.words[w]));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address),
-                 "l"(global + w * (sizeof(uint4) / sizeof(T)))
-                 : "memory");
-  }
+  for (int w = 0; w < static_cast<int>(std::size(shared.words)); ++w)
+    copy_async_with(&shared.words[w], global + w * LoadedVector<T>::kWordElements, policy);
 }
 
 __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// The thread's own copies landed (no other thread reads them: no barrier needed).
-__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-// Phase 1 of a thread: its vectors copied into `stage`, all in flight at once, then each
-// summed (as deviations from `shift`, of the channel `slot(k)` of kSums sums).
-template <class T, int kSums, class Values, class Slot>
-__device__ __forceinline__ void sum_chunk(const T* y, const Chunk& chunk, LoadedVector<T>* stage, const Values& values,
+// The thread's own copies landed but the last `pending` groups (no other thread reads
+// them: no barrier needed). `pending` is a constant where the caller's loop unrolls.
+__device__ __forceinline__ void wait_copies_but(int pending) {
+  static_assert(kCopyGroups == 4, "one case per group");
+  switch (pending) {
+    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+  }
+}
+
+// f(k, vector) for each of the thread's streamed vectors, read from `src` with `policy`,
+// kUnroll loads in flight.
+template <class T, class F>
+__device__ __forceinline__ void for_streamed(const T* src, const Chunk& chunk, L2Policy policy, const F& f) {
+  const int own = chunk.own();
+  for (int k = chunk.staged(); k < own; k += kUnroll<T>) {
+    LoadedVector<T> loaded[kUnroll<T>];
+#pragma unroll
+    for (int u = 0; u < kUnroll<T>; ++u)
+      if (k + u < own) loaded[u].load(src + chunk.offset(k + u), policy);
+#pragma unroll
+    for (int u = 0; u < kUnroll<T>; ++u)
+      if (k + u < own) f(k + u, loaded[u]);
+  }
+}
+
+// Phase 1 of a thread: the sums of pre(v) - shift over its vectors (v of the channel
+// `slot(i)` of kSums sums at i), in the order of k, with `pre(k, v)` applying pre().
+// The staged vectors are copied in kCopyGroups groups, all in flight at once, each
+// summed as it lands; the streamed ones are read to stay in L2 for phase 3.
+template <class T, int kSums, class Pre, class Slot>
+__device__ __forceinline__ void sum_chunk(const T* y, const Chunk& chunk, LoadedVector<T>* stage, const Pre& pre,
                                           const Slot& slot, const float (&shift)[kSums], float (&sum)[kSums],
                                           float (&squares)[kSums]) {
-  const int own = chunk.own();
-  for (int k = 0; k < own; ++k) copy_async(stage[Chunk::index(k)], y + chunk.offset(k));
-  commit_copies();
-  wait_copies();
-  for (int k = 0; k < own; ++k) {
+  const auto add = [&](int k, const LoadedVector<T>& loaded) {
     float v[kVector];
-    values(k, stage[Chunk::index(k)], v);
+    loaded.unpack(v);
+    pre(k, v);
 #pragma unroll
     for (int i = 0; i < kVector; ++i) {
       const int s = slot(i);
@@ -133,20 +171,43 @@ __device__ __forceinline__ void sum_chunk(const T* y, const Chunk& chunk, Loaded
       sum[s] += x;
       squares[s] = fmaf(x, x, squares[s]);
     }
+  };
+  const int staged = chunk.staged();
+  const L2Policy read_once = L2Policy::evict_first();
+#pragma unroll
+  for (int group = 0; group < kCopyGroups; ++group) {
+    for (int k = staged * group / kCopyGroups; k < staged * (group + 1) / kCopyGroups; ++k)
+      copy_async(stage[Chunk::index(k)], y + chunk.offset(k), read_once);
+    commit_copies();
   }
+#pragma unroll
+  for (int group = 0; group < kCopyGroups; ++group) {
+    wait_copies_but(kCopyGroups - 1 - group);
+    for (int k = staged * group / kCopyGroups; k < staged * (group + 1) / kCopyGroups; ++k)
+      add(k, stage[Chunk::index(k)]);
+  }
+  if (chunk.streams()) for_streamed(y, chunk, L2Policy::evict_last(), add);
 }
 
-// Phase 3 of a thread: out = normalize(k, vector) for each of its vectors, from `stage`.
+// Phase 3 of a thread: out = normalize(k, v) (+ the residual) for each of its vectors:
+// the streamed ones first, while L2 still holds them, then the staged ones. Where the
+// chunk streams, its stores are evict-first, not to displace what is still to be read.
 template <class T, class Normalize>
 __device__ __forceinline__ void normalize_chunk(const ResidentArgs<T>& a, const Chunk& chunk,
                                                 const LoadedVector<T>* stage, const Normalize& normalize) {
-  for (int k = 0; k < chunk.own(); ++k) {
+  const L2Policy store_policy = chunk.streams() ? L2Policy::evict_first() : L2Policy::evict_normal();
+  const auto write = [&](int k, const LoadedVector<T>& loaded) {
     float v[kVector];
-    normalize(k, stage[Chunk::index(k)], v);
+    loaded.unpack(v);
+    normalize(k, v);
     const int64_t offset = chunk.offset(k);
     add_residual(a.residual, offset, v);
-    store_vector(a.out + offset, v);
-  }
+    LoadedVector<T> packed;
+    packed.pack(v);
+    packed.store(a.out + offset, store_policy);
+  };
+  if (chunk.streams()) for_streamed(static_cast<const T*>(a.y), chunk, L2Policy::evict_first(), write);
+  for (int k = 0; k < chunk.staged(); ++k) write(k, stage[Chunk::index(k)]);
 }
 
 // The merge of `parts` consecutive partials in a fixed order: lane l takes parts l,
@@ -201,16 +262,11 @@ __device__ void resident_channels_first(const ResidentArgs<T>& a, char* shared) 
   const int64_t span_vectors = channels_per_group * a.spatial / kVector;
   const int64_t part_begin = std::min(span_vectors, part * a.part_length);
   const int vectors = static_cast<int>(std::min(span_vectors - part_begin, a.part_length));
-  const Chunk chunk{(span * span_vectors + part_begin) * kVector, vectors};
+  const Chunk chunk{(span * span_vectors + part_begin) * kVector, vectors, std::min(vectors, a.kept)};
   const int first_channel = g * channels_per_group;
   // The channel of the thread's k-th vector, within the group.
   const auto local_channel = [&](int k) {
     return static_cast<int>(a.plane_vectors.quotient(static_cast<uint32_t>(part_begin + Chunk::index(k))));
-  };
-  const auto pre_values = [&](int k, const LoadedVector<T>& loaded, float (&v)[kVector]) {
-    loaded.unpack(v);
-    const int c = first_channel + local_channel(k);
-    apply_pre(a.pre, v, [&](int) { return c; });
   };
 
   float shift[1] = {0.f};
@@ -221,7 +277,15 @@ __device__ void resident_channels_first(const ResidentArgs<T>& a, char* shared) 
   }
   float sum[1] = {0.f};
   float squares[1] = {0.f};
-  sum_chunk(a.y, chunk, stage, pre_values, [](int) { return 0; }, shift, sum, squares);
+  const auto one_sum = [](int) { return 0; };
+  if (a.pre.is_identity()) {
+    sum_chunk(a.y, chunk, stage, [](int, float (&)[kVector]) {}, one_sum, shift, sum, squares);
+  } else {
+    const auto pre = [&](int k, float (&v)[kVector]) {
+      apply_pre_to_channel(a.pre, v, first_channel + local_channel(k));
+    };
+    sum_chunk(a.y, chunk, stage, pre, one_sum, shift, sum, squares);
+  }
 #pragma unroll
   for (int lanes = 16; lanes > 0; lanes /= 2) {
     sum[0] += __shfl_xor_sync(0xffffffffu, sum[0], lanes);
@@ -244,16 +308,14 @@ __device__ void resident_channels_first(const ResidentArgs<T>& a, char* shared) 
     s.scale_shift[c] = channel_scale_shift(a.affine, first_channel + c, mean_rstd.x, mean_rstd.y);
   __syncthreads();
 
-  normalize_chunk(a, chunk, stage, [&](int k, const LoadedVector<T>& loaded, float (&v)[kVector]) {
-    loaded.unpack(v);
+  normalize_chunk(a, chunk, stage, [&](int k, float (&v)[kVector]) {
     const int local = local_channel(k);
     const int c = first_channel + local;
-    const auto channel = [&](int) { return c; };
-    apply_pre(a.pre, v, channel);
+    apply_pre_to_channel(a.pre, v, c);
     const float2 ss = s.scale_shift[local];
 #pragma unroll
     for (int i = 0; i < kVector; ++i) v[i] = fmaf(v[i], ss.x, ss.y);
-    activate_each(a.after, v, channel);
+    activate_each(a.after, v, [&](int) { return c; });
   });
 }
 
@@ -269,22 +331,26 @@ __device__ void resident_channels_last(const ResidentArgs<T>& a, char* shared) {
   const int64_t row_begin = std::min(a.spatial, part * a.part_length);
   const int rows = static_cast<int>(std::min(a.spatial - row_begin, a.part_length));
   const int vectors = rows * row_vectors;
-  const Chunk chunk{(n * a.spatial + row_begin) * a.channels, vectors};
+  const Chunk chunk{(n * a.spatial + row_begin) * a.channels, vectors, std::min(vectors, a.kept)};
   const int column = static_cast<int>(threadIdx.x) % row_vectors * kVector;  // the thread's first channel
-  const auto pre_values = [&](int, const LoadedVector<T>& loaded, float (&v)[kVector]) {
-    loaded.unpack(v);
-    apply_pre(a.pre, v, [&](int i) { return column + i; });
-  };
+  const ChannelTerms<kVector> pre_channels(a.pre, [&](int i) { return column + i; }, kVector);
+  const auto pre = [&](int, float (&v)[kVector]) { pre_channels.apply(v, [](int i) { return i; }); };
 
   float shift[kVector] = {};
   if (rows > 0) {
     LoadedVector<T> first;
     first.load(a.y + chunk.first + column);
-    pre_values(0, first, shift);
+    first.unpack(shift);
+    pre(0, shift);
   }
   float sum[kVector] = {};
   float squares[kVector] = {};
-  sum_chunk(a.y, chunk, stage, pre_values, [](int i) { return i; }, shift, sum, squares);
+  const auto own_sum = [](int i) { return i; };
+  if (a.pre.is_identity()) {
+    sum_chunk(a.y, chunk, stage, [](int, float (&)[kVector]) {}, own_sum, shift, sum, squares);
+  } else {
+    sum_chunk(a.y, chunk, stage, pre, own_sum, shift, sum, squares);
+  }
   for (int lanes = row_vectors; lanes < 32; lanes *= 2) {
 #pragma unroll
     for (int i = 0; i < kVector; ++i) {
@@ -331,8 +397,7 @@ __device__ void resident_channels_last(const ResidentArgs<T>& a, char* shared) {
   __syncthreads();
 
   const ChannelVector terms(a.pre, a.after, s.scale_shift, column);
-  normalize_chunk(a, chunk, stage, [&](int, const LoadedVector<T>& loaded, float (&v)[kVector]) {
-    loaded.unpack(v);
+  normalize_chunk(a, chunk, stage, [&](int, float (&v)[kVector]) {
     terms.apply_pre(a.pre.activation, v);
     terms.apply_norm_after(a.after, v);
   });
@@ -353,6 +418,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 struct ResidentCapacity {
   int blocks = 0;
   int shared_bytes = 0;
+  int l2_bytes = 0;
 };
 
 template <class T, bool kChannelsLast>
@@ -378,6 +444,7 @@ ResidentCapacity device_capacity() {
   check_cuda(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
              "querying shared memory");
   ResidentCapacity c;
+  check_cuda(cudaDeviceGetAttribute(&c.l2_bytes, cudaDevAttrL2CacheSize, device), "querying the L2 size");
   c.shared_bytes = (per_sm / kBlocksPerSm - kReservedSharedPerBlock) / 16 * 16;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, c.shared_bytes),
              "raising the resident norm's shared memory");
@@ -434,8 +501,12 @@ std::optional<ResidentNormPlan> plan_for(const ResidentNormCall& c) {
   // NDHWC parts are whole rows.
   const int64_t row_vectors = kChannelsLast ? c.shape.channels / kVector : 1;
   const int64_t part_length = ceil_div(ceil_div(vectors, parts), row_vectors);
-  if (part_length * row_vectors > stage_vectors) return std::nullopt;
-  return ResidentNormPlan{count, static_cast<int>(parts), part_length, c.shape.batch * c.shape.num_groups};
+  // What shared memory does not hold streams, as much as L2 keeps between the phases.
+  const int64_t part_vectors = part_length * row_vectors;
+  const int64_t kept = std::min(part_vectors, stage_vectors);
+  const int64_t streamed_bytes = (part_vectors - kept) * count * parts * int64_t{sizeof(LoadedVector<T>)};
+  if (streamed_bytes > kStreamedL2Share * capacity.l2_bytes) return std::nullopt;
+  return ResidentNormPlan{count, static_cast<int>(parts), part_length, kept, c.shape.batch * c.shape.num_groups};
 }
 
 template <class T, bool kChannelsLast>
@@ -454,6 +525,7 @@ bool launch(const ResidentNormCall& c, const ResidentNormPlan& plan, cudaStream_
                     static_cast<int>(c.shape.num_groups),
                     plan.parts,
                     plan.part_length,
+                    static_cast<int>(plan.kept),
                     FastDivisor(static_cast<uint32_t>(c.shape.spatial / kVector)),
                     static_cast<WelfordPartial*>(c.workspace),
                     reinterpret_cast<float2*>(static_cast<char*>(c.workspace) + plan.partials_bytes()),

@@ -17,11 +17,66 @@ struct PreTerms {
   ActivationParams activation;
 
   __device__ float bias_at(int channel) const { return bias == nullptr ? 0.f : to_float(bias[channel]); }
+  // pre(y) = y: no bias, no activation before the norm.
+  __host__ __device__ bool is_identity() const {
+    return bias == nullptr && activation.kind == ActivationKind::kIdentity;
+  }
 };
 
 template <class T>
 PreTerms<T> pre_terms(const PreNorm& pre) {
   return {static_cast<const T*>(pre.bias), pre.activation};
+}
+
+// pre() of kChannels fixed channels, their constants read once: the bias and the
+// activation's parameter (PReLU's slope of the channel).
+template <int kChannels>
+struct ChannelTerms {
+  ActivationKind kind;
+  float bias[kChannels];
+  float parameter[kChannels];
+
+  // Channels channel(0) .. channel(count - 1); past them, zeros.
+  template <class T, class Channel>
+  __device__ ChannelTerms(const PreTerms<T>& pre, const Channel& channel, int count) : kind(pre.activation.kind) {
+    with_activation_kind(kind, [&](auto known) {
+      constexpr ActivationKind kKind = decltype(known)::value;
+#pragma unroll
+      for (int i = 0; i < kChannels; ++i) {
+        const bool valid = i < count;
+        bias[i] = valid ? pre.bias_at(channel(i)) : 0.f;
+        parameter[i] = valid ? activation_parameter<kKind>(pre.activation, channel(i)) : 0.f;
+      }
+    });
+  }
+
+  // v[i] = pre(v[i]), v[i] of the term(i)-th channel; one branch on the kind for every
+  // four values (more at once keep more of an activation's intermediates live).
+  template <int N, class Term>
+  __device__ __forceinline__ void apply(float (&v)[N], const Term& term) const {
+#pragma unroll
+    for (int first = 0; first < N; first += 4) {
+      with_activation_kind(kind, [&](auto known) {
+        constexpr ActivationKind kKind = decltype(known)::value;
+#pragma unroll
+        for (int i = first; i < min(first + 4, N); ++i)
+          v[i] = activate(kKind, v[i] + bias[term(i)], parameter[term(i)]);
+      });
+    }
+  }
+};
+
+// v = pre(v) for kVector values of one channel c: its bias and the activation's
+// parameter read once, one branch on the kind.
+template <class T>
+__device__ __forceinline__ void apply_pre_to_channel(const PreTerms<T>& pre, float (&v)[kVector], int channel) {
+  const float bias = pre.bias_at(channel);
+  with_activation_kind(pre.activation.kind, [&](auto known) {
+    constexpr ActivationKind kKind = decltype(known)::value;
+    const float parameter = activation_parameter<kKind>(pre.activation, channel);
+#pragma unroll
+    for (int i = 0; i < kVector; ++i) v[i] = activate(kKind, v[i] + bias, parameter);
+  });
 }
 
 // v[i] = pre(v[i]) = activation(v[i] + bias), v[i] of channel(i).

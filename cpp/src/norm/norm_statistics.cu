@@ -65,44 +65,6 @@ constexpr int kVectorRuns = sizeof(T) == 2 ? 2 : 1;
 template <class T>
 constexpr int kElementLoads = sizeof(T) == 2 ? 2 : 1;
 
-// pre() of kChannels fixed channels, their constants read once: the bias and the
-// activation's parameter (PReLU's slope of the channel).
-template <int kChannels>
-struct ChannelTerms {
-  ActivationKind kind;
-  float bias[kChannels];
-  float parameter[kChannels];
-
-  // Channels channel(0) .. channel(count - 1); past them, zeros.
-  template <class T, class Channel>
-  __device__ ChannelTerms(const PreTerms<T>& pre, const Channel& channel, int count) : kind(pre.activation.kind) {
-    with_activation_kind(kind, [&](auto known) {
-      constexpr ActivationKind kKind = decltype(known)::value;
-#pragma unroll
-      for (int i = 0; i < kChannels; ++i) {
-        const bool valid = i < count;
-        bias[i] = valid ? pre.bias_at(channel(i)) : 0.f;
-        parameter[i] = valid ? activation_parameter<kKind>(pre.activation, channel(i)) : 0.f;
-      }
-    });
-  }
-
-  // v[i] = pre(v[i]), v[i] of the term(i)-th channel; one branch on the kind for every
-  // four values (more at once keep more of an activation's intermediates live).
-  template <int N, class Term>
-  __device__ __forceinline__ void apply(float (&v)[N], const Term& term) const {
-#pragma unroll
-    for (int first = 0; first < N; first += 4) {
-      with_activation_kind(kind, [&](auto known) {
-        constexpr ActivationKind kKind = decltype(known)::value;
-#pragma unroll
-        for (int i = first; i < min(first + 4, N); ++i)
-          v[i] = activate(kKind, v[i] + bias[term(i)], parameter[term(i)]);
-      });
-    }
-  }
-};
-
 // What the statistics read.
 template <class T>
 struct StatsInput {

@@ -1,17 +1,20 @@
 // GroupNorm with its activations in one cooperative launch, for a tensor that the
-// GPU's shared memory holds (group_norm_resident.cu): on an H100 or H200 about 29 MB,
-// 14M elements of 16 bits (SegResNet's norms from 64^3 with 32 channels down). The
-// separate statistics, finalize and normalize launches (group_norm_generic.h) read the
-// tensor twice; here every block
-//   1. copies its part of the tensor into shared memory and sums pre(y) there;
+// GPU holds on chip (group_norm_resident.cu): its shared memory (on an H100 or H200
+// about 29 MB, 14M elements of 16 bits), and past that, up to three quarters of L2
+// more (SegResNet's 67 MB first norm at 128^3 on a 50 MB L2). The separate statistics,
+// finalize and normalize launches (group_norm_generic.h) read the tensor twice from
+// DRAM; here every block
+//   1. copies its part of the tensor into shared memory, or where the part is larger,
+//      its first vectors, and reads the rest so that L2 keeps it, summing pre(y);
 //   2. waits at a grid barrier for every block's partial statistics, which one warp per
 //      (sample, group) then merges in a fixed order (bitwise repeatable, no atomics),
 //      and at a second one for the means and rstds;
-//   3. normalizes its part from shared memory.
+//   3. normalizes its part, the streamed rest read again from L2, then the rest from
+//      shared memory.
 // One launch instead of three also saves host time per call. Taken for packed NCDHW
 // (pixels per sample a multiple of kVector) or NDHWC (channels a power of two from 8 to
 // 256) tensors with 16-byte aligned pointers, written in the input's layout, when every
-// block of the launch is resident at once and each block's part fits its shared memory.
+// block of the launch is resident at once and the parts' streamed rests fit in L2.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -46,6 +49,7 @@ struct ResidentNormPlan {
   int64_t units;
   int parts;
   int64_t part_length;  // of a unit, a block's: NCDHW vectors of kVector elements, NDHWC rows
+  int64_t kept;         // vectors of a part its block's shared memory holds; the rest streams
   int64_t groups;       // batch x num_groups
 
   int64_t partials_bytes() const { return (groups * parts * int64_t{sizeof(WelfordPartial)} + 15) / 16 * 16; }
@@ -53,8 +57,8 @@ struct ResidentNormPlan {
 };
 
 // The plan on the current device, or nothing where the call is not one the resident
-// kernel takes (see above): the GPU cannot hold one block per unit at once, or a
-// block's part is larger than its shared memory.
+// kernel takes (see above): the GPU cannot hold one block per unit at once, or the
+// parts' rests past shared memory are more than L2 keeps.
 std::optional<ResidentNormPlan> plan_resident_norm(const ResidentNormCall& call);
 
 // Runs `call` as `plan` says. False where the GPU refused the cooperative launch (its
