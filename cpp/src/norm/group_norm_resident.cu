@@ -160,7 +160,8 @@ template <class T, int kSums, class Pre, class Slot>
 __device__ __forceinline__ void sum_chunk(const T* y, const Chunk& chunk, LoadedVector<T>* stage, const Pre& pre,
                                           const Slot& slot, const float (&shift)[kSums], float (&sum)[kSums],
                                           float (&squares)[kSums]) {
-  const auto add = [&](int k, const LoadedVector<T>& loaded) {
+  // By value: one 16-byte shared-memory load a vector, not one per element.
+  const auto add = [&](int k, const LoadedVector<T> loaded) {
     float v[kVector];
     loaded.unpack(v);
     pre(k, v);
@@ -196,7 +197,7 @@ template <class T, class Normalize>
 __device__ __forceinline__ void normalize_chunk(const ResidentArgs<T>& a, const Chunk& chunk,
                                                 const LoadedVector<T>* stage, const Normalize& normalize) {
   const L2Policy store_policy = chunk.streams() ? L2Policy::evict_first() : L2Policy::evict_normal();
-  const auto write = [&](int k, const LoadedVector<T>& loaded) {
+  const auto write = [&](int k, const LoadedVector<T> loaded) {
     float v[kVector];
     loaded.unpack(v);
     normalize(k, v);
