@@ -1,14 +1,16 @@
-"""The standalone GroupNorm + ReLU in one launch (the resident kernel, its tensor held in
-shared memory and, where larger, streamed through L2) against the three launches
-(statistics, finalize, normalize: `backends.flags(resident_norm=False)`), one copy of the
-tensor and eager's modules, in one process, the four interleaved round by round.
+"""GroupNorm + ReLU in one launch (the resident kernel, its tensor held in shared memory
+and, where larger, streamed through L2) against the three launches (statistics, finalize,
+normalize: `backends.flags(resident_norm=False)`), in one process, interleaved round by
+round: the standalone norm (beside one copy of the tensor and eager's modules), then
+blocks on the fallback (cuDNN's convolution, then the norm: Conv3d k3 p1 + GroupNorm + ReLU,
+`backends.flags(fused_path=False)`, beside eager's modules).
 
     python benchmarks/norm_launches.py [--rounds 7] [--repeats 20]
 
 Per case, dtype and layout: the path `explain` names, median µs per call (CUDA events over
-`--repeats` back-to-back calls, median of `--rounds`), the resident kernel's own time
-(torch.profiler), the one launch over one copy, and the max abs errors of cutlassfuse and
-eager against float64. The two calls of cutlassfuse must be bitwise equal.
+`--repeats` back-to-back calls, median of `--rounds`), for the standalone norm the resident
+kernel's own time (torch.profiler) and the one launch over one copy, and the max abs errors
+against float64. The two calls of cutlassfuse must be bitwise equal.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import statistics
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
@@ -26,6 +29,12 @@ from cutlassfuse import backends
 # (name, shape, groups): held whole by shared memory; a third streamed; SegResNet's 67 MB norm
 CASES = [("segres_64", (1, 32, 64, 64, 64), 8), ("stream_112", (1, 16, 112, 112, 112), 8),
          ("segres_norm", (1, 16, 128, 128, 128), 8)]
+# (name, batch, input channels, output channels, pixels, groups, dtype, channels_last)
+FALLBACK_BLOCKS = [("1x32x64^3", 1, 32, 32, (64, 64, 64), 8, torch.float16, True),
+                   ("2x16x96^3", 2, 8, 16, (96, 96, 96), 4, torch.float16, True),
+                   ("1x16x128^3", 1, 16, 16, (128, 128, 128), 8, torch.float16, True),
+                   ("1x32x64^3", 1, 32, 32, (64, 64, 64), 8, torch.float32, True),
+                   ("1x32x64^3", 1, 32, 32, (64, 64, 64), 8, torch.float32, False)]
 KERNEL = "norm_activation_resident_kernel"
 
 
@@ -75,14 +84,48 @@ def measure(shape, groups: int, dtype: torch.dtype, channels_last: bool, args) -
         assert torch.equal(out, one()), "two calls differ"
         ours = (out.double() - expected).abs().max().item()
         eager = (implementations["eager"]().double() - expected).abs().max().item()
-        times = {name: [] for name in implementations}
-        for _ in range(args.rounds):
-            for name, fn in implementations.items():
-                times[name].append(per_call_us(fn, args.repeats))
-        m = {name: statistics.median(t) for name, t in times.items()}
+        m = interleaved(implementations, args)
         kernel = kernel_us(one)
     return (f"{path:6} {m['one']:8.1f} {m['three']:8.1f} {m['copy']:7.1f} {m['eager']:8.1f} {kernel:7.1f} "
             f"{m['one'] / m['copy']:6.2f} {ours:.1e} / {eager:.1e}")
+
+
+def interleaved(implementations: dict, args) -> dict:
+    times = {name: [] for name in implementations}
+    for _ in range(args.rounds):
+        for name, fn in implementations.items():
+            times[name].append(per_call_us(fn, args.repeats))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def measure_block(batch, cin, cout, pixels, groups, dtype, channels_last, args) -> str:
+    torch.manual_seed(0)
+    conv, norm = nn.Conv3d(cin, cout, 3, padding=1).cuda(), nn.GroupNorm(groups, cout).cuda()
+    x = torch.randn(batch, cin, *pixels, device="cuda")
+    with torch.no_grad():
+        expected = F.relu(norm.double()(conv.double()(x.double())))
+    conv, norm = conv.to(dtype), norm.to(dtype)
+    memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
+    x = x.to(dtype).contiguous(memory_format=memory_format)
+    weight = conv.weight.contiguous(memory_format=memory_format)
+    arguments = dict(padding=1, num_groups=groups, norm_weight=norm.weight, norm_bias=norm.bias, activation="relu")
+
+    def one():
+        return cutlassfuse.conv3d_norm_activation(x, weight, conv.bias, **arguments)
+
+    def three():
+        with backends.flags(resident_norm=False):
+            return one()
+
+    implementations = {"one": one, "three": three, "eager": lambda: F.relu(norm(conv(x)))}
+    with torch.no_grad(), backends.flags(fused_path=False):
+        path = cutlassfuse.explain_block(cutlassfuse.conv3d_norm_activation, x, weight, conv.bias, **arguments)
+        path = "one" if "one cutlassfuse" in path else "three"
+        assert torch.equal(one(), one()), "two calls differ"
+        error = {name: (fn().double() - expected).abs().max().item() for name, fn in implementations.items()}
+        m = interleaved(implementations, args)
+    return (f"{path:6} {m['one']:8.1f} {m['three']:8.1f} {m['eager']:8.1f} "
+            f"{error['one']:.1e} / {error['three']:.1e} / {error['eager']:.1e}")
 
 
 def main() -> None:
@@ -98,6 +141,11 @@ def main() -> None:
             for channels_last in (True, False):
                 row = measure(shape, groups, dtype, channels_last, args)
                 print(f"{name:12} {str(dtype)[6:]:9} {'cl' if channels_last else 'ncdhw':6} {row}", flush=True)
+    print(f"\nfallback blocks: {'case':12} {'dtype':9} {'layout':6} {'path':6} {'one':>8} {'three':>8} {'eager':>8} "
+          "err one / three / eager")
+    for name, batch, cin, cout, pixels, groups, dtype, channels_last in FALLBACK_BLOCKS:
+        row = measure_block(batch, cin, cout, pixels, groups, dtype, channels_last, args)
+        print(f"{'':17}{name:12} {str(dtype)[6:]:9} {'cl' if channels_last else 'ncdhw':6} {row}", flush=True)
 
 
 if __name__ == "__main__":

@@ -37,13 +37,15 @@ TAKEN = {
     "streams": ((1, 16, 112, 112, 112), 8),
 }
 
-# (shape, num_groups, channels_last): calls it leaves to the separate launches
+# (shape, num_groups, channels_last, dtype): calls it leaves to the separate launches
 LEFT = {
     # 262 MB of 16-bit data, more than shared memory and L2 hold
-    "beyond_l2": ((1, 32, 160, 160, 160), 8, True),
-    "odd_pixels_ncdhw": ((2, 16, 9, 9, 9), 4, False),
-    "twelve_channels_channels_last": ((2, 12, 8, 8, 8), 3, True),
-    "many_units": ((512, 16, 2, 2, 2), 16, False),
+    "beyond_l2": ((1, 32, 160, 160, 160), 8, True, torch.float16),
+    # 34 MB of float32 data: larger than shared memory, and float32 does not stream
+    "float32_beyond_shared": ((1, 32, 64, 64, 64), 8, False, torch.float32),
+    "odd_pixels_ncdhw": ((2, 16, 9, 9, 9), 4, False, torch.float16),
+    "twelve_channels_channels_last": ((2, 12, 8, 8, 8), 3, True, torch.float16),
+    "many_units": ((512, 16, 2, 2, 2), 16, False, torch.float16),
 }
 
 ACTIVATIONS = {"identity": None, "relu": None, "silu": None, "leaky_relu": 0.1, "prelu": "slopes"}
@@ -93,8 +95,8 @@ def test_takes_and_runs_one_kernel(case, channels_last):
 
 @pytest.mark.parametrize("case", LEFT)
 def test_leaves_other_calls_to_the_separate_kernels(case):
-    shape, num_groups, channels_last = LEFT[case]
-    x = make_input(shape, torch.float16, channels_last, seed_of("left", case))
+    shape, num_groups, channels_last, dtype = LEFT[case]
+    x = make_input(shape, dtype, channels_last, seed_of("left", case))
     assert explain(x, num_groups) == SEPARATE
     with torch.no_grad():
         assert not kernel_grids(lambda: cutlassfuse.group_norm_activation(x, num_groups, activation="relu"),
@@ -112,9 +114,9 @@ def test_streams_what_shared_memory_does_not_hold():
     assert explain(x, num_groups).startswith(RESIDENT)
 
 
-# float32 "streams" (90 MB) is more than shared memory and L2 hold: not taken
+# float32 tensors larger than shared memory (segres_64's 34 MB, "streams"' 90 MB) do not stream
 CASE_DTYPES = [(case, dtype) for case in TAKEN for dtype in DTYPES
-               if not (case == "streams" and dtype == torch.float32)]
+               if not (case in ("segres_64", "streams") and dtype == torch.float32)]
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["ncdhw", "channels_last"])

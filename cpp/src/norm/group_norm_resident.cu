@@ -43,6 +43,10 @@ constexpr int kCopyGroups = 4;
 // The streamed parts of all blocks together take at most this share of L2, which also
 // sees the staged vectors pass and the output written.
 constexpr double kStreamedL2Share = 0.75;
+// Only 16-bit tensors stream: a float32 one, streamed, measured slower than the three
+// launches (docs/performance.md).
+template <class T>
+constexpr bool kStreams = sizeof(T) == 2;
 
 template <class T>
 struct ResidentArgs {
@@ -506,7 +510,8 @@ std::optional<ResidentNormPlan> plan_for(const ResidentNormCall& c) {
   const int64_t part_vectors = part_length * row_vectors;
   const int64_t kept = std::min(part_vectors, stage_vectors);
   const int64_t streamed_bytes = (part_vectors - kept) * count * parts * int64_t{sizeof(LoadedVector<T>)};
-  if (streamed_bytes > kStreamedL2Share * capacity.l2_bytes) return std::nullopt;
+  if (streamed_bytes > 0 && (!kStreams<T> || streamed_bytes > kStreamedL2Share * capacity.l2_bytes))
+    return std::nullopt;
   return ResidentNormPlan{count, static_cast<int>(parts), part_length, kept, c.shape.batch * c.shape.num_groups};
 }
 
