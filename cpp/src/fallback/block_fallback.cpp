@@ -5,8 +5,9 @@
 // it), and out = act(x * scale + shift) for an activation after the norm. The
 // standalone norm runs the same kernels on its input.
 //
-// A tensor that shared memory holds takes one launch instead of the three
-// (group_norm_resident.h) when it is written in its own layout.
+// A tensor that the GPU holds on chip (shared memory, and for 16-bit tensors L2 past it)
+// takes one launch instead of the three (group_norm_resident.h) when it is written in its
+// own layout.
 //
 // The normalize runs in place on the convolution's output when nothing is kept for a
 // backward. A call that keeps what its backward reads writes the output beside the

@@ -1,9 +1,9 @@
 // GroupNorm with its activations in one cooperative launch, for a tensor that the
 // GPU holds on chip (group_norm_resident.cu): its shared memory (on an H100 or H200
-// about 29 MB, 14M elements of 16 bits), and past that, up to three quarters of L2
-// more (SegResNet's 67 MB first norm at 128^3 on a 50 MB L2). The separate statistics,
-// finalize and normalize launches (group_norm_generic.h) read the tensor twice from
-// DRAM; here every block
+// about 29 MB, 14M elements of 16 bits), and past that, for 16-bit tensors, up to three
+// quarters of L2 more (SegResNet's 67 MB first norm at 128^3, on an H100's 50 MB L2 as
+// on an H200's 60 MB). The separate statistics, finalize and normalize launches
+// (group_norm_generic.h) read the tensor twice from DRAM; here every block
 //   1. copies its part of the tensor into shared memory, or where the part is larger,
 //      its first vectors, and reads the rest so that L2 keeps it, summing pre(y);
 //   2. waits at a grid barrier for every block's partial statistics, which one warp per
