@@ -129,7 +129,7 @@ __device__ __forceinline__ void copy_async(LoadedVector<T>& shared, const T* glo
 __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 // The thread's own copies landed but the last `pending` groups (no other thread reads
-// them: no barrier needed). `pending` is a constant where the caller's loop unrolls.
+// them: no barrier needed).
 __device__ __forceinline__ void wait_copies_but(int pending) {
   static_assert(kCopyGroups == 4, "one case per group");
   switch (pending) {
@@ -185,7 +185,8 @@ __device__ __forceinline__ void sum_chunk(const T* y, const Chunk& chunk, Loaded
       copy_async(stage[Chunk::index(k)], y + chunk.offset(k), read_once);
     commit_copies();
   }
-#pragma unroll
+  // Not unrolled: one copy of the loop body (and of pre()'s kinds) a kernel, not four.
+#pragma unroll 1
   for (int group = 0; group < kCopyGroups; ++group) {
     wait_copies_but(kCopyGroups - 1 - group);
     for (int k = staged * group / kCopyGroups; k < staged * (group + 1) / kCopyGroups; ++k)
