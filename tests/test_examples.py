@@ -53,8 +53,10 @@ def test_monai_example_loads_a_checkpoint_fuses_and_folds(tmp_path):
 def test_video_vae_example_fuses_every_resnet_block():
     """diffusers' HunyuanVideo decoder (small, random weights) through the example: the
     GroupNorm -> SiLU and Conv3d -> GroupNorm -> SiLU of each of its 10 resnet blocks
-    fused, the outputs the original's."""
+    fused, the replicate pads of its 26 causal convolutions cutlassfuse's, the outputs
+    the original's."""
     out = run_example("video_vae.py", "--device", "cpu")
     assert out.startswith("cutlassfuse.fuse: 20 chain(s) fused\n"), out
+    assert out.count(": F.pad(mode='replicate', pad=") == 26, out
     difference, scale = map(float, re.search(r"max \|fused - eager\| = (\S+), max \|eager\| = (\S+) ", out).groups())
     assert difference <= 1e-5 * scale, out

@@ -7,7 +7,10 @@ ConvTranspose3d -> ReLU -> GroupNorm stays ConvTranspose3dReLUGroupNorm), or a n
 its activation with no convolution in front (GroupNormActivation). nn.Identity and dropout
 with p=0 between the layers are passed through. In eval mode a norm that normalizes by
 running statistics (BatchNorm3d, InstanceNorm3d with track_running_stats) folds into the
-Conv3d or ConvTranspose3d before it instead: a per-channel scale and shift there."""
+Conv3d or ConvTranspose3d before it instead: a per-channel scale and shift there. In
+traced code, replicate pads of 5-D tensors (F.pad with mode="replicate" and six pads,
+nn.ReplicationPad3d: a video autoencoder's causal convolutions) become
+torch.ops.cutlassfuse.replication_pad3d, a pad at the speed of a copy."""
 
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ from .blocks import activation_of_module
 from .cuda_graphs import CUDAGraphed
 from .modules import ConvTranspose3dReLUGroupNorm
 from .few_channel_conv import FewChannelConv3d
+from .replication_pad import REPLICATION_PAD3D
 from .traceable_forwards import opaque_to_tracing, stand_in
 
 _CONVS = (nn.Conv3d, nn.ConvTranspose3d)
@@ -91,12 +95,14 @@ class FuseResult:
     few_channel_convs: list[str] = field(default_factory=list)
     # one line per add of a block's output that the block's op now computes: where, what
     residual_adds: list[str] = field(default_factory=list)
+    # one line per replicate pad of traced code that runs cutlassfuse's pad: where, what
+    replicate_pads: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         head = f"cutlassfuse.fuse: {len(self.replaced)} chain(s) fused"
         if self.folded:
             head += f", {len(self.folded)} norm(s) folded into their convolution"
-        changes = self.replaced + self.residual_adds + self.folded + self.few_channel_convs
+        changes = self.replaced + self.residual_adds + self.folded + self.few_channel_convs + self.replicate_pads
         lines = [head] + [f"  {line}" for line in changes]
         lines += [f"  left alone: {line}" for line in self.left_alone]
         if self.not_traced:
@@ -222,6 +228,7 @@ class _Found:
     residual_adds: list[str] = field(default_factory=list)
     folded: list[str] = field(default_factory=list)
     folds: list[_Match] = field(default_factory=list)
+    replicate_pads: list[str] = field(default_factory=list)
     notes: dict[str, str] = field(default_factory=dict)
 
     def rewrote(self, where: str, match: _Match) -> None:
@@ -763,9 +770,10 @@ def _fuse_graph(graph_module: torch.fx.GraphModule, model: nn.Module, found: _Fo
     input go, each a module call of host time, which networks of small layers feel."""
     rewritten_before = len(found.replaced) + len(found.folded)
     _fuse_chains(_TracedChain(graph_module, prefix), list(graph_module.graph.nodes), found)
+    pads_replaced = _replace_replicate_pads(graph_module, found, prefix)
     holds_block = type(model) is not nn.Sequential and any(isinstance(module, _FUSED)
                                                             for module in graph_module.modules())
-    if len(found.replaced) + len(found.folded) == rewritten_before and not holds_block:
+    if len(found.replaced) + len(found.folded) == rewritten_before and not holds_block and not pads_replaced:
         return model
     _drop_calls_returning_input(graph_module)
     _fuse_residual_adds(graph_module, found, prefix)
@@ -786,6 +794,49 @@ def _drop_calls_returning_input(graph_module: torch.fx.GraphModule) -> None:
         if _returns_input(module) and not _has_hooks(module):
             node.replace_all_uses_with(node.args[0])
             graph_module.graph.erase_node(node)
+
+
+def _replicate_pad(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[Any, list[int], str] | None:
+    """(input, pads, what) where `node` pads a tensor by replicating its border with six
+    constant pads: F.pad(x, pad, mode="replicate"), or a call of an nn.ReplicationPad3d
+    without hooks."""
+    if node.op == "call_function" and node.target is F.pad:
+        bound = _bind(node, {"pad": None, "mode": "constant", "value": None})
+        if bound is None or bound["mode"] != "replicate" or bound["value"] is not None:
+            return None
+        pad = bound["pad"]
+        if isinstance(pad, (tuple, list)) and len(pad) == 6 and all(type(p) is int for p in pad):
+            return bound["input"], list(pad), f"F.pad(mode='replicate', pad={tuple(pad)})"
+        return None
+    if node.op == "call_module" and len(node.args) == 1 and not node.kwargs:
+        module = graph_module.get_submodule(node.target)
+        if type(module) is nn.ReplicationPad3d and not _has_hooks(module):
+            return node.args[0], list(module.padding), f"ReplicationPad3d({tuple(module.padding)})"
+    return None
+
+
+def _replace_replicate_pads(graph_module: torch.fx.GraphModule, found: _Found, prefix: str) -> bool:
+    """Makes each replicate pad of the trace (`_replicate_pad`) a call of
+    torch.ops.cutlassfuse.replication_pad3d, which pads as ATen's replication_pad3d does
+    (the same values, layout and derivatives) in one pass at memory bandwidth on CUDA.
+    Whether it replaced any."""
+    graph = graph_module.graph
+    replaced = False
+    for node in list(graph.nodes):
+        pad = _replicate_pad(graph_module, node)
+        if pad is None:
+            continue
+        value, padding, what = pad
+        with graph.inserting_before(node):
+            padded = graph.call_function(REPLICATION_PAD3D, (value, padding))
+        padded.meta = dict(node.meta)
+        node.replace_all_uses_with(padded)
+        graph.erase_node(node)
+        stack = node.meta.get("nn_module_stack")  # the modules whose forward() made the call
+        where = f"{prefix}{next(reversed(stack))}" if stack else prefix.rstrip(".") or node.name
+        found.replicate_pads.append(f"{where}: {what} -> cutlassfuse replication_pad3d")
+        replaced = True
+    return replaced
 
 
 def _added_tensors(node: torch.fx.Node) -> tuple | None:
@@ -1210,7 +1261,7 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = N
                 not_traced += f"; the traced forward() of {', '.join(traced_children)} runs in their place"
     _keep_original_keys(model, original, found.folds)
     result = FuseResult(model, found.replaced, not_traced=not_traced, folded=found.folded,
-                        residual_adds=found.residual_adds)
+                        residual_adds=found.residual_adds, replicate_pads=found.replicate_pads)
     if graph_module is not None:
         result.model = _fuse_graph(graph_module, model, found)
         if result.model is not model:

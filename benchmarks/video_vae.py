@@ -1,0 +1,88 @@
+"""diffusers' HunyuanVideo autoencoder's decoder through `cutlassfuse.fuse`: eager against
+the fused decoder (the activations in the input's layout, as fuse() chooses for a model it
+traces child by child, and channels-last), optionally torch.compile of the decoder, under
+torch.no_grad() with random weights at the model's own configuration. Per dtype: the
+median ms over alternating rounds (each a median of --repeats calls on fresh latents), the
+kernel time per call split into convolutions, norms and the rest (torch.profiler), of it
+the replicate pads' kernels (ATen's replication_pad3d, or cutlassfuse's), and each
+decoder's max abs error against a float64 copy of it on one latent. Needs diffusers.
+
+    python benchmarks/video_vae.py [--dtypes float16,bfloat16] [--latent 5,32,32] [--compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import cutlassfuse
+from cutlassfuse.__main__ import DTYPES, comma_list, positive_int
+from cutlassfuse.bench import rotating_tensors
+from cutlassfuse.block_bench import Timed, medians_over_rounds
+from cutlassfuse.network_bench import kernel_split_ms
+
+try:
+    from diffusers import AutoencoderKLHunyuanVideo
+except ImportError as error:
+    raise SystemExit(f"video_vae.py needs diffusers (pip install diffusers): {error}") from error
+
+
+def pad_kernel_ms(model: torch.nn.Module, x: torch.Tensor) -> float:
+    """The GPU time per call of the replicate pads' kernels (their names say
+    replication_pad), under torch.no_grad()."""
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        model(x)
+        torch.cuda.synchronize()
+    return sum(e.device_time for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA and "replication_pad" in e.name) / 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtypes", default="float16,bfloat16", type=comma_list(DTYPES))
+    parser.add_argument("--latent", default="5,32,32", help="the latent's frames,height,width (16 channels)")
+    parser.add_argument("--compile", action="store_true", help="also torch.compile of the decoder (minutes)")
+    parser.add_argument("--repeats", type=positive_int, default=5)
+    parser.add_argument("--rounds", type=positive_int, default=5)
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLHunyuanVideo()
+    decoder = vae.decoder.eval()
+    fused = cutlassfuse.fuse(copy.deepcopy(decoder))
+    fused_channels_last = cutlassfuse.fuse(copy.deepcopy(decoder), channels_last=True)
+    print(f"fuse: {len(fused.replaced)} chains fused, {len(fused.replicate_pads)} replicate pads replaced")
+    latent = (1, vae.config.latent_channels, *map(int, args.latent.split(",")))
+    reference_model = copy.deepcopy(decoder).to("cuda", torch.float64)
+    print(f"{'dtype':<10}{'decoder':<24}{'ms':>9}{'vs eager':>10}{'conv':>8}{'norm':>8}{'other':>8}"
+          f"{'pads':>8}{'error':>11}")
+    for dtype in (getattr(torch, name) for name in args.dtypes):
+        models = {"eager": copy.deepcopy(decoder).to("cuda", dtype),
+                  "fuse": copy.deepcopy(fused.model).to("cuda", dtype),
+                  "fuse, channels-last": copy.deepcopy(fused_channels_last.model).to("cuda", dtype)}
+        if args.compile:
+            models["torch.compile"] = torch.compile(copy.deepcopy(decoder).to("cuda", dtype))
+        inputs = rotating_tensors(latent, dtype, torch.device("cuda"))
+        ms, refused = medians_over_rounds({name: Timed(model, inputs) for name, model in models.items()},
+                                          args.rounds, args.repeats)
+        with torch.no_grad():
+            reference = reference_model(inputs[0].double())
+        for name, model in models.items():
+            if name in refused:
+                print(f"{str(dtype)[6:]:<10}{name:<24} refused: {refused[name]}")
+                continue
+            split = kernel_split_ms(model, inputs[:1])
+            with torch.no_grad():
+                error = (model(inputs[0]).double() - reference).abs().max().item()
+            print(f"{str(dtype)[6:]:<10}{name:<24}{ms[name]:>9.2f}{ms['eager'] / ms[name]:>9.2f}x"
+                  f"{split['conv']:>8.2f}{split['norm']:>8.2f}{split['other']:>8.2f}"
+                  f"{pad_kernel_ms(model, inputs[0]):>8.2f}{error:>11.2e}")
+        del models
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
