@@ -15,6 +15,8 @@ namespace {
 constexpr int kThreads = 256;
 // Grid-stride loops over at most this many blocks: enough to fill the GPU many times.
 constexpr int64_t kMaxBlocks = 8192;
+// NDHWC: units a thread copies per iteration, their loads in flight together.
+constexpr int kUnits = 4;
 
 // Integer types of 1 to 16 bytes: what the copy moves.
 template <int kBytes>
@@ -78,31 +80,69 @@ struct PadGrid {
   }
 };
 
-// NDHWC: thread per Unit of an output pixel's channels, copied from its source pixel.
+// NDHWC: kUnits Units of output pixels' channels a thread, kThreads apart (coalesced),
+// each copied from its source pixel; all loads in flight before the stores.
 template <class Unit>
 __global__ void __launch_bounds__(kThreads)
 replication_pad_ndhwc_kernel(const Unit* __restrict__ src, Unit* __restrict__ dst, const PadGrid grid,
                              const FastDivisor pixel_units, uint32_t units_per_pixel, uint32_t total_units) {
-  const uint32_t stride = gridDim.x * kThreads;
-  for (uint32_t i = blockIdx.x * kThreads + threadIdx.x; i < total_units; i += stride) {
-    const uint32_t pixel = pixel_units.quotient(i);
-    const uint32_t unit = pixel_units.remainder(i, pixel);
-    dst[i] = src[static_cast<uint64_t>(grid.source_pixel(pixel)) * units_per_pixel + unit];
+  const uint32_t stride = gridDim.x * kThreads * kUnits;
+  for (uint32_t first = blockIdx.x * kThreads * kUnits + threadIdx.x; first < total_units; first += stride) {
+    Unit loaded[kUnits];
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      const uint32_t i = first + u * kThreads;
+      if (i >= total_units) break;
+      const uint32_t pixel = pixel_units.quotient(i);
+      const uint32_t unit = pixel_units.remainder(i, pixel);
+      loaded[u] = src[static_cast<uint64_t>(grid.source_pixel(pixel)) * units_per_pixel + unit];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      const uint32_t i = first + u * kThreads;
+      if (i < total_units) dst[i] = loaded[u];
+    }
   }
 }
 
-// NCDHW: a group of 2^lanes_log2 threads (up to a warp) per output row along W.
-template <class Element>
+// NCDHW: 16 bytes of the output a thread (kChunk elements, rows running on across
+// chunks), its elements read one by one from their source rows, all in flight before
+// one 16-byte store (kVectorStore: dst 16-byte aligned) or, for the last, partial chunk,
+// element stores.
+template <class Element, bool kVectorStore>
 __global__ void __launch_bounds__(kThreads)
 replication_pad_ncdhw_kernel(const Element* __restrict__ src, Element* __restrict__ dst, const PadGrid grid,
-                             uint32_t rows, int lanes_log2) {
-  const uint32_t lanes = 1u << lanes_log2;
-  const uint32_t lane = threadIdx.x & (lanes - 1);
-  const uint32_t groups = (gridDim.x * kThreads) >> lanes_log2;
-  for (uint32_t row = (blockIdx.x * kThreads + threadIdx.x) >> lanes_log2; row < rows; row += groups) {
-    const Element* source = src + static_cast<uint64_t>(grid.source_row(row)) * grid.in_w;
-    Element* out = dst + static_cast<uint64_t>(row) * grid.row_length;
-    for (uint32_t w = lane; w < grid.row_length; w += lanes) out[w] = source[grid.source_w(w)];
+                             uint32_t total) {
+  constexpr int kChunk = sizeof(uint4) / sizeof(Element);
+  union Chunk {
+    uint4 vector;
+    Element elements[kChunk];
+  };
+  const uint32_t chunks = total / kChunk + (total % kChunk != 0);
+  const uint32_t stride = gridDim.x * kThreads;
+  for (uint32_t c = blockIdx.x * kThreads + threadIdx.x; c < chunks; c += stride) {
+    const uint32_t first = c * kChunk;
+    const bool whole = total - first >= kChunk;
+    uint32_t row = grid.out_w.quotient(first);
+    uint32_t w = grid.out_w.remainder(first, row);
+    uint64_t source = static_cast<uint64_t>(grid.source_row(row)) * grid.in_w;
+    Chunk chunk;
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {
+      if (!whole && first + k >= total) break;
+      chunk.elements[k] = src[source + grid.source_w(w)];
+      if (++w == grid.row_length && k + 1 < kChunk) {
+        w = 0;
+        source = static_cast<uint64_t>(grid.source_row(++row)) * grid.in_w;
+      }
+    }
+    if (kVectorStore && whole) {
+      *reinterpret_cast<uint4*>(dst + first) = chunk.vector;
+    } else {
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k)
+        if (first + k < total) dst[first + k] = chunk.elements[k];
+    }
   }
 }
 
@@ -127,7 +167,7 @@ void launch_ndhwc(const void* src, void* dst, const ReplicationPad3d& p, int64_t
   // Units are at least elements wide where the pointers are aligned to their elements.
   if (total > std::numeric_limits<int32_t>::max())
     throw std::invalid_argument("cutlassfuse: replication_pad3d takes pointers aligned to their elements");
-  replication_pad_ndhwc_kernel<Unit><<<blocks_for(total), kThreads, 0, stream>>>(
+  replication_pad_ndhwc_kernel<Unit><<<blocks_for(ceil_div(total, kUnits)), kThreads, 0, stream>>>(
       static_cast<const Unit*>(src), static_cast<Unit*>(dst), PadGrid(p), FastDivisor(units_per_pixel), units_per_pixel,
       static_cast<uint32_t>(total));
   check_launch("replication_pad_ndhwc_kernel");
@@ -136,12 +176,12 @@ void launch_ndhwc(const void* src, void* dst, const ReplicationPad3d& p, int64_t
 template <int kBytes>
 void launch_ncdhw(const void* src, void* dst, const ReplicationPad3d& p, cudaStream_t stream) {
   using Element = typename BitsOf<kBytes>::type;
-  const int64_t rows = p.batch * p.channels * p.output(0) * p.output(1);
-  int lanes_log2 = 0;
-  while (lanes_log2 < 5 && (int64_t{1} << lanes_log2) < p.output(2)) ++lanes_log2;
-  replication_pad_ncdhw_kernel<Element><<<blocks_for(rows << lanes_log2), kThreads, 0, stream>>>(
-      static_cast<const Element*>(src), static_cast<Element*>(dst), PadGrid(p), static_cast<uint32_t>(rows),
-      lanes_log2);
+  const int64_t total = p.output_elements();
+  const auto kernel = reinterpret_cast<uintptr_t>(dst) % sizeof(uint4) == 0
+                          ? replication_pad_ncdhw_kernel<Element, true>
+                          : replication_pad_ncdhw_kernel<Element, false>;
+  kernel<<<blocks_for(ceil_div(total, sizeof(uint4) / kBytes)), kThreads, 0, stream>>>(
+      static_cast<const Element*>(src), static_cast<Element*>(dst), PadGrid(p), static_cast<uint32_t>(total));
   check_launch("replication_pad_ncdhw_kernel");
 }
 

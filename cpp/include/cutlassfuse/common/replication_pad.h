@@ -7,8 +7,8 @@
 //
 // The copy moves bits, so one kernel serves every dtype of an element size: NDHWC copies
 // each output pixel's channels from its source pixel in the widest units (up to 16
-// bytes) that the pixel's bytes and the pointers' alignment allow; NCDHW gives each
-// output row along W a group of up to 32 threads that read the source row.
+// bytes) that the pixel's bytes and the pointers' alignment allow; NCDHW writes the
+// output in 16-byte chunks, each gathered element by element from its source rows.
 #pragma once
 
 #include <cuda_runtime_api.h>
