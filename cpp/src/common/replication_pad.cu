@@ -105,26 +105,11 @@ replication_pad_ndhwc_kernel(const Unit* __restrict__ src, Unit* __restrict__ ds
   }
 }
 
-// Bytes offset .. offset + 15 of the 32 bytes lo, hi (offset < 16).
-__device__ __forceinline__ uint4 bytes_from(const uint4& lo, const uint4& hi, uint32_t offset) {
-  uint32_t x0, x1, x2, x3, x4;  // words offset / 4 .. offset / 4 + 4 of lo, hi
-  switch (offset / 4) {
-    case 0: x0 = lo.x, x1 = lo.y, x2 = lo.z, x3 = lo.w, x4 = hi.x; break;
-    case 1: x0 = lo.y, x1 = lo.z, x2 = lo.w, x3 = hi.x, x4 = hi.y; break;
-    case 2: x0 = lo.z, x1 = lo.w, x2 = hi.x, x3 = hi.y, x4 = hi.z; break;
-    default: x0 = lo.w, x1 = hi.x, x2 = hi.y, x3 = hi.z, x4 = hi.w; break;
-  }
-  const uint32_t shift = offset % 4 * 8;
-  return {__funnelshift_r(x0, x1, shift), __funnelshift_r(x1, x2, shift), __funnelshift_r(x2, x3, shift),
-          __funnelshift_r(x3, x4, shift)};
-}
-
 // NCDHW: 16 bytes of the output a thread (kChunk elements, rows running on across
-// chunks). With kVectors (both pointers 16-byte aligned) a chunk within one row's copied
-// part is one or two aligned 16-byte loads of its source and one 16-byte store; the
-// others (the pads, rows' ends, the last, partial chunk) gather their elements one by
-// one from their source rows, all loads in flight before the stores.
-template <class Element, bool kVectors>
+// chunks), its elements read one by one from their source rows, all in flight before
+// one 16-byte store (kVectorStore: dst 16-byte aligned) or, for the last, partial chunk,
+// element stores.
+template <class Element, bool kVectorStore>
 __global__ void __launch_bounds__(kThreads)
 replication_pad_ncdhw_kernel(const Element* __restrict__ src, Element* __restrict__ dst, const PadGrid grid,
                              uint32_t total) {
@@ -135,23 +120,12 @@ replication_pad_ncdhw_kernel(const Element* __restrict__ src, Element* __restric
   };
   const uint32_t chunks = total / kChunk + (total % kChunk != 0);
   const uint32_t stride = gridDim.x * kThreads;
-  const auto left = static_cast<uint32_t>(grid.left);
   for (uint32_t c = blockIdx.x * kThreads + threadIdx.x; c < chunks; c += stride) {
     const uint32_t first = c * kChunk;
     const bool whole = total - first >= kChunk;
     uint32_t row = grid.out_w.quotient(first);
     uint32_t w = grid.out_w.remainder(first, row);
     uint64_t source = static_cast<uint64_t>(grid.source_row(row)) * grid.in_w;
-    if (kVectors && whole && w >= left && w - left + kChunk <= grid.in_w) {
-      // Where the source is not aligned, the second vector starts at or before the
-      // chunk's last source element: both lie in the allocation.
-      const uint64_t byte = (source + (w - left)) * sizeof(Element);
-      const uint4* aligned = reinterpret_cast<const uint4*>(src) + byte / sizeof(uint4);
-      const auto offset = static_cast<uint32_t>(byte % sizeof(uint4));
-      const uint4 lo = aligned[0];
-      *reinterpret_cast<uint4*>(dst + first) = offset == 0 ? lo : bytes_from(lo, aligned[1], offset);
-      continue;
-    }
     Chunk chunk;
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) {
@@ -162,7 +136,7 @@ replication_pad_ncdhw_kernel(const Element* __restrict__ src, Element* __restric
         source = static_cast<uint64_t>(grid.source_row(++row)) * grid.in_w;
       }
     }
-    if (kVectors && whole) {
+    if (kVectorStore && whole) {
       *reinterpret_cast<uint4*>(dst + first) = chunk.vector;
     } else {
 #pragma unroll
@@ -203,9 +177,9 @@ template <int kBytes>
 void launch_ncdhw(const void* src, void* dst, const ReplicationPad3d& p, cudaStream_t stream) {
   using Element = typename BitsOf<kBytes>::type;
   const int64_t total = p.output_elements();
-  const bool vectors = (reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) % sizeof(uint4) == 0;
-  const auto kernel =
-      vectors ? replication_pad_ncdhw_kernel<Element, true> : replication_pad_ncdhw_kernel<Element, false>;
+  const auto kernel = reinterpret_cast<uintptr_t>(dst) % sizeof(uint4) == 0
+                          ? replication_pad_ncdhw_kernel<Element, true>
+                          : replication_pad_ncdhw_kernel<Element, false>;
   kernel<<<blocks_for(ceil_div(total, sizeof(uint4) / kBytes)), kThreads, 0, stream>>>(
       static_cast<const Element*>(src), static_cast<Element*>(dst), PadGrid(p), static_cast<uint32_t>(total));
   check_launch("replication_pad_ncdhw_kernel");

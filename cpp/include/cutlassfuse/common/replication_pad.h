@@ -8,8 +8,7 @@
 // The copy moves bits, so one kernel serves every dtype of an element size: NDHWC copies
 // each output pixel's channels from its source pixel in the widest units (up to 16
 // bytes) that the pixel's bytes and the pointers' alignment allow; NCDHW writes the
-// output in 16-byte chunks, those within a row's copied part read as aligned 16-byte
-// vectors of the source shifted into place, the others gathered element by element.
+// output in 16-byte chunks, each gathered element by element from its source rows.
 #pragma once
 
 #include <cuda_runtime_api.h>
