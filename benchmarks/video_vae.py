@@ -8,6 +8,7 @@ the replicate pads' kernels (ATen's replication_pad3d, or cutlassfuse's), and ea
 decoder's max abs error against a float64 copy of it on one latent. Needs diffusers.
 
     python benchmarks/video_vae.py [--dtypes float16,bfloat16] [--latent 5,32,32] [--compile]
+    python benchmarks/video_vae.py --device cpu --dtypes float32 --latent 2,8,8   # checks it without a GPU
 """
 
 from __future__ import annotations
@@ -30,14 +31,21 @@ except ImportError as error:
     raise SystemExit(f"video_vae.py needs diffusers (pip install diffusers): {error}") from error
 
 
+# On the CPU: the same architecture with fewer channels and one resnet per block.
+SMALL = dict(block_out_channels=(32, 32, 64, 64), norm_num_groups=8, layers_per_block=1)
+
+
 def pad_kernel_ms(model: torch.nn.Module, x: torch.Tensor) -> float:
-    """The GPU time per call of the replicate pads' kernels (their names say
-    replication_pad), under torch.no_grad()."""
-    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+    """The time per call under torch.no_grad() of the replicate pads (kernels, or on the
+    CPU ops, whose names say replication_pad)."""
+    cuda = x.is_cuda
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         model(x)
-        torch.cuda.synchronize()
-    return sum(e.device_time for e in prof.events()
-               if e.device_type == torch.autograd.DeviceType.CUDA and "replication_pad" in e.name) / 1e3
+        if cuda:
+            torch.cuda.synchronize()
+    device_type = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    return sum(e.device_time if cuda else e.self_cpu_time_total for e in prof.events()
+               if e.device_type == device_type and "replication_pad" in e.name) / 1e3
 
 
 def main() -> None:
@@ -47,25 +55,28 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also torch.compile of the decoder (minutes)")
     parser.add_argument("--repeats", type=positive_int, default=5)
     parser.add_argument("--rounds", type=positive_int, default=5)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                        help="cpu: a small configuration (checks the script)")
     args = parser.parse_args()
 
+    device = torch.device(args.device)
     torch.manual_seed(0)
-    vae = AutoencoderKLHunyuanVideo()
+    vae = AutoencoderKLHunyuanVideo(**({} if device.type == "cuda" else SMALL))
     decoder = vae.decoder.eval()
     fused = cutlassfuse.fuse(copy.deepcopy(decoder))
     fused_channels_last = cutlassfuse.fuse(copy.deepcopy(decoder), channels_last=True)
     print(f"fuse: {len(fused.replaced)} chains fused, {len(fused.replicate_pads)} replicate pads replaced")
     latent = (1, vae.config.latent_channels, *map(int, args.latent.split(",")))
-    reference_model = copy.deepcopy(decoder).to("cuda", torch.float64)
+    reference_model = copy.deepcopy(decoder).to(device, torch.float64)
     print(f"{'dtype':<10}{'decoder':<24}{'ms':>9}{'vs eager':>10}{'conv':>8}{'norm':>8}{'other':>8}"
           f"{'pads':>8}{'error':>11}")
     for dtype in (getattr(torch, name) for name in args.dtypes):
-        models = {"eager": copy.deepcopy(decoder).to("cuda", dtype),
-                  "fuse": copy.deepcopy(fused.model).to("cuda", dtype),
-                  "fuse, channels-last": copy.deepcopy(fused_channels_last.model).to("cuda", dtype)}
+        models = {"eager": copy.deepcopy(decoder).to(device, dtype),
+                  "fuse": copy.deepcopy(fused.model).to(device, dtype),
+                  "fuse, channels-last": copy.deepcopy(fused_channels_last.model).to(device, dtype)}
         if args.compile:
-            models["torch.compile"] = torch.compile(copy.deepcopy(decoder).to("cuda", dtype))
-        inputs = rotating_tensors(latent, dtype, torch.device("cuda"))
+            models["torch.compile"] = torch.compile(copy.deepcopy(decoder).to(device, dtype))
+        inputs = rotating_tensors(latent, dtype, device)
         ms, refused = medians_over_rounds({name: Timed(model, inputs) for name, model in models.items()},
                                           args.rounds, args.repeats)
         with torch.no_grad():
@@ -81,7 +92,8 @@ def main() -> None:
                   f"{split['conv']:>8.2f}{split['norm']:>8.2f}{split['other']:>8.2f}"
                   f"{pad_kernel_ms(model, inputs[0]):>8.2f}{error:>11.2e}")
         del models
-        torch.cuda.empty_cache()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

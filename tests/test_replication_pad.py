@@ -1,8 +1,13 @@
 """torch.ops.cutlassfuse.replication_pad3d on the CPU (ATen's replication_pad3d: the op's
-reference) and its fake kernel, and fuse() putting it in place of the replicate pads of
-traced code."""
+reference) and its fake kernel, fuse() putting it in place of the replicate pads of
+traced code, and the video autoencoder benchmark, whose decoder has one before each causal
+convolution, on the CPU."""
 
 import copy
+import pathlib
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -136,3 +141,16 @@ def test_other_pads_are_left_as_they_are():
 
     result = cutlassfuse.fuse(Pads())
     assert result.replicate_pads == []
+
+
+def test_video_vae_benchmark_runs_on_the_cpu():
+    pytest.importorskip("diffusers")
+    script = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "video_vae.py"
+    out = subprocess.run([sys.executable, str(script), "--device", "cpu", "--dtypes", "float32", "--latent", "2,4,4",
+                          "--repeats", "1", "--rounds", "1"], capture_output=True, text=True, check=True,
+                         timeout=600).stdout
+    assert "fuse: 20 chains fused, 26 replicate pads replaced" in out, out
+    errors = {name: float(error) for name, error in re.findall(r"^float32\s+(eager|fuse)\s.*\s(\S+)$", out, re.M)}
+    assert errors.keys() == {"eager", "fuse"}, out
+    # float32 against float64: each decoder's own rounding, of one order.
+    assert errors["fuse"] <= 10 * errors["eager"] + 1e-6, out
