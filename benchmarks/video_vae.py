@@ -1,6 +1,6 @@
 """diffusers' HunyuanVideo autoencoder's decoder through `cutlassfuse.fuse`: eager against
 the fused decoder (the activations in the input's layout, as fuse() chooses for a model it
-traces child by child, and channels-last), optionally torch.compile of the decoder, under
+traces in parts, and channels-last), optionally torch.compile of the decoder, under
 torch.no_grad() with random weights at the model's own configuration. Per dtype: the
 median ms over alternating rounds (each a median of --repeats calls on fresh latents), the
 kernel time per call split into convolutions, norms and the rest (torch.profiler), of it

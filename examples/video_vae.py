@@ -5,9 +5,10 @@
 diffusers' AutoencoderKLHunyuanVideo, from a checkpoint (a diffusers model directory or
 hub id, its "vae" subfolder; without one randomly initialized: the model's own
 configuration on a GPU, a small one on the CPU). torch.fx cannot trace the decoder whole
-(its causal convolutions pad by sizes it branches on), so fuse() traces it child by child:
-every resnet block's GroupNorm -> SiLU and Conv3d -> GroupNorm -> SiLU become cutlassfuse
-blocks. Prints fuse()'s report, then decodes one latent with the decoder and its fused
+(its upsampling blocks branch on the number of frames), so fuse() traces it in parts: every
+resnet block's GroupNorm -> SiLU and Conv3d -> GroupNorm -> SiLU and the decoder's last
+GroupNorm -> SiLU become cutlassfuse blocks, the causal convolutions' replicate pads
+cutlassfuse's pad. Prints fuse()'s report, then decodes one latent with the decoder and its fused
 copy under torch.no_grad() (GPU: bfloat16, a 16x5x32x32 latent, 17 frames of 256x256;
 CPU: float32, a 16x2x8x8 latent): the largest difference between their outputs, and
 their times.

@@ -53,10 +53,13 @@ def test_monai_example_loads_a_checkpoint_fuses_and_folds(tmp_path):
 def test_video_vae_example_fuses_every_resnet_block():
     """diffusers' HunyuanVideo decoder (small, random weights) through the example: the
     GroupNorm -> SiLU and Conv3d -> GroupNorm -> SiLU of each of its 10 resnet blocks
-    fused, the replicate pads of its 26 causal convolutions cutlassfuse's, the outputs
-    the original's."""
+    fused, and the decoder's own last GroupNorm -> SiLU (its forward() traced with the
+    upsampling blocks, which branch on the frame count, called as they are), the
+    replicate pads of its 26 causal convolutions cutlassfuse's, the outputs the
+    original's."""
     out = run_example("video_vae.py", "--device", "cpu")
-    assert out.startswith("cutlassfuse.fuse: 20 chain(s) fused\n"), out
+    assert out.startswith("cutlassfuse.fuse: 21 chain(s) fused\n"), out
+    assert "\n  conv_norm_out_silu: GroupNorm(8) + SiLU -> GroupNormActivation\n" in out, out
     assert out.count(": F.pad(mode='replicate', pad=") == 26, out
     difference, scale = map(float, re.search(r"max \|fused - eager\| = (\S+), max \|eager\| = (\S+) ", out).groups())
     assert difference <= 1e-5 * scale, out

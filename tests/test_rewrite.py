@@ -395,3 +395,64 @@ def test_checkpoint_keys_survive_a_deepcopy_of_the_fused_model():
     fused = cutlassfuse.fuse(ChainInCode()).model
     assert isinstance(fused, torch.fx.GraphModule)
     assert set(copy.deepcopy(fused).state_dict()) == set(ChainInCode().state_dict())
+
+
+def test_a_forward_traced_with_its_untraceable_children_called_fuses_its_own_chains():
+    """A model whose forward() cannot be traced only because a child branches on a traced
+    value: the child is fused on its own and called as it is, the model's own code traced
+    around it (its last norm -> activation fused), the outputs and checkpoint keys the
+    original's."""
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv3d(4, 8, 3, padding=1)
+            self.norm = nn.GroupNorm(2, 8)
+
+        def forward(self, x):
+            return torch.relu(self.norm(self.conv(x)))
+
+    class Branching(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+
+        def forward(self, x):
+            h = self.block(x)
+            return h[:, :, :1] if x.shape[2] == 1 else h  # a branch on a size
+
+    class Decoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = Branching()
+            self.norm_out = nn.GroupNorm(4, 8)
+            self.conv_out = nn.Conv3d(8, 2, 1)
+
+        def forward(self, x):
+            return self.conv_out(F.silu(self.norm_out(self.up(x))))
+
+    model = randomized(Decoder(), seed=0).eval()
+    result = cutlassfuse.fuse(copy.deepcopy(model))
+    assert [line.split(":")[0] for line in result.replaced] == ["up.block.conv_norm_relu", "norm_out_silu"], str(result)
+    assert "the model (what it cannot trace called as it is)" in result.not_traced
+    assert not result.channels_last
+    called = {node.target for node in result.model.graph.nodes if node.op == "call_module"}
+    assert "up" in called and isinstance(result.model.up, nn.Module)
+    x = torch.randn(2, 4, 3, 5, 6)
+    with torch.no_grad():
+        assert torch.allclose(result.model(x), model(x), atol=1e-5)
+    assert_checkpoints_load_both_ways(lambda: copy.deepcopy(model), (x,))
+
+
+def test_a_forward_that_cannot_be_traced_around_its_children_stays_as_it_is():
+    class DataDependent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.GroupNorm(2, 4)
+
+        def forward(self, x):
+            return F.silu(self.norm(x)) if x.sum() > 0 else x  # a branch on a traced value of its own
+
+    model = DataDependent()
+    result = cutlassfuse.fuse(model)
+    assert result.model is model and result.replaced == [] and "runs in their place" not in result.not_traced

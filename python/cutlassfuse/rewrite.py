@@ -18,7 +18,7 @@ import copy
 import functools
 import operator
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -506,13 +506,18 @@ def _type_check_of_traced_values(check):
 
 
 class _Tracer(torch.fx.Tracer):
-    """Keeps already fused blocks (from the Sequential pass) and modules with hooks opaque
-    (a call of the module runs its hooks; a trace through its forward() would not),
-    traces the stand-ins of library modules whose forward() no trace can follow
-    (traceable_forwards), and refuses other code that asks the type of a traced value."""
+    """Keeps already fused blocks (from the Sequential pass), modules with hooks (a call of
+    the module runs its hooks; a trace through its forward() would not) and the modules
+    in `calls` opaque, traces the stand-ins of library modules whose forward() no trace
+    can follow (traceable_forwards), and refuses other code that asks the type of a
+    traced value."""
+
+    def __init__(self, calls: Collection[nn.Module] = ()) -> None:
+        super().__init__()
+        self.calls = calls
 
     def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
-        return (isinstance(module, _FUSED) or _has_hooks(module)
+        return (isinstance(module, _FUSED) or _has_hooks(module) or any(module is call for call in self.calls)
                 or super().is_leaf_module(module, qualified_name))
 
     def call_module(self, m: nn.Module, forward: Any, args: tuple, kwargs: dict) -> Any:
@@ -741,15 +746,16 @@ class _ModeDependentForward(Exception):
     pass
 
 
-def _trace_in_either_mode(model: nn.Module) -> torch.fx.Graph:
-    """A torch.fx trace of forward() that holds in train and eval mode alike. Tracing
+def _trace_in_either_mode(model: nn.Module, calls: Collection[nn.Module] = ()) -> torch.fx.Graph:
+    """A torch.fx trace of forward() (the modules in `calls` kept as calls) that holds in
+    train and eval mode alike. Tracing
     runs forward() once, so a branch on `self.training` would be frozen as traced and
     the rewritten model would ignore later train()/eval() calls there: such models are
     traced in both modes and refused when the graphs differ. Every module's own flag is
     restored afterwards (a model may hold eval-mode parts while training)."""
     flags = {module: module.training for module in model.modules()}
     try:
-        graphs = [_Tracer().trace(model.train(mode)) for mode in (model.training, not model.training)]
+        graphs = [_Tracer(calls).trace(model.train(mode)) for mode in (model.training, not model.training)]
     finally:
         for module, flag in flags.items():
             module.training = flag
@@ -763,7 +769,7 @@ def _fuse_graph(graph_module: torch.fx.GraphModule, model: nn.Module, found: _Fo
     """The same rewrite in a torch.fx trace of `model`'s forward() (`model` at `prefix` in
     the model fuse() takes), for chains written in code: the modules, and the functional
     norms and activations, each intermediate used once. The rewritten trace where it
-    fused a chain, or where it holds a block that the nn.Sequential rewrite fused and
+    fused a chain, or where it calls a block that the nn.Sequential rewrite fused and
     `model` is not a plain nn.Sequential (whose rewrite in place keeps its indexing);
     `model` elsewhere. The trace calls the layers themselves: the containers around them
     (nn.Sequential, MONAI's Convolution and ADN, ...) and the calls that return their
@@ -771,9 +777,10 @@ def _fuse_graph(graph_module: torch.fx.GraphModule, model: nn.Module, found: _Fo
     rewritten_before = len(found.replaced) + len(found.folded)
     _fuse_chains(_TracedChain(graph_module, prefix), list(graph_module.graph.nodes), found)
     pads_replaced = _replace_replicate_pads(graph_module, found, prefix)
-    holds_block = type(model) is not nn.Sequential and any(isinstance(module, _FUSED)
-                                                            for module in graph_module.modules())
-    if len(found.replaced) + len(found.folded) == rewritten_before and not holds_block and not pads_replaced:
+    calls_block = type(model) is not nn.Sequential and any(
+        node.op == "call_module" and isinstance(graph_module.get_submodule(node.target), _FUSED)
+        for node in graph_module.graph.nodes)
+    if len(found.replaced) + len(found.folded) == rewritten_before and not calls_block and not pads_replaced:
         return model
     _drop_calls_returning_input(graph_module)
     _fuse_residual_adds(graph_module, found, prefix)
@@ -971,28 +978,53 @@ class _RefoldOnLoad:
             state_dict.update((prefix + key, bias) for key in fold.bias)
 
 
-def _fuse_traced_children(module: nn.Module, prefix: str, found: _Found) -> list[str]:
-    """For a `module` torch.fx cannot trace: its children's forward() code, each traced on
-    its own (and in turn its children's where it cannot be), the chains found there fused
-    and the child replaced by its rewritten trace. torch.nn's own modules hold no chains in
-    code and are not traced. The paths of the children replaced."""
+def _fuse_traced_children(module: nn.Module, prefix: str, found: _Found, calls: list[nn.Module]) -> list[str]:
+    """For a `module` torch.fx cannot trace whole: each child's forward() code traced on
+    its own, the chains found there fused and the child replaced by its rewritten trace;
+    a child that cannot be traced whole is fused in parts in turn (`_fuse_in_parts`) and
+    appended, as it then stands, to `calls`. torch.nn's own modules hold no chains in code
+    and are not traced. The paths of the modules replaced by a trace."""
     replaced = []
     for name, child in list(module.named_children()):
         path = f"{prefix}{name}"
         if type(child).__module__.startswith("torch.nn"):
-            replaced += _fuse_traced_children(child, f"{path}.", found)
+            replaced += _fuse_traced_children(child, f"{path}.", found, calls)
             continue
         try:
             graph = _trace_in_either_mode(child)
         except Exception:  # torch.fx raises many types for untraceable code
-            replaced += _fuse_traced_children(child, f"{path}.", found)
-            continue
-        fused = _fuse_graph(torch.fx.GraphModule(child, graph, type(child).__name__), child, found, f"{path}.")
+            fused, paths = _fuse_in_parts(child, path, found)
+            replaced += paths
+            calls.append(fused)
+        else:
+            fused = _fuse_graph(torch.fx.GraphModule(child, graph, type(child).__name__), child, found, f"{path}.")
+            if fused is not child:
+                _keep_unused_tensors(fused, child, found.folds)
+                replaced.append(path)
         if fused is not child:
-            _keep_unused_tensors(fused, child, found.folds)
             setattr(module, name, fused)
-            replaced.append(path)
     return replaced
+
+
+def _fuse_in_parts(module: nn.Module, path: str, found: _Found) -> tuple[nn.Module, list[str]]:
+    """`module` (at `path`; "" for the model itself), which torch.fx cannot trace whole,
+    fused in parts: its children on their own (`_fuse_traced_children`), then its own
+    forward() traced with the children that cannot be traced whole kept as calls, where
+    that trace holds (a branch on a traced value lies inside those children), and the
+    chains and pads of its own code fused there (a decoder's last norm and activation).
+    The module or its rewritten trace, and the paths of the modules replaced by a trace."""
+    calls: list[nn.Module] = []
+    replaced = _fuse_traced_children(module, f"{path}." if path else "", found, calls)
+    try:
+        graph = _trace_in_either_mode(module, calls)
+    except Exception:  # its own code cannot be traced either
+        return module, replaced
+    fused = _fuse_graph(torch.fx.GraphModule(module, graph, type(module).__name__), module, found,
+                        f"{path}." if path else "")
+    if fused is module:
+        return module, replaced
+    _keep_unused_tensors(fused, module, found.folds)
+    return fused, [*replaced, path]
 
 
 def _keep_original_keys(model: nn.Module, original: dict[str, torch.Tensor], folds: list[_Match]) -> None:
@@ -1197,10 +1229,12 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = N
     freeze the branch taken) or asks a traced value's type (torch.jit.isinstance, which
     a trace answers wrongly; known library modules that do, MONAI's UpCat, are traced
     through a stand-in, cutlassfuse.traceable_forwards), keep the Sequential rewrite and
-    the result says why; their
-    children's forward() code is then traced child by child (a child's children where the
-    child cannot be traced), and each child whose trace holds a fused block becomes that
-    trace (the result names them). The fused blocks hold the
+    the result says why; they are then fused in parts: each child's forward() code traced
+    on its own (a child's children, in turn, where the child cannot be traced), each child
+    whose trace calls a fused block or replaced a pad becoming that trace, then the
+    model's own forward() traced with the children it could not trace kept as calls, where
+    that trace holds, its own chains fused (the result names every module replaced by its
+    trace). The fused blocks hold the
     original parameter objects. The result lists every chain fused (where, what, what it
     became), every norm folded (``folded``: where, what, the activation kept) and every
     candidate left alone, with the reason.
@@ -1256,9 +1290,10 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = N
             graph_module = torch.fx.GraphModule(model, _trace_in_either_mode(model), type(model).__name__)
         except Exception as error:  # torch.fx raises many types for untraceable code
             not_traced = f"{type(error).__name__}: {error}"
-            traced_children = _fuse_traced_children(model, "", found)
-            if traced_children:
-                not_traced += f"; the traced forward() of {', '.join(traced_children)} runs in their place"
+            model, traced_parts = _fuse_in_parts(model, "", found)
+            if traced_parts:
+                parts = ", ".join(path or "the model (what it cannot trace called as it is)" for path in traced_parts)
+                not_traced += f"; the traced forward() of {parts} runs in their place"
     _keep_original_keys(model, original, found.folds)
     result = FuseResult(model, found.replaced, not_traced=not_traced, folded=found.folded,
                         residual_adds=found.residual_adds, replicate_pads=found.replicate_pads)

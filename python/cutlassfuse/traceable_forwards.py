@@ -10,7 +10,7 @@ with the value-dependent part in one function that the trace calls as a whole (a
 A stand-in is keyed by the module's class (its module path and qualified name, so that
 the library need not be imported) and by the SHA-256 digest of the source of the forward()
 it was written against: a library release whose forward() reads otherwise gets no
-stand-in, and its model is traced child by child as any other that no trace can follow.
+stand-in, and its model is traced in parts as any other that no trace can follow.
 It takes the module and its forward()'s arguments.
 """
 
