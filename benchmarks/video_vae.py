@@ -17,7 +17,6 @@ import argparse
 import copy
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import cutlassfuse
 from cutlassfuse.__main__ import DTYPES, comma_list, positive_int
@@ -35,17 +34,10 @@ except ImportError as error:
 SMALL = dict(block_out_channels=(32, 32, 64, 64), norm_num_groups=8, layers_per_block=1)
 
 
-def pad_kernel_ms(model: torch.nn.Module, x: torch.Tensor) -> float:
+def pad_ms(model: torch.nn.Module, x: torch.Tensor) -> float:
     """The time per call under torch.no_grad() of the replicate pads (kernels, or on the
     CPU ops, whose names say replication_pad)."""
-    cuda = x.is_cuda
-    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
-        model(x)
-        if cuda:
-            torch.cuda.synchronize()
-    device_type = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
-    return sum(e.device_time if cuda else e.self_cpu_time_total for e in prof.events()
-               if e.device_type == device_type and "replication_pad" in e.name) / 1e3
+    return kernel_split_ms(model, [x], lambda name: "pad" if "replication_pad" in name else "rest").get("pad", 0.0)
 
 
 def main() -> None:
@@ -90,7 +82,7 @@ def main() -> None:
                 error = (model(inputs[0]).double() - reference).abs().max().item()
             print(f"{str(dtype)[6:]:<10}{name:<24}{ms[name]:>9.2f}{ms['eager'] / ms[name]:>9.2f}x"
                   f"{split['conv']:>8.2f}{split['norm']:>8.2f}{split['other']:>8.2f}"
-                  f"{pad_kernel_ms(model, inputs[0]):>8.2f}{error:>11.2e}")
+                  f"{pad_ms(model, inputs[0]):>8.2f}{error:>11.2e}")
         del models
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -146,9 +146,11 @@ def kernel_class(name: str) -> str:
     return "conv" if "cudnn" in lowered else "other"
 
 
-def kernel_split_ms(model: nn.Module, inputs: list[torch.Tensor]) -> dict[str, float]:
-    """Per call under torch.no_grad(): the CUDA kernel time of each kernel class
-    (`kernel_class`); on the CPU each op's own time, by the op's name."""
+def kernel_split_ms(model: nn.Module, inputs: list[torch.Tensor],
+                    classify: Callable[[str], str] = kernel_class) -> dict[str, float]:
+    """Per call under torch.no_grad(): the CUDA kernel time of each class of kernels
+    (`classify` of the kernel's name; KERNEL_CLASSES by default); on the CPU each op's own
+    time, by the op's name."""
     cuda = inputs[0].is_cuda
     rotation = itertools.cycle(inputs)
     split = dict.fromkeys(KERNEL_CLASSES, 0.0)
@@ -161,7 +163,8 @@ def kernel_split_ms(model: nn.Module, inputs: list[torch.Tensor]) -> dict[str, f
     for event in prof.events():
         if event.device_type == device_type:
             us = event.device_time if cuda else event.self_cpu_time_total
-            split[kernel_class(event.name)] += us / 1e3 / PROFILED_CALLS
+            name = classify(event.name)
+            split[name] = split.get(name, 0.0) + us / 1e3 / PROFILED_CALLS
     return split
 
 

@@ -997,13 +997,20 @@ def _fuse_traced_children(module: nn.Module, prefix: str, found: _Found, calls: 
             replaced += paths
             calls.append(fused)
         else:
-            fused = _fuse_graph(torch.fx.GraphModule(child, graph, type(child).__name__), child, found, f"{path}.")
-            if fused is not child:
-                _keep_unused_tensors(fused, child, found.folds)
-                replaced.append(path)
+            fused = _fused_trace(child, graph, found, f"{path}.")
+            replaced += [path] if fused is not child else []
         if fused is not child:
             setattr(module, name, fused)
     return replaced
+
+
+def _fused_trace(module: nn.Module, graph: torch.fx.Graph, found: _Found, prefix: str) -> nn.Module:
+    """`_fuse_graph` of `module`'s trace `graph` (`module` at `prefix`): the rewritten
+    trace, holding every tensor of `module`, or `module` where nothing changed."""
+    fused = _fuse_graph(torch.fx.GraphModule(module, graph, type(module).__name__), module, found, prefix)
+    if fused is not module:
+        _keep_unused_tensors(fused, module, found.folds)
+    return fused
 
 
 def _fuse_in_parts(module: nn.Module, path: str, found: _Found) -> tuple[nn.Module, list[str]]:
@@ -1013,18 +1020,15 @@ def _fuse_in_parts(module: nn.Module, path: str, found: _Found) -> tuple[nn.Modu
     that trace holds (a branch on a traced value lies inside those children), and the
     chains and pads of its own code fused there (a decoder's last norm and activation).
     The module or its rewritten trace, and the paths of the modules replaced by a trace."""
+    prefix = f"{path}." if path else ""
     calls: list[nn.Module] = []
-    replaced = _fuse_traced_children(module, f"{path}." if path else "", found, calls)
+    replaced = _fuse_traced_children(module, prefix, found, calls)
     try:
         graph = _trace_in_either_mode(module, calls)
     except Exception:  # its own code cannot be traced either
         return module, replaced
-    fused = _fuse_graph(torch.fx.GraphModule(module, graph, type(module).__name__), module, found,
-                        f"{path}." if path else "")
-    if fused is module:
-        return module, replaced
-    _keep_unused_tensors(fused, module, found.folds)
-    return fused, [*replaced, path]
+    fused = _fused_trace(module, graph, found, prefix)
+    return fused, replaced + ([path] if fused is not module else [])
 
 
 def _keep_original_keys(model: nn.Module, original: dict[str, torch.Tensor], folds: list[_Match]) -> None:

@@ -1,9 +1,11 @@
 // Replicate padding of packed 5-D tensors. See cutlassfuse/common/replication_pad.h.
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 #include "cutlassfuse/common/device_utils.cuh"
@@ -18,29 +20,10 @@ constexpr int64_t kMaxBlocks = 8192;
 // NDHWC: units a thread copies per iteration, their loads in flight together.
 constexpr int kUnits = 4;
 
-// Integer types of 1 to 16 bytes: what the copy moves.
+// The type of kBytes bytes (1, 2, 4, 8 or 16): what the copy moves.
 template <int kBytes>
-struct BitsOf;
-template <>
-struct BitsOf<1> {
-  using type = uint8_t;
-};
-template <>
-struct BitsOf<2> {
-  using type = uint16_t;
-};
-template <>
-struct BitsOf<4> {
-  using type = uint32_t;
-};
-template <>
-struct BitsOf<8> {
-  using type = uint2;
-};
-template <>
-struct BitsOf<16> {
-  using type = uint4;
-};
+using BitsOf =
+    std::tuple_element_t<std::countr_zero(unsigned{kBytes}), std::tuple<uint8_t, uint16_t, uint32_t, uint2, uint4>>;
 
 __device__ __forceinline__ uint32_t clamped(int64_t index, uint32_t extent) {
   return static_cast<uint32_t>(index < 0 ? 0 : index >= extent ? extent - 1 : index);
@@ -161,7 +144,7 @@ int unit_bytes(int64_t pixel_bytes, const void* src, const void* dst) {
 
 template <int kBytes>
 void launch_ndhwc(const void* src, void* dst, const ReplicationPad3d& p, int64_t pixel_bytes, cudaStream_t stream) {
-  using Unit = typename BitsOf<kBytes>::type;
+  using Unit = BitsOf<kBytes>;
   const auto units_per_pixel = static_cast<uint32_t>(pixel_bytes / kBytes);
   const int64_t total = p.output_elements() / p.channels * units_per_pixel;
   // Units are at least elements wide where the pointers are aligned to their elements.
@@ -175,7 +158,7 @@ void launch_ndhwc(const void* src, void* dst, const ReplicationPad3d& p, int64_t
 
 template <int kBytes>
 void launch_ncdhw(const void* src, void* dst, const ReplicationPad3d& p, cudaStream_t stream) {
-  using Element = typename BitsOf<kBytes>::type;
+  using Element = BitsOf<kBytes>;
   const int64_t total = p.output_elements();
   const auto kernel = reinterpret_cast<uintptr_t>(dst) % sizeof(uint4) == 0
                           ? replication_pad_ncdhw_kernel<Element, true>
