@@ -27,6 +27,8 @@ CASES = {
     "no_pads": ((1, 8, 3, 4, 5), (0, 0, 0, 0, 0, 0)),
     "pads_past_the_extent": ((1, 3, 2, 3, 1), (5, 7, 0, 9, 4, 3)),
     "long_rows": ((1, 2, 2, 3, 300), (1, 2, 3, 0, 0, 1)),
+    # NCDHW rows of more than 48 KB in 4-byte and wider dtypes: past the shared-memory buffer.
+    "rows_past_the_buffer": ((1, 1, 2, 2, 12500), (3, 2, 1, 0, 0, 1)),
     "one_pixel": ((3, 5, 1, 1, 1), (2, 2, 2, 2, 2, 2)),
     "odd_channels": ((2, 3, 4, 7, 9), (1, 1, 1, 1, 2, 0)),
 }
@@ -62,12 +64,20 @@ def test_kernel_gives_atens_pad_bitwise(name, memory_format, dtype):
     assert torch.equal(out, expected), "an element differs or was not written"
 
 
-@pytest.mark.parametrize("memory_format", [torch.contiguous_format, CL], ids=["ncdhw", "channels_last"])
-def test_the_copy_kernel_runs_not_atens(memory_format):
-    x, padding = case_input("causal_16_channels", torch.float16, memory_format)
+@pytest.mark.parametrize(
+    ("memory_format", "dtype", "name", "kernel"),
+    [
+        (CL, torch.float16, "causal_16_channels", "replication_pad_ndhwc_kernel"),
+        (torch.contiguous_format, torch.float16, "causal_16_channels", "replication_pad_ncdhw_rows_kernel"),
+        (torch.contiguous_format, torch.float16, "rows_past_the_buffer", "replication_pad_ncdhw_rows_kernel"),
+        (torch.contiguous_format, torch.float32, "rows_past_the_buffer", "replication_pad_ncdhw_gather_kernel"),
+    ],
+    ids=["ndhwc", "ncdhw_rows", "ncdhw_long_rows_fp16", "ncdhw_long_rows_fp32"],
+)
+def test_the_copy_kernel_runs_not_atens(memory_format, dtype, name, kernel):
+    x, padding = case_input(name, dtype, memory_format)
     names = kernel_names(lambda: PAD(x, padding))
-    layout = "ncdhw" if memory_format is torch.contiguous_format else "ndhwc"
-    assert any(f"replication_pad_{layout}_kernel" in n for n in names), names
+    assert sum(kernel in n for n in names) == 1, names
     assert not any("replication_pad_forward" in n for n in names), names
 
 

@@ -7,8 +7,9 @@
 //
 // The copy moves bits, so one kernel serves every dtype of an element size: NDHWC copies
 // each output pixel's channels from its source pixel in the widest units (up to 16
-// bytes) that the pixel's bytes and the pointers' alignment allow; NCDHW writes the
-// output in 16-byte chunks, each gathered element by element from its source rows.
+// bytes) that the pixel's bytes and the pointers' alignment allow; NCDHW assembles whole
+// output rows in shared memory (their source rows loaded in wide units and shifted into
+// place, the pads copied from the rows' ends) and writes them out in 16-byte chunks.
 #pragma once
 
 #include <cuda_runtime_api.h>
