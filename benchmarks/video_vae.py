@@ -1,11 +1,12 @@
 """diffusers' HunyuanVideo autoencoder's decoder through `cutlassfuse.fuse`: eager against
 the fused decoder (the activations in the input's layout, as fuse() chooses for a model it
-traces in parts, and channels-last), optionally torch.compile of the decoder, under
-torch.no_grad() with random weights at the model's own configuration. Per dtype: the
-median ms over alternating rounds (each a median of --repeats calls on fresh latents), the
-kernel time per call split into convolutions, norms and the rest (torch.profiler), of it
-the replicate pads' kernels (ATen's replication_pad3d, or cutlassfuse's), and each
-decoder's max abs error against a float64 copy of it on one latent. Needs diffusers.
+traces in parts, and channels-last), with --compile also torch.compile of the decoder and
+of the fused decoder, under torch.no_grad() with random weights at the model's own
+configuration. Per dtype: the median ms over alternating rounds (each a median of --repeats
+calls on fresh latents), the kernel time per call split into convolutions, norms and the
+rest (torch.profiler), of it the replicate pads' kernels (ATen's replication_pad3d, or
+cutlassfuse's), and each decoder's max abs error against a float64 copy of it on one
+latent. Needs diffusers.
 
     python benchmarks/video_vae.py [--dtypes float16,bfloat16] [--latent 5,32,32] [--compile]
     python benchmarks/video_vae.py --device cpu --dtypes float32 --latent 2,8,8   # checks it without a GPU
@@ -44,7 +45,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtypes", default="float16,bfloat16", type=comma_list(DTYPES))
     parser.add_argument("--latent", default="5,32,32", help="the latent's frames,height,width (16 channels)")
-    parser.add_argument("--compile", action="store_true", help="also torch.compile of the decoder (minutes)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also torch.compile of the decoder and of the fused decoder (minutes)")
     parser.add_argument("--repeats", type=positive_int, default=5)
     parser.add_argument("--rounds", type=positive_int, default=5)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
@@ -60,7 +62,7 @@ def main() -> None:
     print(f"fuse: {len(fused.replaced)} chains fused, {len(fused.replicate_pads)} replicate pads replaced")
     latent = (1, vae.config.latent_channels, *map(int, args.latent.split(",")))
     reference_model = copy.deepcopy(decoder).to(device, torch.float64)
-    print(f"{'dtype':<10}{'decoder':<24}{'ms':>9}{'vs eager':>10}{'conv':>8}{'norm':>8}{'other':>8}"
+    print(f"{'dtype':<10}{'decoder':<26}{'ms':>9}{'vs eager':>10}{'conv':>8}{'norm':>8}{'other':>8}"
           f"{'pads':>8}{'error':>11}")
     for dtype in (getattr(torch, name) for name in args.dtypes):
         models = {"eager": copy.deepcopy(decoder).to(device, dtype),
@@ -68,6 +70,7 @@ def main() -> None:
                   "fuse, channels-last": copy.deepcopy(fused_channels_last.model).to(device, dtype)}
         if args.compile:
             models["torch.compile"] = torch.compile(copy.deepcopy(decoder).to(device, dtype))
+            models["fuse, torch.compile"] = torch.compile(copy.deepcopy(fused.model).to(device, dtype))
         inputs = rotating_tensors(latent, dtype, device)
         ms, refused = medians_over_rounds({name: Timed(model, inputs) for name, model in models.items()},
                                           args.rounds, args.repeats)
@@ -75,12 +78,12 @@ def main() -> None:
             reference = reference_model(inputs[0].double())
         for name, model in models.items():
             if name in refused:
-                print(f"{str(dtype)[6:]:<10}{name:<24} refused: {refused[name]}")
+                print(f"{str(dtype)[6:]:<10}{name:<26} refused: {refused[name]}")
                 continue
             split = kernel_split_ms(model, inputs[:1])
             with torch.no_grad():
                 error = (model(inputs[0]).double() - reference).abs().max().item()
-            print(f"{str(dtype)[6:]:<10}{name:<24}{ms[name]:>9.2f}{ms['eager'] / ms[name]:>9.2f}x"
+            print(f"{str(dtype)[6:]:<10}{name:<26}{ms[name]:>9.2f}{ms['eager'] / ms[name]:>9.2f}x"
                   f"{split['conv']:>8.2f}{split['norm']:>8.2f}{split['other']:>8.2f}"
                   f"{pad_ms(model, inputs[0]):>8.2f}{error:>11.2e}")
         del models
