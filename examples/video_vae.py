@@ -8,10 +8,10 @@ configuration on a GPU, a small one on the CPU). torch.fx cannot trace the decod
 (its upsampling blocks branch on the number of frames), so fuse() traces it in parts: every
 resnet block's GroupNorm -> SiLU and Conv3d -> GroupNorm -> SiLU and the decoder's last
 GroupNorm -> SiLU become cutlassfuse blocks, the causal convolutions' replicate pads
-cutlassfuse's pad. Prints fuse()'s report, then decodes one latent with the decoder and its fused
-copy under torch.no_grad() (GPU: bfloat16, a 16x5x32x32 latent, 17 frames of 256x256;
-CPU: float32, a 16x2x8x8 latent): the largest difference between their outputs, and
-their times.
+cutlassfuse's pad (the pad of zeros before a 1x1x1 convolution is dropped). Prints fuse()'s
+report, then decodes one latent with the decoder and its fused copy under torch.no_grad()
+(GPU: bfloat16, a 16x5x32x32 latent, 17 frames of 256x256; CPU: float32, a 16x2x8x8
+latent): the largest difference between their outputs, and their times.
 """
 
 import argparse

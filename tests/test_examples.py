@@ -55,11 +55,12 @@ def test_video_vae_example_fuses_every_resnet_block():
     GroupNorm -> SiLU and Conv3d -> GroupNorm -> SiLU of each of its 10 resnet blocks
     fused, and the decoder's own last GroupNorm -> SiLU (its forward() traced with the
     upsampling blocks, which branch on the frame count, called as they are), the
-    replicate pads of its 26 causal convolutions cutlassfuse's, the outputs the
-    original's."""
+    replicate pads of its 26 causal convolutions cutlassfuse's (the one of zeros before its
+    1x1x1 shortcut convolution dropped), the outputs the original's."""
     out = run_example("video_vae.py", "--device", "cpu")
     assert out.startswith("cutlassfuse.fuse: 21 chain(s) fused\n"), out
     assert "\n  conv_norm_out_silu: GroupNorm(8) + SiLU -> GroupNormActivation\n" in out, out
     assert out.count(": F.pad(mode='replicate', pad=") == 26, out
+    assert out.count("-> dropped (pads nothing, read by convolutions only)") == 1, out
     difference, scale = map(float, re.search(r"max \|fused - eager\| = (\S+), max \|eager\| = (\S+) ", out).groups())
     assert difference <= 1e-5 * scale, out

@@ -95,7 +95,8 @@ class FuseResult:
     few_channel_convs: list[str] = field(default_factory=list)
     # one line per add of a block's output that the block's op now computes: where, what
     residual_adds: list[str] = field(default_factory=list)
-    # one line per replicate pad of traced code that runs cutlassfuse's pad: where, what
+    # one line per replicate pad of traced code that runs cutlassfuse's pad, or that pads nothing
+    # and only convolutions read, dropped: where, what
     replicate_pads: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
@@ -822,11 +823,24 @@ def _replicate_pad(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> t
     return None
 
 
+def _only_convolved(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Whether every user of `node` calls a convolution (nn.Conv3d, nn.ConvTranspose3d or a
+    fused block, without hooks) on it: none writes to it or returns it."""
+    for user in node.users:
+        if user.op != "call_module":
+            return False
+        module = graph_module.get_submodule(user.target)
+        if not (type(module) in _CONVS or isinstance(module, _FUSED)) or _has_hooks(module):
+            return False
+    return bool(node.users)
+
+
 def _replace_replicate_pads(graph_module: torch.fx.GraphModule, found: _Found, prefix: str) -> bool:
     """Makes each replicate pad of the trace (`_replicate_pad`) a call of
     torch.ops.cutlassfuse.replication_pad3d, which pads as ATen's replication_pad3d does
-    (the same values, layout and derivatives), several times faster on CUDA.
-    Whether it replaced any."""
+    (the same values, layout and derivatives), several times faster on CUDA; a pad of
+    zeros that only convolutions read (a causal 1x1x1 convolution's) is dropped, its
+    copy of the input unread. Whether it changed any."""
     graph = graph_module.graph
     replaced = False
     for node in list(graph.nodes):
@@ -834,14 +848,18 @@ def _replace_replicate_pads(graph_module: torch.fx.GraphModule, found: _Found, p
         if pad is None:
             continue
         value, padding, what = pad
-        with graph.inserting_before(node):
-            padded = graph.call_function(REPLICATION_PAD3D, (value, padding))
-        padded.meta = dict(node.meta)
-        node.replace_all_uses_with(padded)
-        graph.erase_node(node)
         stack = node.meta.get("nn_module_stack")  # the modules whose forward() made the call
         where = f"{prefix}{next(reversed(stack))}" if stack else prefix.rstrip(".") or node.name
-        found.replicate_pads.append(f"{where}: {what} -> cutlassfuse replication_pad3d")
+        if not any(padding) and _only_convolved(graph_module, node):
+            node.replace_all_uses_with(value)
+            found.replicate_pads.append(f"{where}: {what} -> dropped (pads nothing, read by convolutions only)")
+        else:
+            with graph.inserting_before(node):
+                padded = graph.call_function(REPLICATION_PAD3D, (value, padding))
+            padded.meta = dict(node.meta)
+            node.replace_all_uses_with(padded)
+            found.replicate_pads.append(f"{where}: {what} -> cutlassfuse replication_pad3d")
+        graph.erase_node(node)
         replaced = True
     return replaced
 
