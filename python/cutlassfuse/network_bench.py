@@ -149,7 +149,7 @@ def kernel_class(name: str) -> str:
 def kernel_split_ms(model: nn.Module, inputs: list[torch.Tensor],
                     classify: Callable[[str], str] = kernel_class) -> dict[str, float]:
     """Per call under torch.no_grad(): the CUDA kernel time of each class of kernels
-    (`classify` of the kernel's name; KERNEL_CLASSES by default); on the CPU each op's own
+    (`classify` of the kernel's name, `kernel_class` by default); on the CPU each op's own
     time, by the op's name."""
     cuda = inputs[0].is_cuda
     rotation = itertools.cycle(inputs)
