@@ -1,7 +1,7 @@
 // Which NCDHW replicate-pad kernel reaches a copy's speed? The library's two kernels
 // (cpp/src/common/replication_pad.cu, included here: whole rows assembled in shared
-// memory, and 16-byte chunks gathered element by element from global memory) against
-// three variants of the gather:
+// memory, and gather_copy.cuh's 16-byte chunks gathered element by element from global
+// memory) against three variants of the gather:
 //   multi   four chunks a thread, all their loads in flight before the stores;
 //   words   one 4-byte output word a lane, consecutive lanes on consecutive words;
 //   staged  each block's source rows staged in shared memory with 16-byte loads, the
@@ -150,18 +150,18 @@ void run(const ReplicationPad3d& p) {
   std::vector<uint8_t> host(in_bytes);
   for (int64_t i = 0; i < in_bytes; ++i) host[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
   cudaMemcpy(src, host.data(), in_bytes, cudaMemcpyHostToDevice);
-  launch_ncdhw_gather<2>(src, expected, p, true, nullptr);
+  gather_copy::launch_channels_first_gather<PadGrid, 2>(src, expected, PadGrid(p), p.output_elements(), nullptr);
   const PadGrid grid(p);
   const auto total = static_cast<uint32_t>(p.output_elements());
   const auto rows = static_cast<uint32_t>(p.output_elements() / p.output(2));
   const uint32_t staged_rows = 16;
   const std::array<std::pair<const char*, std::function<void()>>, 6> kernels{{
-      {"gather", [&] { launch_ncdhw_gather<2>(src, out, p, true, nullptr); }},
-      {"multi", [&] { multi_kernel<Element, 4><<<blocks_for(total / 32), kThreads>>>(
+      {"gather", [&] { gather_copy::launch_channels_first_gather<PadGrid, 2>(src, out, grid, total, nullptr); }},
+      {"multi", [&] { multi_kernel<Element, 4><<<gather_copy::blocks_for(total / 32), kThreads>>>(
                           static_cast<const Element*>(src), static_cast<Element*>(out), grid, total); }},
-      {"words", [&] { words_kernel<Element><<<blocks_for(total / 2), kThreads>>>(
+      {"words", [&] { words_kernel<Element><<<gather_copy::blocks_for(total / 2), kThreads>>>(
                           static_cast<const Element*>(src), static_cast<Element*>(out), grid, total); }},
-      {"staged", [&] { staged_kernel<Element><<<blocks_for(rows / staged_rows * kThreads), kThreads,
+      {"staged", [&] { staged_kernel<Element><<<gather_copy::blocks_for(rows / staged_rows * kThreads), kThreads,
                                                 staged_rows * p.input[2] * 2>>>(
                            static_cast<const Element*>(src), static_cast<Element*>(out), grid, rows, staged_rows); }},
       {"rows", [&] { launch_ncdhw<2>(src, out, p, nullptr); }},

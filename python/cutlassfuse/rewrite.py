@@ -10,7 +10,9 @@ running statistics (BatchNorm3d, InstanceNorm3d with track_running_stats) folds 
 Conv3d or ConvTranspose3d before it instead: a per-channel scale and shift there. In
 traced code, replicate pads of 5-D tensors (F.pad with mode="replicate" and six pads,
 nn.ReplicationPad3d: a video autoencoder's causal convolutions) become
-torch.ops.cutlassfuse.replication_pad3d, several times faster than ATen's pad on CUDA."""
+torch.ops.cutlassfuse.replication_pad3d, several times faster than ATen's pad on CUDA; a
+module whose own code no trace reaches runs its replicate pads and nearest upsampling on
+cutlassfuse's copy kernels (copy_kernels.py)."""
 
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ from .blocks import activation_of_module
 from .cuda_graphs import CUDAGraphed
 from .modules import ConvTranspose3dReLUGroupNorm
 from .few_channel_conv import FewChannelConv3d
+from .copy_kernels import WithCopyKernels
 from .replication_pad import REPLICATION_PAD3D
 from .traceable_forwards import opaque_to_tracing, stand_in
 
@@ -98,12 +101,16 @@ class FuseResult:
     # one line per replicate pad of traced code that runs cutlassfuse's pad, or that pads nothing
     # and only convolutions read, dropped: where, what
     replicate_pads: list[str] = field(default_factory=list)
+    # one line per module whose own code no trace reached, run with cutlassfuse's copy kernels
+    # for ATen's replicate pads and nearest upsampling (WithCopyKernels): where, what
+    copy_kernels: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         head = f"cutlassfuse.fuse: {len(self.replaced)} chain(s) fused"
         if self.folded:
             head += f", {len(self.folded)} norm(s) folded into their convolution"
-        changes = self.replaced + self.residual_adds + self.folded + self.few_channel_convs + self.replicate_pads
+        changes = (self.replaced + self.residual_adds + self.folded + self.few_channel_convs + self.replicate_pads
+                   + self.copy_kernels)
         lines = [head] + [f"  {line}" for line in changes]
         lines += [f"  left alone: {line}" for line in self.left_alone]
         if self.not_traced:
@@ -230,6 +237,7 @@ class _Found:
     folded: list[str] = field(default_factory=list)
     folds: list[_Match] = field(default_factory=list)
     replicate_pads: list[str] = field(default_factory=list)
+    copy_kernels: list[str] = field(default_factory=list)
     notes: dict[str, str] = field(default_factory=dict)
 
     def rewrote(self, where: str, match: _Match) -> None:
@@ -1013,6 +1021,10 @@ def _fuse_traced_children(module: nn.Module, prefix: str, found: _Found, calls: 
         except Exception:  # torch.fx raises many types for untraceable code
             fused, paths = _fuse_in_parts(child, path, found)
             replaced += paths
+            if fused is child:  # its own code untraced: its pads and upsampling run on the copy kernels
+                fused = WithCopyKernels(child)
+                found.copy_kernels.append(f"{path}: {type(child).__name__}'s untraced code: ATen's replicate pads "
+                                          "and nearest upsampling -> cutlassfuse's copy kernels")
             calls.append(fused)
         else:
             fused = _fused_trace(child, graph, found, f"{path}.")
@@ -1318,7 +1330,8 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = N
                 not_traced += f"; the traced forward() of {parts} runs in their place"
     _keep_original_keys(model, original, found.folds)
     result = FuseResult(model, found.replaced, not_traced=not_traced, folded=found.folded,
-                        residual_adds=found.residual_adds, replicate_pads=found.replicate_pads)
+                        residual_adds=found.residual_adds, replicate_pads=found.replicate_pads,
+                        copy_kernels=found.copy_kernels)
     if graph_module is not None:
         result.model = _fuse_graph(graph_module, model, found)
         if result.model is not model:

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.gpu
 PAD = torch.ops.cutlassfuse.replication_pad3d.default
 CL = torch.channels_last_3d
 CAUSAL = (1, 1, 1, 1, 2, 0)
+PAD_GRID = "cutlassfuse::(anonymous namespace)::PadGrid"  # the pad's index map in the copy kernels' names
 
 # (shape, padding): F.pad's order, W's pads first.
 CASES = {
@@ -67,10 +68,10 @@ def test_kernel_gives_atens_pad_bitwise(name, memory_format, dtype):
 @pytest.mark.parametrize(
     ("memory_format", "dtype", "name", "kernel"),
     [
-        (CL, torch.float16, "causal_16_channels", "replication_pad_ndhwc_kernel"),
+        (CL, torch.float16, "causal_16_channels", f"channels_last_gather_kernel<{PAD_GRID}"),
         (torch.contiguous_format, torch.float16, "causal_16_channels", "replication_pad_ncdhw_rows_kernel"),
         (torch.contiguous_format, torch.float16, "rows_past_the_buffer", "replication_pad_ncdhw_rows_kernel"),
-        (torch.contiguous_format, torch.float32, "rows_past_the_buffer", "replication_pad_ncdhw_gather_kernel"),
+        (torch.contiguous_format, torch.float32, "rows_past_the_buffer", f"channels_first_gather_kernel<{PAD_GRID}"),
     ],
     ids=["ndhwc", "ncdhw_rows", "ncdhw_long_rows_fp16", "ncdhw_long_rows_fp32"],
 )
