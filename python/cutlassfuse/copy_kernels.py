@@ -24,13 +24,14 @@ _aten = torch.ops.aten
 
 
 class CopyKernelMode(TorchDispatchMode):
-    """ATen's replication_pad3d and upsample_nearest3d of CUDA tensors run as
+    """ATen's replication_pad3d and upsample_nearest3d of plain CUDA tensors run as
     cutlassfuse's ops; everything else as it is. (F.interpolate's upsample_nearest3d.vec
     reaches a dispatch mode as upsample_nearest3d: it is a composite of it.)"""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if args and isinstance(args[0], torch.Tensor) and args[0].is_cuda and not kwargs:
+        # Plain CUDA tensors only: a subclass (DTensor, a fake tensor) keeps its own dispatch.
+        if args and type(args[0]) is torch.Tensor and args[0].is_cuda and not kwargs:
             if func is _aten.replication_pad3d.default:
                 return REPLICATION_PAD3D(*args)
             if func is _aten.upsample_nearest3d.default:
