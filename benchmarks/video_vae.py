@@ -61,7 +61,7 @@ def main() -> None:
     fused_channels_last = cutlassfuse.fuse(copy.deepcopy(decoder), channels_last=True)
     dropped = sum(line.endswith("read by convolutions only)") for line in fused.replicate_pads)
     print(f"fuse: {len(fused.replaced)} chains fused, {len(fused.replicate_pads) - dropped} replicate pads replaced,"
-          f" {dropped} dropped")
+          f" {dropped} dropped, {len(fused.copy_kernels)} untraced modules on the copy kernels")
     latent = (1, vae.config.latent_channels, *map(int, args.latent.split(",")))
     reference_model = copy.deepcopy(decoder).to(device, torch.float64)
     print(f"{'dtype':<10}{'decoder':<26}{'ms':>9}{'vs eager':>10}{'conv':>8}{'norm':>8}{'other':>8}"
