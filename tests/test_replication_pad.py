@@ -184,10 +184,12 @@ def test_video_vae_benchmark_runs_on_the_cpu():
     assert errors["fuse"] <= 10 * errors["eager"] + 1e-6, out
 
 
-def test_pad_benchmark_runs_on_the_cpu():
-    script = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "replication_pad.py"
+def test_copy_kernel_benchmark_runs_on_the_cpu():
+    script = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "pad_and_upsample.py"
     out = subprocess.run([sys.executable, str(script), "--device", "cpu", "--shapes", "1x3x2x5x7,2x4x3x6x9",
                           "--dtypes", "float16,float32", "--repeats", "1", "--rounds", "1"],
                          capture_output=True, text=True, check=True, timeout=600).stdout
-    rows = re.findall(r"^\d+x\S+\s+(float16|float32)\s+(ncdhw|channels_last)\s.*\s(True|False)$", out, re.M)
-    assert len(rows) == 8 and all(equal == "True" for *_, equal in rows), out
+    rows = re.findall(r"^(pad|upsample)\s+\d+x\S+\s+(float16|float32)\s+(ncdhw|channels_last)\s.*\s(True|False)$",
+                      out, re.M)
+    assert len(rows) == 16 and all(equal == "True" for *_, equal in rows), out
+    assert {op for op, *_ in rows} == {"pad", "upsample"}, out
