@@ -60,8 +60,10 @@ def main() -> None:
     fused = cutlassfuse.fuse(copy.deepcopy(decoder))
     fused_channels_last = cutlassfuse.fuse(copy.deepcopy(decoder), channels_last=True)
     dropped = sum(line.endswith("read by convolutions only)") for line in fused.replicate_pads)
+    residuals = sum(" + " in line for line in fused.bias_adds)
     print(f"fuse: {len(fused.replaced)} chains fused, {len(fused.replicate_pads) - dropped} replicate pads replaced,"
-          f" {dropped} dropped, {len(fused.copy_kernels)} untraced modules on the copy kernels")
+          f" {dropped} dropped, {len(fused.bias_adds)} convolution biases on bias_add ({residuals} with a residual),"
+          f" {len(fused.kernel_mode)} untraced modules under the kernel mode")
     latent = (1, vae.config.latent_channels, *map(int, args.latent.split(",")))
     reference_model = copy.deepcopy(decoder).to(device, torch.float64)
     print(f"{'dtype':<10}{'decoder':<26}{'ms':>9}{'vs eager':>10}{'conv':>8}{'norm':>8}{'other':>8}"

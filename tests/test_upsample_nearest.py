@@ -1,6 +1,6 @@
 """torch.ops.cutlassfuse.upsample_nearest3d on the CPU (ATen's upsample_nearest3d: the op's
-reference) and its fake kernel; CopyKernelMode and WithCopyKernels, through which fuse()
-runs the replicate pads and nearest upsampling of code it cannot trace, on the CPU (where
+reference) and its fake kernel; KernelMode and WithKernelMode, through which fuse()
+runs the replicate pads, nearest upsampling and convolution bias adds of code it cannot trace, on the CPU (where
 they pass every op through)."""
 
 import copy
@@ -12,7 +12,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import cutlassfuse
-from cutlassfuse.copy_kernels import CopyKernelMode, WithCopyKernels
+from cutlassfuse.kernel_mode import KernelMode, WithKernelMode
 
 UPSAMPLE = torch.ops.cutlassfuse.upsample_nearest3d.default
 CL = torch.channels_last_3d
@@ -81,7 +81,7 @@ def test_invalid_calls_raise_atens_errors():
 
 def test_copy_kernel_mode_passes_cpu_calls_through():
     x = torch.randn(1, 2, 3, 4, 5, requires_grad=True)
-    with CopyKernelMode():
+    with KernelMode():
         out = F.interpolate(F.pad(x, (1, 1, 1, 1, 2, 0), mode="replicate"), scale_factor=2, mode="nearest")
     assert torch.equal(out, F.interpolate(F.pad(x, (1, 1, 1, 1, 2, 0), mode="replicate"), scale_factor=2,
                                           mode="nearest"))
@@ -115,12 +115,12 @@ class Decoder(nn.Module):
         return self.up(F.silu(self.norm(x))) if x.shape[2] > 0 else x
 
 
-def test_fuse_runs_untraced_code_with_the_copy_kernels():
+def test_fuse_runs_untraced_code_under_the_kernel_mode():
     model = Decoder().eval()
     result = cutlassfuse.fuse(copy.deepcopy(model))
-    assert isinstance(result.model.up, WithCopyKernels) and isinstance(result.model.up.module, FrameUpsampler)
-    assert result.copy_kernels == ["up: FrameUpsampler's untraced code: ATen's replicate pads and nearest upsampling"
-                                   " -> cutlassfuse's copy kernels"]
+    assert isinstance(result.model.up, WithKernelMode) and isinstance(result.model.up.module, FrameUpsampler)
+    assert result.kernel_mode == ["up: FrameUpsampler's untraced code: ATen's replicate pads, nearest upsampling"
+                                  " and convolution bias adds -> cutlassfuse's kernels"]
     assert "up: FrameUpsampler's untraced code" in str(result)
     assert result.model.state_dict().keys() == model.state_dict().keys()
     x = torch.randn(1, 4, 3, 4, 5)
@@ -131,15 +131,15 @@ def test_fuse_runs_untraced_code_with_the_copy_kernels():
 def test_wrapped_code_compiles_without_the_mode():
     calls = []
 
-    class Counting(CopyKernelMode):
+    class Counting(KernelMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             calls.append(func)
             return super().__torch_dispatch__(func, types, args, kwargs)
 
-    wrapped = WithCopyKernels(FrameUpsampler().eval())
+    wrapped = WithKernelMode(FrameUpsampler().eval())
     x = torch.randn(1, 4, 3, 4, 5)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("cutlassfuse.copy_kernels.CopyKernelMode", Counting)
+        patch.setattr("cutlassfuse.kernel_mode.KernelMode", Counting)
         with torch.no_grad():
             expected = wrapped(x)
             assert calls, "eager calls run under the mode"

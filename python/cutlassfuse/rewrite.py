@@ -10,9 +10,10 @@ running statistics (BatchNorm3d, InstanceNorm3d with track_running_stats) folds 
 Conv3d or ConvTranspose3d before it instead: a per-channel scale and shift there. In
 traced code, replicate pads of 5-D tensors (F.pad with mode="replicate" and six pads,
 nn.ReplicationPad3d: a video autoencoder's causal convolutions) become
-torch.ops.cutlassfuse.replication_pad3d, several times faster than ATen's pad on CUDA; a
-module whose own code no trace reaches runs its replicate pads and nearest upsampling on
-cutlassfuse's copy kernels (copy_kernels.py)."""
+torch.ops.cutlassfuse.replication_pad3d, several times faster than ATen's pad on CUDA, and
+a Conv3d's bias, with a residual added to its output, torch.ops.cutlassfuse.bias_add; a
+module whose own code no trace reaches runs its replicate pads, nearest upsampling and
+convolution bias adds on cutlassfuse's kernels (kernel_mode.py)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ from .blocks import activation_of_module
 from .cuda_graphs import CUDAGraphed
 from .modules import ConvTranspose3dReLUGroupNorm
 from .few_channel_conv import FewChannelConv3d
-from .copy_kernels import WithCopyKernels
+from .bias_add import BIAS_ADD
+from .kernel_mode import WithKernelMode
 from .replication_pad import REPLICATION_PAD3D
 from .traceable_forwards import opaque_to_tracing, stand_in
 
@@ -101,16 +103,19 @@ class FuseResult:
     # one line per replicate pad of traced code that runs cutlassfuse's pad, or that pads nothing
     # and only convolutions read, dropped: where, what
     replicate_pads: list[str] = field(default_factory=list)
-    # one line per module whose own code no trace reached, run with cutlassfuse's copy kernels
-    # for ATen's replicate pads and nearest upsampling (WithCopyKernels): where, what
-    copy_kernels: list[str] = field(default_factory=list)
+    # one line per module whose own code no trace reached, run with cutlassfuse's kernels for
+    # ATen's replicate pads, nearest upsampling and convolution bias adds (WithKernelMode): where, what
+    kernel_mode: list[str] = field(default_factory=list)
+    # one line per traced Conv3d whose bias, and the residual added to its output, cutlassfuse's
+    # bias_add adds after the convolution: where, what
+    bias_adds: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         head = f"cutlassfuse.fuse: {len(self.replaced)} chain(s) fused"
         if self.folded:
             head += f", {len(self.folded)} norm(s) folded into their convolution"
         changes = (self.replaced + self.residual_adds + self.folded + self.few_channel_convs + self.replicate_pads
-                   + self.copy_kernels)
+                   + self.bias_adds + self.kernel_mode)
         lines = [head] + [f"  {line}" for line in changes]
         lines += [f"  left alone: {line}" for line in self.left_alone]
         if self.not_traced:
@@ -237,7 +242,8 @@ class _Found:
     folded: list[str] = field(default_factory=list)
     folds: list[_Match] = field(default_factory=list)
     replicate_pads: list[str] = field(default_factory=list)
-    copy_kernels: list[str] = field(default_factory=list)
+    bias_adds: list[str] = field(default_factory=list)
+    kernel_mode: list[str] = field(default_factory=list)
     notes: dict[str, str] = field(default_factory=dict)
 
     def rewrote(self, where: str, match: _Match) -> None:
@@ -793,6 +799,7 @@ def _fuse_graph(graph_module: torch.fx.GraphModule, model: nn.Module, found: _Fo
         return model
     _drop_calls_returning_input(graph_module)
     _fuse_residual_adds(graph_module, found, prefix)
+    _split_conv_biases(graph_module, found, prefix)
     graph_module.graph.lint()
     graph_module.delete_all_unused_submodules()
     graph_module.recompile()
@@ -915,6 +922,63 @@ def _fuse_residual_adds(graph_module: torch.fx.GraphModule, found: _Found, prefi
             break
 
 
+def _conv_with_bias(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> nn.Conv3d | None:
+    """The nn.Conv3d that `node` calls on one traced value, where it has a bias, zero
+    padding and no hooks."""
+    if node.op != "call_module" or len(node.args) != 1 or node.kwargs or not isinstance(node.args[0], torch.fx.Node):
+        return None
+    module = graph_module.get_submodule(node.target)
+    if type(module) is not nn.Conv3d or module.bias is None or module.padding_mode != "zeros" or _has_hooks(module):
+        return None
+    return module
+
+
+def _added_residual(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] | None:
+    """(the add, the other operand) where `node`'s output is read once, by an add of
+    another traced value that writes no tensor but `node`'s (an in-place add only of
+    `node`'s output)."""
+    if len(node.users) != 1:
+        return None
+    add = next(iter(node.users))
+    operands = _added_tensors(add)
+    if operands is None or operands[0] is operands[1]:
+        return None
+    in_place = add.target in (operator.iadd, "add_")
+    if operands[0] is node:
+        return add, operands[1]
+    return None if in_place else (add, operands[0])
+
+
+def _split_conv_biases(graph_module: torch.fx.GraphModule, found: _Found, prefix: str) -> None:
+    """Each traced nn.Conv3d with a bias (`_conv_with_bias`) becomes its convolution without
+    the bias, then torch.ops.cutlassfuse.bias_add; where an add of another value reads its
+    output alone (a resnet's conv2(h) + shortcut), that value joins the op as its residual.
+    ATen adds a convolution's bias after cuDNN's convolution in a pass of its own, at about
+    half of memory bandwidth, and the residual add is another pass; the op adds both in one.
+    The module stays where it was, its parameters read from it."""
+    graph = graph_module.graph
+    for node in list(graph.nodes):
+        conv = _conv_with_bias(graph_module, node)
+        if conv is None:
+            continue
+        added = _added_residual(node)
+        add, residual = added if added else (None, None)
+        with graph.inserting_before(add or node):
+            weight = graph.get_attr(f"{node.target}.weight")
+            bias = graph.get_attr(f"{node.target}.bias")
+            convolved = graph.call_function(F.conv3d, (node.args[0], weight, None, conv.stride, conv.padding,
+                                                       conv.dilation, conv.groups))
+            summed = graph.call_function(BIAS_ADD, (convolved, bias, residual))
+        convolved.meta = dict(node.meta)
+        summed.meta = dict((add or node).meta)
+        (add or node).replace_all_uses_with(summed)
+        if add is not None:
+            graph.erase_node(add)
+        graph.erase_node(node)
+        found.bias_adds.append(f"{prefix}{node.target}: Conv3d's bias" + (f" + {residual.name}" if residual else "")
+                               + " -> cutlassfuse bias_add")
+
+
 @dataclass
 class _SaveOriginalKeys:
     """state_dict post-hook: every tensor under its key in the original model."""
@@ -1021,10 +1085,10 @@ def _fuse_traced_children(module: nn.Module, prefix: str, found: _Found, calls: 
         except Exception:  # torch.fx raises many types for untraceable code
             fused, paths = _fuse_in_parts(child, path, found)
             replaced += paths
-            if fused is child:  # its own code untraced: its pads and upsampling run on the copy kernels
-                fused = WithCopyKernels(child)
-                found.copy_kernels.append(f"{path}: {type(child).__name__}'s untraced code: ATen's replicate pads "
-                                          "and nearest upsampling -> cutlassfuse's copy kernels")
+            if fused is child:  # its own code untraced: its memory-bound ops run on cutlassfuse's kernels
+                fused = WithKernelMode(child)
+                found.kernel_mode.append(f"{path}: {type(child).__name__}'s untraced code: ATen's replicate pads, "
+                                         "nearest upsampling and convolution bias adds -> cutlassfuse's kernels")
             calls.append(fused)
         else:
             fused = _fused_trace(child, graph, found, f"{path}.")
@@ -1331,7 +1395,7 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = N
     _keep_original_keys(model, original, found.folds)
     result = FuseResult(model, found.replaced, not_traced=not_traced, folded=found.folded,
                         residual_adds=found.residual_adds, replicate_pads=found.replicate_pads,
-                        copy_kernels=found.copy_kernels)
+                        bias_adds=found.bias_adds, kernel_mode=found.kernel_mode)
     if graph_module is not None:
         result.model = _fuse_graph(graph_module, model, found)
         if result.model is not model:

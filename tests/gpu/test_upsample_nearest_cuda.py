@@ -1,7 +1,7 @@
 """On the GPU: torch.ops.cutlassfuse.upsample_nearest3d's copy kernels give ATen's nearest
 upsampling bit for bit (every output element written, the input's layout) in both layouts
 and every type ATen's CUDA kernel upsamples; calls outside their scope and calls that
-autograd records take ATen's; CopyKernelMode sends ATen's pads and upsampling to the copy
+autograd records take ATen's; KernelMode sends ATen's pads and upsampling to the copy
 kernels, and fuse() runs a video decoder's untraced upsampling blocks under it."""
 
 import copy
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import cutlassfuse
-from cutlassfuse.copy_kernels import CopyKernelMode
+from cutlassfuse.kernel_mode import KernelMode
 from cutlassfuse.testing import poison_cuda_allocator
 from test_replication_pad_cuda import kernel_names  # tests/gpu
 from test_upsample_nearest import INTERPOLATIONS, Decoder, op_arguments
@@ -98,7 +98,7 @@ def test_mode_sends_atens_pads_and_upsampling_to_the_copy_kernels(memory_format)
         return F.interpolate(F.pad(x, (1, 1, 1, 1, 2, 0), mode="replicate"), scale_factor=2, mode="nearest")
 
     expected = pad_then_upsample()
-    with CopyKernelMode():
+    with KernelMode():
         names = kernel_names(pad_then_upsample)
         out = pad_then_upsample()
     assert torch.equal(out, expected)
@@ -109,7 +109,7 @@ def test_mode_sends_atens_pads_and_upsampling_to_the_copy_kernels(memory_format)
 
 def test_mode_keeps_atens_gradients():
     x = torch.randn(1, 4, 3, 4, 5, device="cuda", dtype=torch.float64, requires_grad=True)
-    with CopyKernelMode():
+    with KernelMode():
         out = F.interpolate(F.pad(x, (1, 1, 1, 1, 2, 0), mode="replicate"), scale_factor=2, mode="nearest")
     grad = torch.randn_like(out)
     (ours,) = torch.autograd.grad(out, x, grad)
@@ -122,7 +122,7 @@ def test_mode_keeps_atens_gradients():
 def test_fused_decoder_upsamples_with_the_copy_kernel(dtype):
     model = Decoder().to("cuda", dtype).eval()
     result = cutlassfuse.fuse(copy.deepcopy(model))
-    assert len(result.copy_kernels) == 1, str(result)
+    assert len(result.kernel_mode) == 1, str(result)
     x = torch.randn(1, 4, 3, 8, 8, device="cuda", dtype=dtype)
     with torch.no_grad():
         names = kernel_names(lambda: result.model(x))

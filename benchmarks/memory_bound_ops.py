@@ -1,7 +1,7 @@
-"""cutlassfuse's copy kernels against ATen's and a copy of the output (clone, the bound of
-any copy kernel), per shape, layout and dtype: the median over alternating rounds of each
-round's median ms (fresh inputs rotating past L2), the bandwidth of the kernel's read and
-write, and whether its output equals ATen's bit for bit.
+"""cutlassfuse's memory-bound kernels against ATen's and a copy of the output (clone), per
+shape, layout and dtype: the median over alternating rounds of each round's median ms
+(fresh inputs rotating past L2), the bandwidth of the kernel's reads and write, and whether
+its output equals ATen's bit for bit.
 
 - pad: torch.ops.cutlassfuse.replication_pad3d against F.pad(x, pad, mode="replicate"),
   with a causal 3x3x3 convolution's pad; default shapes: the HunyuanVideo decoder's largest
@@ -9,9 +9,13 @@ write, and whether its output equals ATen's bit for bit.
 - upsample: torch.ops.cutlassfuse.upsample_nearest3d against F.interpolate(x,
   scale_factor=..., mode="nearest"); default shapes: the decoder's upsampling inputs
   (the frames after the first), 2x in time and space, or in space only (--scale 1,2,2).
+- bias_add: torch.ops.cutlassfuse.bias_add(x, bias, residual) against ATen's bias add
+  after a convolution, then the residual add; default shapes: the decoder's resnet outputs.
+  (Its output is rounded once, ATen's twice: "equal" is False where the two roundings
+  differ.)
 
-    python benchmarks/pad_and_upsample.py [--ops pad,upsample] [--shapes 1x128x17x256x256,...] [--dtypes float16]
-    python benchmarks/pad_and_upsample.py --device cpu --shapes 1x3x2x5x7   # checks them without a GPU
+    python benchmarks/memory_bound_ops.py [--ops pad,upsample,bias_add] [--shapes 1x128x17x256x256,...]
+    python benchmarks/memory_bound_ops.py --device cpu --shapes 1x3x2x5x7   # checks them without a GPU
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from cutlassfuse.block_bench import Timed, medians_over_rounds
 CAUSAL = [1, 1, 1, 1, 2, 0]  # HunyuanVideoCausalConv3d's pad for a 3x3x3 kernel
 LAYOUTS = {"ncdhw": torch.contiguous_format, "channels_last": torch.channels_last_3d}
 DEFAULT_SHAPES = {"pad": "1x128x17x256x256,1x512x9x128x128,1x512x5x32x32",
-                  "upsample": "1x256x16x128x128,1x512x8x64x64,1x512x4x32x32"}
+                  "upsample": "1x256x16x128x128,1x512x8x64x64,1x512x4x32x32",
+                  "bias_add": "1x128x17x256x256,1x256x17x128x128,1x512x9x64x64"}
 
 
 def shape_list(text: str) -> list[tuple[int, ...]]:
@@ -48,20 +53,26 @@ def scale_factors(text: str) -> tuple[int, int, int]:
     return factors
 
 
-def op_calls(op: str, scale: tuple[int, int, int]) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
-    """cutlassfuse's call and ATen's for `op`."""
+def op_calls(op: str, scale: tuple[int, int, int], like: Tensor) -> tuple[Callable, Callable, int]:
+    """cutlassfuse's call and ATen's for `op` on inputs like `like`, and how many tensors
+    of the input's size each reads."""
     if op == "pad":
         pad = torch.ops.cutlassfuse.replication_pad3d.default
-        return (lambda x: pad(x, CAUSAL)), (lambda x: F.pad(x, CAUSAL, mode="replicate"))
-    upsample = torch.ops.cutlassfuse.upsample_nearest3d.default
-    scales = [float(factor) for factor in scale]  # what F.interpolate passes for scale_factor
-    return ((lambda x: upsample(x, [n * f for n, f in zip(x.shape[2:], scale, strict=True)], *scales)),
-            (lambda x: F.interpolate(x, scale_factor=scale, mode="nearest")))
+        return (lambda x: pad(x, CAUSAL)), (lambda x: F.pad(x, CAUSAL, mode="replicate")), 1
+    if op == "upsample":
+        upsample = torch.ops.cutlassfuse.upsample_nearest3d.default
+        scales = [float(factor) for factor in scale]  # what F.interpolate passes for scale_factor
+        return ((lambda x: upsample(x, [n * f for n, f in zip(x.shape[2:], scale, strict=True)], *scales)),
+                (lambda x: F.interpolate(x, scale_factor=scale, mode="nearest")), 1)
+    bias_add = torch.ops.cutlassfuse.bias_add.default
+    bias, residual = torch.randn_like(like[0, :, 0, 0, 0]), torch.randn_like(like)
+    shaped_bias = bias.view(1, -1, 1, 1, 1)
+    return (lambda x: bias_add(x, bias, residual)), (lambda x: (x + shaped_bias) + residual), 2
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ops", default="pad,upsample", type=comma_list(tuple(DEFAULT_SHAPES)))
+    parser.add_argument("--ops", default="pad,upsample,bias_add", type=comma_list(tuple(DEFAULT_SHAPES)))
     parser.add_argument("--shapes", type=shape_list, help="NxCxDxHxW,... (default: each op's shapes above)")
     parser.add_argument("--scale", type=scale_factors, default=(2, 2, 2), help="upsample's D,H,W factors")
     parser.add_argument("--dtypes", default="float16,float32", type=comma_list(DTYPES))
@@ -74,22 +85,22 @@ def main() -> None:
     print(f"{'op':<10}{'shape':<20}{'dtype':<9}{'layout':<15}{'ours ms':>9}{'ATen ms':>9}{'copy ms':>9}"
           f"{'vs ATen':>9}{'vs copy':>9}{'GB/s':>8}  equal")
     for op in args.ops:
-        ours, aten = op_calls(op, args.scale)
         for shape in args.shapes or shape_list(DEFAULT_SHAPES[op]):
             for dtype in (getattr(torch, name) for name in args.dtypes):
                 for layout, memory_format in LAYOUTS.items():
                     inputs = rotating_tensors(shape, dtype, device, memory_format)
+                    ours, aten, reads = op_calls(op, args.scale, inputs[0])
                     expected = aten(inputs[0])
                     equal = torch.equal(ours(inputs[0]), expected)
                     outputs = rotating_tensors(tuple(expected.shape), dtype, device, memory_format)
                     calls = {"ours": Timed(ours, inputs), "aten": Timed(aten, inputs),
                              "copy": Timed(torch.clone, outputs)}
                     ms, _ = medians_over_rounds(calls, args.rounds, args.repeats)
-                    moved = (inputs[0].numel() + expected.numel()) * expected.element_size()
+                    moved = (reads * inputs[0].numel() + expected.numel()) * expected.element_size()
                     print(f"{op:<10}{'x'.join(map(str, shape)):<20}{str(dtype)[6:]:<9}{layout:<15}{ms['ours']:>9.3f}"
                           f"{ms['aten']:>9.3f}{ms['copy']:>9.3f}{ms['aten'] / ms['ours']:>8.2f}x"
                           f"{ms['ours'] / ms['copy']:>8.2f}x{moved / ms['ours'] / 1e6:>8.0f}  {equal}")
-                    del inputs, outputs, expected
+                    del inputs, outputs, expected, ours, aten
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
 
