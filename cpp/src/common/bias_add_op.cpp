@@ -8,21 +8,13 @@
 #include <optional>
 
 #include "cutlassfuse/common/bias_add.h"
+#include "dispatch/op_arguments.h"
 #include "torch/bias_add.h"
 
 namespace cutlassfuse {
 namespace {
 
-std::optional<ElementType> element_type(at::ScalarType type) {
-  switch (type) {
-    case at::kHalf: return ElementType::kFloat16;
-    case at::kBFloat16: return ElementType::kBFloat16;
-    case at::kFloat: return ElementType::kFloat32;
-    default: return std::nullopt;
-  }
-}
-
-bool element_aligned(const at::Tensor& t) {
+bool aligned_to_elements(const at::Tensor& t) {
   return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % t.element_size() == 0;
 }
 
@@ -33,15 +25,15 @@ std::optional<BiasAdd> kernel_problem(const at::Tensor& input, const at::Tensor&
                                       const std::optional<at::Tensor>& residual) {
   const std::optional<ElementType> element = element_type(input.scalar_type());
   if (!element || !input.is_cuda() || input.layout() != at::kStrided || input.dim() < 2 || input.numel() == 0 ||
-      !element_aligned(input))
+      !aligned_to_elements(input))
     return std::nullopt;
   if (bias.dim() != 1 || bias.size(0) != input.size(1) || bias.scalar_type() != input.scalar_type() ||
       bias.device() != input.device() || bias.layout() != at::kStrided || !bias.is_contiguous() ||
-      !element_aligned(bias))
+      !aligned_to_elements(bias))
     return std::nullopt;
   if (residual && (residual->sizes() != input.sizes() || residual->strides() != input.strides() ||
                    residual->scalar_type() != input.scalar_type() || residual->device() != input.device() ||
-                   residual->layout() != at::kStrided || !element_aligned(*residual)))
+                   residual->layout() != at::kStrided || !aligned_to_elements(*residual)))
     return std::nullopt;
   const at::MemoryFormat channels_last =
       input.dim() == 5 ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::ChannelsLast;
