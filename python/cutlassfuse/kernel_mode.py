@@ -29,8 +29,9 @@ _BIAS_ADD_TYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _plain_cuda(t) -> bool:
-    # A subclass (DTensor, a fake tensor) keeps its own dispatch.
-    return type(t) is torch.Tensor and t.is_cuda
+    # A subclass (DTensor, a fake tensor) keeps its own dispatch; a module's parameters
+    # reach the mode as nn.Parameter.
+    return type(t) in (torch.Tensor, nn.Parameter) and t.is_cuda
 
 
 def _convolution_then_bias_add(args: tuple) -> torch.Tensor | None:

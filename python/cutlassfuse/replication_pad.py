@@ -3,9 +3,9 @@
 Video autoencoders pad every causal convolution's input this way (diffusers'
 HunyuanVideoCausalConv3d: one frame-wise replicate pad of (1, 1, 1, 1, 2, 0) before a
 Conv3d without padding), and ATen's CUDA kernel for it runs far below memory bandwidth,
-computing a 64-bit index per element. The op's CUDA kernel pads a packed channels_last_3d
-tensor at the speed of a copy and an NCDHW one at about half of it, several times ATen's
-(cutlassfuse/common/replication_pad.h), its output in the input's layout; every other call,
+computing a 64-bit index per element. The op's CUDA kernel pads a packed tensor at the speed
+of a copy in both layouts, several times ATen's (cutlassfuse/common/replication_pad.h), its
+output in the input's layout; every other call,
 and every call that autograd records, runs ATen's replication_pad3d, whose derivative it
 has. fuse() puts the op in place of the replicate pads it finds in traced code.
 """

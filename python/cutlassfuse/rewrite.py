@@ -44,7 +44,7 @@ from .blocks import activation_of_module
 from .cuda_graphs import CUDAGraphed
 from .modules import ConvTranspose3dReLUGroupNorm
 from .few_channel_conv import FewChannelConv3d
-from .bias_add import BIAS_ADD
+from .bias_add import conv3d_bias_add
 from .kernel_mode import WithKernelMode
 from .replication_pad import REPLICATION_PAD3D
 from .traceable_forwards import opaque_to_tracing, stand_in
@@ -950,12 +950,13 @@ def _added_residual(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] 
 
 
 def _split_conv_biases(graph_module: torch.fx.GraphModule, found: _Found, prefix: str) -> None:
-    """Each traced nn.Conv3d with a bias (`_conv_with_bias`) becomes its convolution without
-    the bias, then torch.ops.cutlassfuse.bias_add; where an add of another value reads its
-    output alone (a resnet's conv2(h) + shortcut), that value joins the op as its residual.
-    ATen adds a convolution's bias after cuDNN's convolution in a pass of its own, at about
-    half of memory bandwidth, and the residual add is another pass; the op adds both in one.
-    The module stays where it was, its parameters read from it."""
+    """Each traced nn.Conv3d with a bias (`_conv_with_bias`) becomes a call of
+    `conv3d_bias_add`: on CUDA its convolution without the bias, then
+    torch.ops.cutlassfuse.bias_add; where an add of another value reads its output alone (a
+    resnet's conv2(h) + shortcut), that value joins the call as its residual. ATen adds a
+    convolution's bias after cuDNN's convolution in a pass of its own, at about half of
+    memory bandwidth, and the residual add is another pass; the op adds both in one. The
+    module stays where it was, its parameters read from it."""
     graph = graph_module.graph
     for node in list(graph.nodes):
         conv = _conv_with_bias(graph_module, node)
@@ -966,10 +967,8 @@ def _split_conv_biases(graph_module: torch.fx.GraphModule, found: _Found, prefix
         with graph.inserting_before(add or node):
             weight = graph.get_attr(f"{node.target}.weight")
             bias = graph.get_attr(f"{node.target}.bias")
-            convolved = graph.call_function(F.conv3d, (node.args[0], weight, None, conv.stride, conv.padding,
-                                                       conv.dilation, conv.groups))
-            summed = graph.call_function(BIAS_ADD, (convolved, bias, residual))
-        convolved.meta = dict(node.meta)
+            summed = graph.call_function(conv3d_bias_add, (node.args[0], weight, bias, conv.stride, conv.padding,
+                                                           conv.dilation, conv.groups, residual))
         summed.meta = dict((add or node).meta)
         (add or node).replace_all_uses_with(summed)
         if add is not None:
