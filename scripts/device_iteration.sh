@@ -36,6 +36,9 @@
 #        networks   benchmarks/networks.py --train (MONAI's UNet, BasicUNet, DynUNet and SegResNet
 #                   through cutlassfuse.fuse against eager and torch.compile, fp16 and bf16, NCDHW;
 #                   output and gradient errors against float64; needs MONAI's wheel in .whl/; CSV)
+#        video      benchmarks/video_vae.py (diffusers' HunyuanVideo decoder through fuse against eager,
+#                   fp16 and bf16; needs diffusers' wheel in .whl/), then benchmarks/memory_bound_ops.py
+#                   (the replicate pad, nearest upsampling and bias add against ATen's, fp16)
 #        kernelbench benchmarks/kernelbench_harness.py (level2/61 judged by KernelBench's own
 #                   evaluation method: correctness trials, grad-mode timing; fp32, fp16, bf16)
 #        examples   examples/*.py
@@ -239,6 +242,12 @@ if wanted networks; then
   step "MONAI's networks through cutlassfuse.fuse"
   "$PYTHON" benchmarks/networks.py --dtypes float16,bfloat16 --memory-formats ncdhw --train --csv "$OUT/networks.csv" \
     2>&1 | tee "$LOGS/networks.log"
+fi
+
+if wanted video; then
+  step "diffusers' HunyuanVideo decoder through cutlassfuse.fuse; the memory-bound ops alone"
+  { "$PYTHON" benchmarks/video_vae.py
+    "$PYTHON" benchmarks/memory_bound_ops.py --dtypes float16; } 2>&1 | tee "$LOGS/video.log"
 fi
 
 if wanted kernelbench; then
