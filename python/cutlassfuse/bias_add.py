@@ -19,7 +19,7 @@ from torch import Tensor
 from .traceable_forwards import opaque_to_tracing
 
 BIAS_ADD = torch.ops.cutlassfuse.bias_add.default
-_KERNEL_TYPES = (torch.float16, torch.bfloat16, torch.float32)
+BIAS_ADD_TYPES = (torch.float16, torch.bfloat16, torch.float32)  # the kernel's element types
 
 
 @torch.library.register_fake("cutlassfuse::bias_add")
@@ -39,7 +39,7 @@ def conv3d_bias_add(input: Tensor, weight: Tensor, bias: Tensor, stride: tuple, 
     residual in one pass: the value of ATen's convolution where it runs cuDNN's (which adds
     the bias after it), the residual then rounded once. Elsewhere (the CPU's convolutions
     add the bias as they compute) ATen's calls, as the model wrote them."""
-    if input.is_cuda and input.dtype in _KERNEL_TYPES:
+    if input.is_cuda and input.dtype in BIAS_ADD_TYPES:
         return BIAS_ADD(F.conv3d(input, weight, None, stride, padding, dilation, groups), bias, residual)
     out = F.conv3d(input, weight, bias, stride, padding, dilation, groups)
     return out if residual is None else out + residual

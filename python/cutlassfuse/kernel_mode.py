@@ -20,12 +20,11 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .bias_add import BIAS_ADD
+from .bias_add import BIAS_ADD, BIAS_ADD_TYPES
 from .replication_pad import REPLICATION_PAD3D
 from .upsample_nearest import UPSAMPLE_NEAREST3D
 
 _aten = torch.ops.aten
-_BIAS_ADD_TYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _plain_cuda(t) -> bool:
@@ -42,7 +41,7 @@ def _convolution_then_bias_add(args: tuple) -> torch.Tensor | None:
     input, weight, bias = args[:3]
     if bias is None or not (_plain_cuda(input) and _plain_cuda(weight) and _plain_cuda(bias)):
         return None
-    if input.dim() != 5 or input.dtype not in _BIAS_ADD_TYPES or bias.dtype != input.dtype:
+    if input.dim() != 5 or input.dtype not in BIAS_ADD_TYPES or bias.dtype != input.dtype:
         return None
     return BIAS_ADD(_aten.convolution.default(input, weight, None, *args[3:]), bias)
 
