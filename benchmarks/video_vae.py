@@ -2,13 +2,15 @@
 the fused decoder (the activations in the input's layout, as fuse() chooses for a model it
 traces in parts, and channels-last), with --compile also torch.compile of the decoder and
 of the fused decoder, under torch.no_grad() with random weights at the model's own
-configuration. Per dtype: the median ms over alternating rounds (each a median of --repeats
-calls on fresh latents), the kernel time per call split into convolutions, norms and the
-rest (torch.profiler), of it the replicate pads' kernels (ATen's replication_pad3d, or
-cutlassfuse's), and each decoder's max abs error against a float64 copy of it on one
-latent. Needs diffusers.
+configuration; with --grad-mode also eager and the fused decoder called in grad mode, as
+scripts call a model without torch.no_grad() (parameters requiring grad, no backward). Per
+dtype: the median ms over alternating rounds (each a median of --repeats calls on fresh
+latents), the kernel time per call split into convolutions, norms and the rest
+(torch.profiler, under torch.no_grad()), of it the replicate pads' kernels (ATen's
+replication_pad3d, or cutlassfuse's), and each decoder's max abs error against a float64
+copy of it on one latent. Needs diffusers.
 
-    python benchmarks/video_vae.py [--dtypes float16,bfloat16] [--latent 5,32,32] [--compile]
+    python benchmarks/video_vae.py [--dtypes float16,bfloat16] [--latent 5,32,32] [--compile] [--grad-mode]
     python benchmarks/video_vae.py --device cpu --dtypes float32 --latent 2,8,8   # checks it without a GPU
 """
 
@@ -45,6 +47,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtypes", default="float16,bfloat16", type=comma_list(DTYPES))
     parser.add_argument("--latent", default="5,32,32", help="the latent's frames,height,width (16 channels)")
+    parser.add_argument("--grad-mode", action="store_true",
+                        help="also eager and fuse called in grad mode (parameters requiring grad, no backward)")
     parser.add_argument("--compile", action="store_true",
                         help="also torch.compile of the decoder and of the fused decoder (minutes)")
     parser.add_argument("--repeats", type=positive_int, default=5)
@@ -76,21 +80,29 @@ def main() -> None:
             models["torch.compile"] = torch.compile(copy.deepcopy(decoder).to(device, dtype))
             models["fuse, torch.compile"] = torch.compile(copy.deepcopy(fused.model).to(device, dtype))
         inputs = rotating_tensors(latent, dtype, device)
-        ms, refused = medians_over_rounds({name: Timed(model, inputs) for name, model in models.items()},
-                                          args.rounds, args.repeats)
+        calls = {name: Timed(model, inputs) for name, model in models.items()}
+        if args.grad_mode:
+            for name in ("eager", "fuse"):
+                calls[f"{name}, grad mode"] = Timed(models[name], inputs, grad_mode=True)
+        ms, refused = medians_over_rounds(calls, args.rounds, args.repeats)
         with torch.no_grad():
             reference = reference_model(inputs[0].double())
-        for name, model in models.items():
+        for name in calls:
+            model = calls[name].fn
             if name in refused:
                 print(f"{str(dtype)[6:]:<10}{name:<26} refused: {refused[name]}")
                 continue
-            split = kernel_split_ms(model, inputs[:1])
             with torch.no_grad():
                 error = (model(inputs[0]).double() - reference).abs().max().item()
+            if calls[name].grad_mode:  # against eager in grad mode; the kernel split is no_grad's above
+                print(f"{str(dtype)[6:]:<10}{name:<26}{ms[name]:>9.2f}{ms['eager, grad mode'] / ms[name]:>9.2f}x"
+                      f"{'-':>8}{'-':>8}{'-':>8}{'-':>8}{error:>11.2e}")
+                continue
+            split = kernel_split_ms(model, inputs[:1])
             print(f"{str(dtype)[6:]:<10}{name:<26}{ms[name]:>9.2f}{ms['eager'] / ms[name]:>9.2f}x"
                   f"{split['conv']:>8.2f}{split['norm']:>8.2f}{split['other']:>8.2f}"
                   f"{pad_ms(model, inputs[0]):>8.2f}{error:>11.2e}")
-        del models
+        del models, calls
         if device.type == "cuda":
             torch.cuda.empty_cache()
 

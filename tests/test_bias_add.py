@@ -43,9 +43,28 @@ def test_opcheck(with_residual):
 
 def test_gradients_are_atens():
     x, b, r = (t.requires_grad_() for t in conv_output_bias_residual(torch.float64))
-    assert torch.autograd.gradcheck(lambda *a: BIAS_ADD(*a), (x, b, r))
     out = BIAS_ADD(x, b, r)
-    assert out.grad_fn is not None
+    assert out.grad_fn.name() == "CutlassfuseBiasAddBackward"  # the op's kernel ran, its node recorded
+    assert torch.autograd.gradcheck(lambda *a: BIAS_ADD(*a), (x, b, r))
+    assert torch.autograd.gradgradcheck(lambda *a: BIAS_ADD(*a), (x, b, r))
+    assert torch.autograd.gradcheck(lambda *a: BIAS_ADD(*a), (x, b))
+    tangents = tuple(torch.randn_like(t) for t in (x, b, r))
+    _, jvp = torch.func.jvp(lambda *a: BIAS_ADD(*a), (x.detach(), b.detach(), r.detach()), tangents)
+    assert torch.allclose(jvp, tangents[0] + tangents[1].view(1, -1, 1, 1, 1) + tangents[2])
+
+
+def test_gradients_of_broadcast_and_promoted_residuals():
+    """A residual that broadcasts, or of a wider type, gets its gradient in its own sizes
+    and type, as ATen's adds give them."""
+    x, b, r = conv_output_bias_residual(torch.float32)
+    cases = {"broadcast": (x, b, r[:, :, :1].double()), "promoted": (x, b, r.double())}
+    for name, (x, b, r) in cases.items():
+        leaves = [t.detach().requires_grad_() for t in (x, b, r)]
+        ours = torch.autograd.grad(BIAS_ADD(*leaves).sum(), leaves)
+        theirs = torch.autograd.grad(((leaves[0] + leaves[1].view(1, -1, 1, 1, 1)) + leaves[2]).sum(), leaves)
+        for got, expected in zip(ours, theirs, strict=True):
+            assert got.dtype == expected.dtype and got.shape == expected.shape, name
+            torch.testing.assert_close(got, expected)
 
 
 @pytest.mark.parametrize(("shapes", "message"), [

@@ -50,7 +50,10 @@ def test_fake_output_has_the_real_outputs_shape_and_layout(memory_format):
 def test_op_that_autograd_records_has_atens_derivatives():
     x = torch.randn(1, 2, 3, 4, 5, dtype=torch.float64, requires_grad=True)
     out = PAD(x, list(CAUSAL))
-    assert out.grad_fn is not None
+    assert out.grad_fn.name() == "CutlassfuseReplicationPad3DBackward"  # the op's kernel ran, its node recorded
+    grad = torch.randn_like(out)
+    (expected,) = torch.autograd.grad(F.pad(x, CAUSAL, mode="replicate"), x, grad)
+    assert torch.equal(torch.autograd.grad(out, x, grad)[0], expected)
     torch.autograd.gradcheck(lambda t: PAD(t, list(CAUSAL)), (x,))
     torch.autograd.gradgradcheck(lambda t: PAD(t, list(CAUSAL)), (x,))
     tangent = torch.randn_like(x)
@@ -174,8 +177,9 @@ def test_video_vae_benchmark_runs_on_the_cpu():
     pytest.importorskip("diffusers")
     script = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "video_vae.py"
     out = subprocess.run([sys.executable, str(script), "--device", "cpu", "--dtypes", "float32", "--latent", "2,4,4",
-                          "--repeats", "1", "--rounds", "1"], capture_output=True, text=True, check=True,
-                         timeout=600).stdout
+                          "--repeats", "1", "--rounds", "1", "--grad-mode"], capture_output=True, text=True,
+                         check=True, timeout=600).stdout
+    assert re.search(r"^float32\s+fuse, grad mode\s", out, re.M), out
     expected = ("fuse: 21 chains fused, 25 replicate pads replaced, 1 dropped, 16 convolution biases on bias_add"
                 " (10 with a residual), 4 untraced modules under the kernel mode")
     assert expected in out, out

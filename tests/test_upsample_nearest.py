@@ -65,7 +65,10 @@ def test_fake_output_has_the_real_outputs_shape_and_layout(memory_format):
 def test_op_that_autograd_records_has_atens_derivatives():
     x = torch.randn(1, 2, 3, 4, 5, dtype=torch.float64, requires_grad=True)
     out = UPSAMPLE(x, [6, 8, 10], 2.0, 2.0, 2.0)
-    assert out.grad_fn is not None
+    assert out.grad_fn.name() == "CutlassfuseUpsampleNearest3DBackward"  # the op's kernel ran, its node recorded
+    grad = torch.randn_like(out)
+    (expected,) = torch.autograd.grad(F.interpolate(x, scale_factor=2.0, mode="nearest"), x, grad)
+    assert torch.equal(torch.autograd.grad(out, x, grad)[0], expected)
     torch.autograd.gradcheck(lambda t: UPSAMPLE(t, [6, 8, 10], 2.0, 2.0, 2.0), (x,))
     torch.autograd.gradgradcheck(lambda t: UPSAMPLE(t, [5, 7, 3], None, None, None), (x,))
 

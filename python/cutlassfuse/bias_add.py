@@ -5,9 +5,9 @@ ATen adds a convolution's bias after cuDNN's convolution in a pass of its own, i
 broadcasting kernel at about half of memory bandwidth, and a residual add after it is a
 second pass over the output. The op's CUDA kernel adds both in one pass at memory
 bandwidth (cutlassfuse/common/bias_add.h), the sum in float32 rounded once, the output
-with the input's strides; every other call, and every call that autograd records, runs
-ATen's adds. fuse() calls a traced convolution through ``conv3d_bias_add``: on CUDA without
-its bias and this op after it (rewrite.py).
+with the input's strides; every other call runs ATen's adds. A call that autograd records
+runs the same kernel and records the adds' derivatives. fuse() calls a traced convolution
+through ``conv3d_bias_add``: on CUDA without its bias and this op after it (rewrite.py).
 """
 
 from __future__ import annotations

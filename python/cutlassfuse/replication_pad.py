@@ -5,9 +5,9 @@ HunyuanVideoCausalConv3d: one frame-wise replicate pad of (1, 1, 1, 1, 2, 0) bef
 Conv3d without padding), and ATen's CUDA kernel for it runs far below memory bandwidth,
 computing a 64-bit index per element. The op's CUDA kernel pads a packed tensor at the speed
 of a copy in both layouts, several times ATen's (cutlassfuse/common/replication_pad.h), its
-output in the input's layout; every other call,
-and every call that autograd records, runs ATen's replication_pad3d, whose derivative it
-has. fuse() puts the op in place of the replicate pads it finds in traced code.
+output in the input's layout; every other call runs ATen's replication_pad3d. A call that
+autograd records runs the same kernels and records ATen's derivative, so that a forward in
+grad mode keeps the speed. fuse() puts the op in place of the replicate pads it finds in traced code.
 """
 
 from __future__ import annotations

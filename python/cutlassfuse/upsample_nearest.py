@@ -5,8 +5,8 @@ Video autoencoders upsample every activation this way (diffusers' HunyuanVideo u
 blocks: the frames after the first, 2x in time and space), and ATen's CUDA kernel for it
 runs at a tenth of memory bandwidth, on NCDHW tensors only. The op's CUDA kernel copies
 each output element from its source (cutlassfuse/common/upsample_nearest.h): the same
-values as ATen's, in the input's layout; every other call, and every call that autograd
-records, runs ATen's upsample_nearest3d, whose derivative it has.
+values as ATen's, in the input's layout; every other call runs ATen's upsample_nearest3d. A
+call that autograd records runs the same kernels and records ATen's derivative.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """On the GPU: torch.ops.cutlassfuse.bias_add's one-pass kernel adds a convolution's bias as
 ATen does (bit for bit without a residual, one rounding with one), every output element
 written, in the input's layout, 16 bytes a thread where the sizes allow and one element
-where they do not; other calls and calls that autograd records take ATen's adds; a fused
+where they do not; other calls take ATen's adds, calls that autograd records the kernel
+with the adds' derivatives; a fused
 resnet tail runs it."""
 
 import copy
@@ -95,9 +96,20 @@ def test_calls_outside_the_kernel_take_atens_adds(call):
     assert out.dtype == eager(x, b, r).dtype and torch.equal(out, eager(x, b, r))
 
 
-def test_recorded_calls_have_atens_gradients():
-    x, b, r = (t.double().requires_grad_() for t in case(SHAPES["odd_planes"], torch.float32, torch.contiguous_format))
-    assert torch.autograd.gradcheck(lambda *a: BIAS_ADD(*a), (x, b, r))
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, CL], ids=["ncdhw", "channels_last"])
+def test_recorded_calls_run_the_kernel_with_atens_gradients(memory_format):
+    x, b, r = (t.requires_grad_() for t in case(SHAPES["video"], torch.float32, memory_format))
+    names = kernel_names(lambda: BIAS_ADD(x, b, r))
+    assert any("bias_add_kernel" in n for n in names) and not any("elementwise_kernel" in n for n in names), names
+    out = BIAS_ADD(x, b, r)
+    assert out.grad_fn.name() == "CutlassfuseBiasAddBackward" and torch.equal(out, eager(x, b, r))
+    grad = torch.randn_like(out)
+    ours = torch.autograd.grad(out, (x, b, r), grad)
+    theirs = torch.autograd.grad(eager(x, b, r), (x, b, r), grad)
+    for got, expected in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-5)
+    x64, b64, r64 = (t.detach().double().requires_grad_() for t in (x, b, r))
+    assert torch.autograd.gradcheck(lambda *a: BIAS_ADD(*a), (x64, b64, r64))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda t: str(t)[6:])

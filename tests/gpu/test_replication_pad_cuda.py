@@ -1,6 +1,7 @@
 """On the GPU: torch.ops.cutlassfuse.replication_pad3d's copy kernel gives ATen's pad bit
 for bit (every output element written, the input's layout) in both layouts and every
-element size; calls outside its scope and calls that autograd records take ATen's pad;
+element size; calls outside its scope take ATen's pad, calls that autograd records the
+kernel with ATen's derivative;
 fuse() runs it in a video autoencoder's causal convolutions."""
 
 import copy
@@ -104,10 +105,13 @@ def test_calls_outside_the_kernel_take_atens_pad(call):
     assert torch.equal(PAD(x, padding), F.pad(x, padding, mode="replicate"))
 
 
-def test_recorded_calls_have_atens_gradient():
+def test_recorded_calls_run_the_kernel_with_atens_gradient():
     x = torch.randn(2, 8, 4, 5, 6, device="cuda", dtype=torch.float64, requires_grad=True)
+    names = kernel_names(lambda: PAD(x, list(CAUSAL)))
+    assert any(PAD_GRID in n or "replication_pad_ncdhw_rows" in n for n in names), names
+    assert not any("replication_pad_forward" in n for n in names), names
     out = PAD(x, list(CAUSAL))
-    assert out.grad_fn is not None
+    assert out.grad_fn.name() == "CutlassfuseReplicationPad3DBackward"
     grad = torch.randn_like(out)
     (ours,) = torch.autograd.grad(out, x, grad)
     (atens,) = torch.autograd.grad(F.pad(x, CAUSAL, mode="replicate"), x, grad)

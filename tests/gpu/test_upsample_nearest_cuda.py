@@ -1,7 +1,7 @@
 """On the GPU: torch.ops.cutlassfuse.upsample_nearest3d's copy kernels give ATen's nearest
 upsampling bit for bit (every output element written, the input's layout) in both layouts
-and every type ATen's CUDA kernel upsamples; calls outside their scope and calls that
-autograd records take ATen's; KernelMode sends ATen's pads and upsampling to the copy
+and every type ATen's CUDA kernel upsamples; calls outside their scope take ATen's, calls
+that autograd records the kernels with ATen's derivative; KernelMode sends ATen's pads and upsampling to the copy
 kernels, and fuse() runs a video decoder's untraced upsampling blocks under it."""
 
 import copy
@@ -80,10 +80,12 @@ def test_calls_outside_the_kernel_take_atens_upsampling(call):
     assert torch.equal(UPSAMPLE(x, size, 2.0, 2.0, 2.0), F.interpolate(x, scale_factor=2, mode="nearest"))
 
 
-def test_recorded_calls_have_atens_gradient():
+def test_recorded_calls_run_the_kernel_with_atens_gradient():
     x = torch.randn(2, 8, 4, 5, 6, device="cuda", dtype=torch.float64, requires_grad=True)
+    names = kernel_names(lambda: UPSAMPLE(x, [8, 10, 12], 2.0, 2.0, 2.0))
+    assert any(NEAREST in n for n in names) and not any("upsample_nearest3d_out_frame" in n for n in names), names
     out = UPSAMPLE(x, [8, 10, 12], 2.0, 2.0, 2.0)
-    assert out.grad_fn is not None
+    assert out.grad_fn.name() == "CutlassfuseUpsampleNearest3DBackward"
     grad = torch.randn_like(out)
     (ours,) = torch.autograd.grad(out, x, grad)
     (atens,) = torch.autograd.grad(F.interpolate(x, scale_factor=2, mode="nearest"), x, grad)

@@ -1,13 +1,20 @@
 // The bias add's schema and per-backend kernels. ATen's adds are its reference (the CPU
-// kernel, and the CUDA kernel of a build without CUDA kernels), and what a call that
-// autograd records runs, forward-mode AD included: its derivatives are ATen's.
+// kernel, and the CUDA kernel of a build without CUDA kernels), and what a call with a
+// forward-mode tangent runs. A call that autograd records runs the op's own kernel and
+// records the adds' derivatives: the output's gradient for the input and the residual
+// (summed over broadcast dimensions), its sum over every dimension but the channels' for
+// the bias.
 #include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
 
 #include <optional>
+#include <string>
+#include <vector>
 
+#include "torch/autograd_node.h"
 #include "torch/bias_add.h"
 
 namespace cutlassfuse {
@@ -15,20 +22,60 @@ namespace {
 
 using BiasAddSignature = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&);
 
-bool recorded(const at::Tensor& t) {
-  return (at::GradMode::is_enabled() && t.requires_grad()) || torch::autograd::isFwGradDefined(t);
-}
+// The adds' derivatives, each in its tensor's sizes and type.
+struct BiasAddBackward final : torch::autograd::Node {
+  std::vector<int64_t> input_size, residual_size;
+  at::ScalarType input_type = at::kFloat, bias_type = at::kFloat, residual_type = at::kFloat;
 
-// ATen's differentiable adds where autograd records the call (grad mode and a tensor
-// requiring grad, or a forward-mode tangent); otherwise the op below autograd.
+  std::string name() const override { return "CutlassfuseBiasAddBackward"; }
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    torch::autograd::variable_list result(num_outputs());
+    const at::Tensor& grad = grads[0];
+    if (!grad.defined()) return result;
+    if (task_should_compute_output(0)) result[0] = at::sum_to(grad, input_size).to(input_type);
+    if (task_should_compute_output(1)) {
+      std::vector<int64_t> others;
+      for (int64_t d = 0; d < grad.dim(); ++d) {
+        if (d != 1) others.push_back(d);
+      }
+      result[1] = grad.sum(others).to(bias_type);
+    }
+    if (num_outputs() > 2 && task_should_compute_output(2))
+      result[2] = at::sum_to(grad, residual_size).to(residual_type);
+    return result;
+  }
+};
+
+// The op below autograd; where autograd records the call, the adds' derivatives as its
+// node. A forward-mode tangent takes ATen's differentiable adds.
 at::Tensor bias_add_autograd(const at::Tensor& input, const at::Tensor& bias,
                              const std::optional<at::Tensor>& residual) {
-  if (recorded(input) || recorded(bias) || (residual && recorded(*residual)))
+  if (torch::autograd::isFwGradDefined(input) || torch::autograd::isFwGradDefined(bias) ||
+      (residual && torch::autograd::isFwGradDefined(*residual)))
     return aten_bias_add(input, bias, residual);
   static const auto op =
       c10::Dispatcher::singleton().findSchemaOrThrow("cutlassfuse::bias_add", "").typed<BiasAddSignature>();
-  const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return op.call(input, bias, residual);
+  at::Tensor out = [&] {
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return op.call(input, bias, residual);
+  }();
+  if (at::GradMode::is_enabled() &&
+      (input.requires_grad() || bias.requires_grad() || (residual && residual->requires_grad()))) {
+    auto node = make_node<BiasAddBackward>();
+    auto* n = static_cast<BiasAddBackward*>(node.get());
+    n->set_next_edges(residual ? torch::autograd::collect_next_edges(input, bias, *residual)
+                               : torch::autograd::collect_next_edges(input, bias));
+    n->input_size = input.sizes().vec();
+    n->input_type = input.scalar_type();
+    n->bias_type = bias.scalar_type();
+    if (residual) {
+      n->residual_size = residual->sizes().vec();
+      n->residual_type = residual->scalar_type();
+    }
+    torch::autograd::set_history(out, node);
+  }
+  return out;
 }
 
 }  // namespace
