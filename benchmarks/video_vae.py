@@ -67,7 +67,7 @@ def main() -> None:
     residuals = sum(" + " in line for line in fused.bias_adds)
     print(f"fuse: {len(fused.replaced)} chains fused, {len(fused.replicate_pads) - dropped} replicate pads replaced,"
           f" {dropped} dropped, {len(fused.bias_adds)} convolution biases on bias_add ({residuals} with a residual),"
-          f" {len(fused.kernel_mode)} untraced modules under the kernel mode")
+          f" {len(fused.kernel_mode)} untraced module(s) under the kernel mode")
     latent = (1, vae.config.latent_channels, *map(int, args.latent.split(",")))
     reference_model = copy.deepcopy(decoder).to(device, torch.float64)
     print(f"{'dtype':<10}{'decoder':<26}{'ms':>9}{'vs eager':>10}{'conv':>8}{'norm':>8}{'other':>8}"

@@ -800,6 +800,7 @@ def _fuse_graph(graph_module: torch.fx.GraphModule, model: nn.Module, found: _Fo
     _drop_calls_returning_input(graph_module)
     _fuse_residual_adds(graph_module, found, prefix)
     _split_conv_biases(graph_module, found, prefix)
+    _contiguous_in_layout(graph_module)
     graph_module.graph.lint()
     graph_module.delete_all_unused_submodules()
     graph_module.recompile()
@@ -976,6 +977,50 @@ def _split_conv_biases(graph_module: torch.fx.GraphModule, found: _Found, prefix
         graph.erase_node(node)
         found.bias_adds.append(f"{prefix}{node.target}: Conv3d's bias" + (f" + {residual.name}" if residual else "")
                                + " -> cutlassfuse bias_add")
+
+
+# Calls whose values do not depend on their inputs' strides, and that read no tensor's
+# memory as laid out: a `.contiguous()` that only they read may keep its input's layout.
+_STRIDE_AGNOSTIC_FUNCTIONS = {operator.add, operator.iadd, torch.add, operator.mul, torch.mul, F.pad, F.silu,
+                              F.group_norm, F.interpolate, torch.cat, REPLICATION_PAD3D, conv3d_bias_add}
+_STRIDE_AGNOSTIC_MODULES = (*_CONVS, *_NORMS, *_FUSED, nn.SiLU, nn.ReLU, nn.ReplicationPad3d)
+
+
+def _stride_agnostic(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    if node.op == "call_function":
+        return node.target in _STRIDE_AGNOSTIC_FUNCTIONS
+    if node.op == "call_method":
+        return node.target in ("add", "mul")
+    if node.op == "call_module":
+        module = graph_module.get_submodule(node.target)
+        return isinstance(module, _STRIDE_AGNOSTIC_MODULES) and not _has_hooks(module)
+    return False
+
+
+@opaque_to_tracing
+def _packed_in_its_layout(x: Any) -> Any:
+    """``x.contiguous()`` in the layout PyTorch suggests for it: channels-last stays
+    channels-last."""
+    return x.contiguous(memory_format=suggest_memory_format(x)) if isinstance(x, Tensor) and x.dim() == 5 else (
+        x.contiguous())
+
+
+def _contiguous_in_layout(graph_module: torch.fx.GraphModule) -> None:
+    """A traced ``x.contiguous()`` that only stride-agnostic calls read (diffusers'
+    HunyuanVideo resnets make their input contiguous before the norm and the residual
+    add) packs x in its own layout instead of NCDHW: the same values, and channels-last
+    activations stay channels-last rather than being transposed to NCDHW and back."""
+    graph = graph_module.graph
+    for node in list(graph.nodes):
+        if node.op != "call_method" or node.target != "contiguous" or len(node.args) != 1 or node.kwargs:
+            continue
+        if not node.users or not all(_stride_agnostic(graph_module, user) for user in node.users):
+            continue
+        with graph.inserting_before(node):
+            packed = graph.call_function(_packed_in_its_layout, (node.args[0],))
+        packed.meta = dict(node.meta)
+        node.replace_all_uses_with(packed)
+        graph.erase_node(node)
 
 
 @dataclass

@@ -131,3 +131,20 @@ def test_fused_decoder_upsamples_with_the_copy_kernel(dtype):
         assert torch.allclose(result.model(x).float(), model(x).float(), atol=2e-2, rtol=2e-2)
     assert any(NEAREST in n for n in names), names
     assert not any("upsample_nearest3d_out_frame" in n for n in names), names
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["input_layout", "channels_last"])
+def test_fused_hunyuan_decoder_upsamples_in_its_layout(channels_last):
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    vae = diffusers.AutoencoderKLHunyuanVideo(block_out_channels=(32, 32, 64, 64), norm_num_groups=8,
+                                              layers_per_block=1)
+    decoder = vae.decoder.to("cuda", torch.float16).eval()
+    result = cutlassfuse.fuse(copy.deepcopy(decoder), channels_last=channels_last)
+    x = torch.randn(1, 16, 3, 8, 8, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        names = kernel_names(lambda: result.model(x))
+        torch.testing.assert_close(result.model(x).float(), decoder(x).float(), atol=2e-2, rtol=2e-2)
+    kernel = "channels_last_gather_kernel" if channels_last else "channels_first_gather_kernel"
+    assert sum(f"{kernel}<{NEAREST}" in n for n in names) == 6, names  # each upsampler's two calls
+    assert not any("upsample_nearest3d_out_frame" in n for n in names), names
