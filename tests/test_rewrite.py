@@ -458,3 +458,30 @@ def test_a_forward_that_cannot_be_traced_around_its_children_stays_as_it_is():
     model = DataDependent()
     result = cutlassfuse.fuse(model)
     assert result.model is model and result.replaced == [] and "runs in their place" not in result.not_traced
+
+
+class ContiguousCalls(nn.Module):
+    """A ``.contiguous()`` that only a norm, a convolution and an add read, and one that a
+    ``.view()`` reads (which needs NCDHW's strides)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.GroupNorm(2, 4)
+        self.conv = nn.Conv3d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        h = x.contiguous()
+        y = self.conv(F.silu(self.norm(h))) + h
+        z = y.contiguous()
+        return z.view(z.shape[0], -1)
+
+
+def test_contiguous_read_only_by_stride_agnostic_calls_keeps_the_layout():
+    model = randomized(ContiguousCalls().double(), seed=0)
+    result = cutlassfuse.fuse(copy.deepcopy(model))
+    nodes = list(result.model.graph.nodes)
+    assert sum("packed_in_its_layout" in str(n.target) for n in nodes) == 1, result.model.code
+    assert sum(n.op == "call_method" and n.target == "contiguous" for n in nodes) == 1, result.model.code
+    for memory_format in (torch.contiguous_format, torch.channels_last_3d):
+        x = torch.rand(2, 4, 3, 4, 5, dtype=torch.float64).contiguous(memory_format=memory_format)
+        torch.testing.assert_close(result.model(x), model(x), rtol=1e-12, atol=1e-12)
