@@ -149,3 +149,45 @@ def test_wrapped_code_compiles_without_the_mode():
             calls.clear()
             compiled = torch.compile(wrapped, backend="eager")
             assert torch.equal(compiled(x), expected) and calls == []
+
+
+CAUSAL_UPSAMPLE = torch.ops.cutlassfuse.causal_upsample_nearest3d.default
+
+
+def causal_reference(x, factors):
+    """diffusers' HunyuanVideoUpsampleCausal3D upsampling: frame 0 in space, the later
+    frames in time and space, concatenated."""
+    first = F.interpolate(x[:, :, 0], scale_factor=factors[1:], mode="nearest").unsqueeze(2)
+    if x.shape[2] == 1:
+        return first
+    return torch.cat((first, F.interpolate(x[:, :, 1:].contiguous(), scale_factor=factors, mode="nearest")), dim=2)
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, CL], ids=["ncdhw", "channels_last"])
+@pytest.mark.parametrize("frames", [1, 2, 5])
+@pytest.mark.parametrize("factors", [(2, 2, 2), (1, 2, 2), (3, 1, 2)], ids=["all", "space", "odd"])
+def test_causal_upsampling_is_diffusers(factors, frames, memory_format):
+    x = torch.randn(2, 3, frames, 4, 5, dtype=torch.float64).contiguous(memory_format=memory_format)
+    out = CAUSAL_UPSAMPLE(x, [float(f) for f in factors])
+    assert torch.equal(out, causal_reference(x, factors))
+    assert out.is_contiguous(memory_format=memory_format)
+
+
+def test_causal_upsampling_opcheck_and_gradients():
+    x = torch.randn(1, 2, 3, 4, 5, dtype=torch.float64, requires_grad=True)
+    torch.library.opcheck(CAUSAL_UPSAMPLE, (x, [2.0, 2.0, 2.0]))
+    out = CAUSAL_UPSAMPLE(x, [2.0, 2.0, 2.0])
+    assert out.grad_fn.name() == "CutlassfuseCausalUpsampleNearest3DBackward"
+    grad = torch.randn_like(out)
+    (expected,) = torch.autograd.grad(causal_reference(x, (2, 2, 2)), x, grad)
+    assert torch.equal(torch.autograd.grad(out, x, grad)[0], expected)
+    torch.autograd.gradcheck(lambda t: CAUSAL_UPSAMPLE(t, [2.0, 1.0, 2.0]), (x,))
+    torch.autograd.gradgradcheck(lambda t: CAUSAL_UPSAMPLE(t, [1.0, 2.0, 2.0]), (x,))
+
+
+@pytest.mark.parametrize(("shape", "factors", "message"), [
+    ((2, 3, 4, 5), [2.0, 2.0, 2.0], "5-D"), ((1, 2, 3, 4, 5), [2.0, 2.0], "three positive"),
+    ((1, 2, 3, 4, 5), [2.0, 0.0, 2.0], "three positive")])
+def test_causal_upsampling_invalid_calls_raise(shape, factors, message):
+    with pytest.raises(RuntimeError, match=message):
+        CAUSAL_UPSAMPLE(torch.randn(shape), factors)

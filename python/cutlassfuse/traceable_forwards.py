@@ -26,9 +26,8 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch._prims_common import suggest_memory_format
 
-from .upsample_nearest import UPSAMPLE_NEAREST3D
+from .upsample_nearest import CAUSAL_UPSAMPLE_NEAREST3D
 
 
 def opaque_to_tracing(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -76,30 +75,17 @@ def _upcat_forward(module: nn.Module, x: Any, x_e: Any) -> Any:
     return module.convs(skip_concatenation(module.upsample(x), x_e, bool(module.is_pad)))
 
 
-def _nearest(x: Tensor, factors: tuple[int, ...]) -> Tensor:
-    # F.interpolate(x, scale_factor=factors, mode="nearest") as the op it calls on 5-D input,
-    # of frames sliced from a packed tensor: packed again in its layout first (a copy of an
-    # NCDHW slice, whose channels are strided over every frame; a channels-last slice of one
-    # sample is packed as it is).
-    size = [int(n * f) for n, f in zip(x.shape[2:], factors, strict=True)]
-    packed = x.contiguous(memory_format=suggest_memory_format(x))
-    return UPSAMPLE_NEAREST3D(packed, size, *(float(f) for f in factors))
-
-
-@opaque_to_tracing
 def causal_nearest_upsample(hidden_states: Tensor, factors: tuple[int, int, int]) -> Tensor:
     """diffusers' HunyuanVideoUpsampleCausal3D upsampling by nearest neighbours: the first
-    frame in space only, the frames after it in time and space (``factors``: D, H, W),
-    concatenated along time; whether there are frames after the first is the branch a
-    trace cannot take. diffusers makes the later frames NCDHW-contiguous first, against an
-    old PyTorch bug in interpolating non-contiguous input; here they are packed in their
-    own layout, so channels-last activations stay channels-last (the NCDHW copy and the
-    concatenation of mixed layouts cost a channels-last decoder two transposing copies of
-    its largest activations). The same values."""
-    first = _nearest(hidden_states[:, :, :1], (1, *factors[1:]))
-    if hidden_states.size(2) == 1:
-        return first
-    return torch.cat((first, _nearest(hidden_states[:, :, 1:], factors)), dim=2)
+    frame in space only, the frames after it in time and space (``factors``: D, H, W), as
+    one op (``torch.ops.cutlassfuse.causal_upsample_nearest3d``: one gather on CUDA, no
+    copy of the later frames and no concatenation), which takes the branch on whether there
+    are frames after the first that a trace cannot. diffusers makes the later frames
+    NCDHW-contiguous first, against an old PyTorch bug in interpolating non-contiguous
+    input; the op keeps the input's layout, so channels-last activations stay channels-last
+    (the NCDHW copy and the concatenation of mixed layouts cost a channels-last decoder two
+    transposing copies of its largest activations). The same values."""
+    return CAUSAL_UPSAMPLE_NEAREST3D(hidden_states, [float(f) for f in factors])
 
 
 def _hunyuan_video_upsample_forward(module: nn.Module, hidden_states: Any) -> Any:

@@ -11,11 +11,14 @@ call that autograd records runs the same kernels and records ATen's derivative.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 from torch._prims_common import suggest_memory_format
 
 UPSAMPLE_NEAREST3D = torch.ops.cutlassfuse.upsample_nearest3d.default
+CAUSAL_UPSAMPLE_NEAREST3D = torch.ops.cutlassfuse.causal_upsample_nearest3d.default
 
 
 @torch.library.register_fake("cutlassfuse::upsample_nearest3d")
@@ -25,3 +28,14 @@ def _upsample_nearest3d_fake(input: Tensor, output_size: list[int], scales_d: fl
     out = torch.ops.aten.upsample_nearest3d(input, output_size, scales_d, scales_h, scales_w)
     return out.contiguous(memory_format=suggest_memory_format(input))
 
+
+
+@torch.library.register_fake("cutlassfuse::causal_upsample_nearest3d")
+def _causal_upsample_nearest3d_fake(input: Tensor, scale_factor: list[float]) -> Tensor:
+    # The output's sizes as the op computes them, in the input's suggested layout.
+    torch._check(input.dim() == 5 and len(scale_factor) == 3 and min(scale_factor) > 0,
+                 lambda: "cutlassfuse.causal_upsample_nearest3d: a 5-D input and three positive factors")
+    frames, height, width = input.shape[2:]
+    size = [1 + math.floor((frames - 1) * scale_factor[0]) if frames > 1 else frames,
+            math.floor(height * scale_factor[1]), math.floor(width * scale_factor[2])]
+    return input.new_empty([*input.shape[:2], *size]).contiguous(memory_format=suggest_memory_format(input))

@@ -14,7 +14,7 @@ import cutlassfuse
 from cutlassfuse.kernel_mode import KernelMode
 from cutlassfuse.testing import poison_cuda_allocator
 from test_replication_pad_cuda import kernel_names  # tests/gpu
-from test_upsample_nearest import INTERPOLATIONS, Decoder, op_arguments
+from test_upsample_nearest import CAUSAL_UPSAMPLE, INTERPOLATIONS, Decoder, causal_reference, op_arguments
 
 pytestmark = pytest.mark.gpu
 
@@ -146,5 +146,31 @@ def test_fused_hunyuan_decoder_upsamples_in_its_layout(channels_last):
         names = kernel_names(lambda: result.model(x))
         torch.testing.assert_close(result.model(x).float(), decoder(x).float(), atol=2e-2, rtol=2e-2)
     kernel = "channels_last_gather_kernel" if channels_last else "channels_first_gather_kernel"
-    assert sum(f"{kernel}<{NEAREST}" in n for n in names) == 6, names  # each upsampler's two calls
+    assert sum(f"{kernel}<{NEAREST}" in n for n in names) == 3, names  # one gather per upsampler
+    assert not any("CatArrayBatchedCopy" in n for n in names), names
     assert not any("upsample_nearest3d_out_frame" in n for n in names), names
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t)[6:])
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, CL], ids=["ncdhw", "channels_last"])
+@pytest.mark.parametrize("frames", [1, 2, 5])
+@pytest.mark.parametrize("factors", [(2, 2, 2), (1, 2, 2)], ids=["time_and_space", "space"])
+def test_causal_kernel_gives_diffusers_upsampling_bitwise(factors, frames, memory_format, dtype):
+    x = case_input((2, 16, frames, 8, 8), dtype, memory_format)
+    expected = causal_reference(x, factors)
+    poison_cuda_allocator(4 * expected.numel() * expected.element_size())
+    names = kernel_names(lambda: CAUSAL_UPSAMPLE(x, [float(f) for f in factors]))
+    out = CAUSAL_UPSAMPLE(x, [float(f) for f in factors])
+    torch.cuda.synchronize()
+    assert out.is_contiguous(memory_format=memory_format) and torch.equal(out, expected)
+    assert [n for n in names if "cutlassfuse" in n] == [n for n in names if NEAREST in n] and len(names) == 1, names
+
+
+def test_recorded_causal_calls_run_the_kernel_with_atens_gradient():
+    x = torch.randn(1, 8, 3, 4, 5, device="cuda", dtype=torch.float64, requires_grad=True)
+    names = kernel_names(lambda: CAUSAL_UPSAMPLE(x, [2.0, 2.0, 2.0]))
+    assert len(names) == 1 and NEAREST in names[0], names
+    out = CAUSAL_UPSAMPLE(x, [2.0, 2.0, 2.0])
+    grad = torch.randn_like(out)
+    (expected,) = torch.autograd.grad(causal_reference(x, (2, 2, 2)), x, grad)
+    torch.testing.assert_close(torch.autograd.grad(out, x, grad)[0], expected, rtol=1e-12, atol=1e-12)

@@ -23,13 +23,20 @@ __device__ __forceinline__ uint32_t nearest_source(uint32_t index, float scale, 
 // tensors' elements.
 struct NearestGrid : gather_copy::Extents {
   float scale_d, scale_h, scale_w;
+  bool causal_frames;
 
   explicit NearestGrid(const UpsampleNearest3d& p)
-      : Extents(p.input, p.output), scale_d(p.scale[0]), scale_h(p.scale[1]), scale_w(p.scale[2]) {}
+      : Extents(p.input, p.output), scale_d(p.scale[0]), scale_h(p.scale[1]), scale_w(p.scale[2]),
+        causal_frames(p.causal_frames) {}
+
+  __device__ __forceinline__ uint32_t source_frame(uint32_t d) const {
+    if (!causal_frames) return nearest_source(d, scale_d, in_d);
+    return d == 0 ? 0 : 1 + nearest_source(d - 1, scale_d, in_d - 1);
+  }
 
   __device__ __forceinline__ uint32_t source_row(uint32_t row) const {
     const auto [plane, d, h] = row_coordinates(row);
-    return (plane * in_d + nearest_source(d, scale_d, in_d)) * in_h + nearest_source(h, scale_h, in_h);
+    return (plane * in_d + source_frame(d)) * in_h + nearest_source(h, scale_h, in_h);
   }
 
   __device__ __forceinline__ uint32_t source_w(uint32_t w) const { return nearest_source(w, scale_w, in_w); }
@@ -51,6 +58,8 @@ bool upsample_nearest3d_takes(const UpsampleNearest3d& p, int64_t element_bytes)
   for (int dim = 0; dim < 3; ++dim) {
     if (p.input[dim] < 1 || p.output[dim] < 1 || !std::isfinite(p.scale[dim]) || p.scale[dim] < 0.f) return false;
   }
+  // Causal frames: the first frame alone, or the first and later ones on both sides.
+  if (p.causal_frames && (p.input[0] == 1) != (p.output[0] == 1)) return false;
   return p.input_elements() <= kMaxElements && p.output_elements() <= kMaxElements;
 }
 

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <optional>
 
 namespace cutlassfuse {
@@ -18,7 +19,18 @@ inline at::Tensor aten_upsample_nearest3d(const at::Tensor& input, at::IntArrayR
       .contiguous(input.suggest_memory_format());
 }
 
-// The op's CUDA kernel (common/upsample_nearest_op.cpp).
+// The output sizes of the causal upsampling (causal_upsample_nearest3d): frame 0 kept, the
+// later frames scaled by scale_factor[0]; height and width scaled as F.interpolate scales
+// them (floor of size * factor).
+std::array<int64_t, 3> causal_upsample_sizes(const at::Tensor& input, at::ArrayRef<double> scale_factor);
+
+// The causal upsampling as ATen computes it (diffusers' HunyuanVideoUpsampleCausal3D): the
+// first frame upsampled in space, the frames after it in time and space, concatenated
+// along time; the op's reference and its kernel outside the CUDA kernel's scope.
+at::Tensor aten_causal_upsample_nearest3d(const at::Tensor& input, at::ArrayRef<double> scale_factor);
+
+// The ops' CUDA kernels (common/upsample_nearest_op.cpp).
+at::Tensor causal_upsample_nearest3d_cuda(const at::Tensor& input, at::ArrayRef<double> scale_factor);
 at::Tensor upsample_nearest3d_cuda(const at::Tensor& input, at::IntArrayRef output_size, std::optional<double> scales_d,
                                    std::optional<double> scales_h, std::optional<double> scales_w);
 

@@ -22,6 +22,10 @@ struct UpsampleNearest3d {
   int64_t input[3];   // D, H, W
   int64_t output[3];  // D, H, W
   float scale[3];     // the source index per output index, per dimension (ATen's float scale)
+  // Causal frames (video autoencoders' upsampling): output frame 0 copies input frame 0,
+  // output frame o > 0 the later frames' nearest source of o - 1, 1 + min(floor((o - 1) *
+  // scale[0]), input[0] - 2), as upsampling the frames after the first apart does.
+  bool causal_frames = false;
 
   int64_t input_elements() const { return batch * channels * input[0] * input[1] * input[2]; }
   int64_t output_elements() const { return batch * channels * output[0] * output[1] * output[2]; }
