@@ -8,6 +8,7 @@
 
 #include <optional>
 
+#include "common/packed_input.h"
 #include "cutlassfuse/common/replication_pad.h"
 #include "torch/replication_pad.h"
 
@@ -22,12 +23,7 @@ bool padded_type(at::ScalarType type) {
 // The problem where the kernel takes the call: a packed 5-D CUDA tensor, in the layout
 // it suggests, aligned to its elements, and six non-negative pads.
 std::optional<ReplicationPad3d> kernel_problem(const at::Tensor& input, at::IntArrayRef padding) {
-  if (!input.is_cuda() || input.layout() != at::kStrided || input.dim() != 5 || padding.size() != 6 ||
-      !padded_type(input.scalar_type()) || input.is_neg() || input.is_conj())
-    return std::nullopt;
-  if (!input.is_contiguous(input.suggest_memory_format()) ||
-      reinterpret_cast<uintptr_t>(input.const_data_ptr()) % input.element_size() != 0)
-    return std::nullopt;
+  if (!packed_5d_cuda_input(input) || padding.size() != 6 || !padded_type(input.scalar_type())) return std::nullopt;
   // F.pad's order: the last dimension's pads first.
   ReplicationPad3d p{input.size(0),
                      input.size(1),

@@ -10,6 +10,7 @@
 #include <array>
 #include <optional>
 
+#include "common/packed_input.h"
 #include "cutlassfuse/common/upsample_nearest.h"
 #include "torch/upsample_nearest.h"
 
@@ -20,11 +21,9 @@ namespace {
 bool upsampled_type(at::ScalarType type) { return at::isFloatingType(type) || type == at::kByte; }
 
 // Whether the kernels take `input`: a packed 5-D CUDA tensor of a type ATen's CUDA kernel
-// upsamples, in the layout it suggests, aligned to its elements.
+// upsamples.
 bool kernel_input(const at::Tensor& input) {
-  return input.is_cuda() && input.layout() == at::kStrided && input.dim() == 5 && upsampled_type(input.scalar_type()) &&
-         !input.is_neg() && !input.is_conj() && input.is_contiguous(input.suggest_memory_format()) &&
-         reinterpret_cast<uintptr_t>(input.const_data_ptr()) % input.element_size() == 0;
+  return packed_5d_cuda_input(input) && upsampled_type(input.scalar_type());
 }
 
 // The problem where the kernel takes the call: a kernel input and three output sizes.
