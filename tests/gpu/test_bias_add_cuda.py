@@ -108,7 +108,8 @@ def test_recorded_calls_run_the_kernel_with_atens_gradients(memory_format):
     theirs = torch.autograd.grad(eager(x, b, r), (x, b, r), grad)
     for got, expected in zip(ours, theirs, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-5)
-    x64, b64, r64 = (t.detach().double().requires_grad_() for t in (x, b, r))
+    # gradcheck's Jacobians grow with the square of the size: a small case in float64
+    x64, b64, r64 = (t.requires_grad_() for t in case((1, 4, 2, 3, 4), torch.float64, memory_format))
     assert torch.autograd.gradcheck(lambda *a: BIAS_ADD(*a), (x64, b64, r64))
 
 
