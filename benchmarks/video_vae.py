@@ -38,9 +38,12 @@ SMALL = dict(block_out_channels=(32, 32, 64, 64), norm_num_groups=8, layers_per_
 
 
 def pad_ms(model: torch.nn.Module, x: torch.Tensor) -> float:
-    """The time per call under torch.no_grad() of the replicate pads (kernels, or on the
-    CPU ops, whose names say replication_pad)."""
-    return kernel_split_ms(model, [x], lambda name: "pad" if "replication_pad" in name else "rest").get("pad", 0.0)
+    """The time per call under torch.no_grad() of the replicate pads: kernels (ATen's and
+    cutlassfuse's NCDHW rows kernel say replication_pad, cutlassfuse's gathers PadGrid), or
+    on the CPU ops, whose names say replication_pad."""
+    def kind(name: str) -> str:
+        return "pad" if "replication_pad" in name or "PadGrid" in name else "rest"
+    return kernel_split_ms(model, [x], kind).get("pad", 0.0)
 
 
 def main() -> None:
