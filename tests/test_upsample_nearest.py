@@ -131,6 +131,29 @@ def test_fuse_runs_untraced_code_under_the_kernel_mode():
         assert torch.allclose(result.model(x), model(x), atol=1e-5)
 
 
+class UntracedBlock(nn.Module):
+    """An untraceable module whose child is untraceable too (diffusers' CogVideoX blocks)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = FrameUpsampler()
+
+    def forward(self, x):
+        return self.up(x) if x.shape[2] > 1 else x
+
+
+def test_nested_untraced_code_runs_under_one_kernel_mode():
+    model = nn.Sequential(UntracedBlock()).eval()
+    result = cutlassfuse.fuse(copy.deepcopy(model))
+    wrappers = [name for name, m in result.model.named_modules() if isinstance(m, WithKernelMode)]
+    assert wrappers == ["0"], wrappers
+    assert [line.split(":")[0] for line in result.kernel_mode] == ["0"], str(result)
+    assert result.model.state_dict().keys() == model.state_dict().keys()
+    x = torch.randn(1, 4, 3, 4, 5)
+    with torch.no_grad():
+        assert torch.allclose(result.model(x), model(x), atol=1e-5)
+
+
 def test_wrapped_code_compiles_without_the_mode():
     calls = []
 

@@ -1130,9 +1130,7 @@ def _fuse_traced_children(module: nn.Module, prefix: str, found: _Found, calls: 
             fused, paths = _fuse_in_parts(child, path, found)
             replaced += paths
             if fused is child:  # its own code untraced: its memory-bound ops run on cutlassfuse's kernels
-                fused = WithKernelMode(child)
-                found.kernel_mode.append(f"{path}: {type(child).__name__}'s untraced code: ATen's replicate pads, "
-                                         "nearest upsampling and convolution bias adds -> cutlassfuse's kernels")
+                fused = _under_kernel_mode(child, path, found)
             calls.append(fused)
         else:
             fused = _fused_trace(child, graph, found, f"{path}.")
@@ -1140,6 +1138,20 @@ def _fuse_traced_children(module: nn.Module, prefix: str, found: _Found, calls: 
         if fused is not child:
             setattr(module, name, fused)
     return replaced
+
+
+def _under_kernel_mode(module: nn.Module, path: str, found: _Found) -> WithKernelMode:
+    """`module` (at `path`), whose own code is untraced, wrapped in WithKernelMode. Its
+    descendants wrapped before it are unwrapped, and their report lines dropped: the one
+    mode covers them, where nested modes would each intercept every op of the inner code."""
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, WithKernelMode):
+                setattr(parent, name, child.module)
+    found.kernel_mode[:] = [line for line in found.kernel_mode if not line.startswith(f"{path}.")]
+    found.kernel_mode.append(f"{path}: {type(module).__name__}'s untraced code: ATen's replicate pads, "
+                             "nearest upsampling and convolution bias adds -> cutlassfuse's kernels")
+    return WithKernelMode(module)
 
 
 def _fused_trace(module: nn.Module, graph: torch.fx.Graph, found: _Found, prefix: str) -> nn.Module:
