@@ -12,7 +12,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import cutlassfuse
-from cutlassfuse.kernel_mode import KernelMode, WithKernelMode
+from cutlassfuse.kernel_mode import HOST_US_PER_OP, KernelMode, WithKernelMode
 
 UPSAMPLE = torch.ops.cutlassfuse.upsample_nearest3d.default
 CL = torch.channels_last_3d
@@ -123,12 +123,21 @@ def test_fuse_runs_untraced_code_under_the_kernel_mode():
     result = cutlassfuse.fuse(copy.deepcopy(model))
     assert isinstance(result.model.up, WithKernelMode) and isinstance(result.model.up.module, FrameUpsampler)
     assert result.kernel_mode == ["up: FrameUpsampler's untraced code: ATen's replicate pads, nearest upsampling"
-                                  " and convolution bias adds -> cutlassfuse's kernels"]
+                                  " and convolution bias adds -> cutlassfuse's kernels, where its first CUDA"
+                                  " call finds that they pay"]
     assert "up: FrameUpsampler's untraced code" in str(result)
     assert result.model.state_dict().keys() == model.state_dict().keys()
     x = torch.randn(1, 4, 3, 4, 5)
     with torch.no_grad():
         assert torch.allclose(result.model(x), model(x), atol=1e-5)
+    assert result.model.up.active is None, "calls without CUDA tensors leave the mode undecided"
+
+
+@pytest.mark.parametrize("ops, margin_us, pays", [(10, -1.0, False), (10, 1.0, True), (0, 0.0, False)])
+def test_kernel_mode_pays_where_its_saving_exceeds_its_host_time(ops, margin_us, pays):
+    mode = KernelMode()
+    mode.ops, mode.saved_us = ops, HOST_US_PER_OP * ops + margin_us
+    assert mode.pays() is pays
 
 
 class UntracedBlock(nn.Module):

@@ -1150,7 +1150,8 @@ def _under_kernel_mode(module: nn.Module, path: str, found: _Found) -> WithKerne
                 setattr(parent, name, child.module)
     found.kernel_mode[:] = [line for line in found.kernel_mode if not line.startswith(f"{path}.")]
     found.kernel_mode.append(f"{path}: {type(module).__name__}'s untraced code: ATen's replicate pads, "
-                             "nearest upsampling and convolution bias adds -> cutlassfuse's kernels")
+                             "nearest upsampling and convolution bias adds -> cutlassfuse's kernels, "
+                             "where its first CUDA call finds that they pay")
     return WithKernelMode(module)
 
 

@@ -2,7 +2,7 @@
 upsampling bit for bit (every output element written, the input's layout) in both layouts
 and every type ATen's CUDA kernel upsamples; calls outside their scope take ATen's, calls
 that autograd records the kernels with ATen's derivative; KernelMode sends ATen's pads and upsampling to the copy
-kernels, and fuse() runs a video decoder's untraced upsampling blocks under it."""
+kernels, and fuse() runs a video decoder's untraced upsampling blocks under it where that pays."""
 
 import copy
 
@@ -125,12 +125,26 @@ def test_fused_decoder_upsamples_with_the_copy_kernel(dtype):
     model = Decoder().to("cuda", dtype).eval()
     result = cutlassfuse.fuse(copy.deepcopy(model))
     assert len(result.kernel_mode) == 1, str(result)
-    x = torch.randn(1, 4, 3, 8, 8, device="cuda", dtype=dtype)
+    x = torch.randn(1, 4, 9, 512, 512, device="cuda", dtype=dtype)  # an upsampling large enough to pay
     with torch.no_grad():
         names = kernel_names(lambda: result.model(x))
         assert torch.allclose(result.model(x).float(), model(x).float(), atol=2e-2, rtol=2e-2)
+    assert result.model.up.active is True, result.model.up.decision
     assert any(NEAREST in n for n in names), names
     assert not any("upsample_nearest3d_out_frame" in n for n in names), names
+
+
+def test_kernel_mode_turns_off_where_it_does_not_pay():
+    model = Decoder().to("cuda", torch.float16).eval()
+    result = cutlassfuse.fuse(copy.deepcopy(model))
+    x = torch.randn(1, 4, 3, 8, 8, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        result.model(x)  # the first CUDA call decides
+        assert result.model.up.active is False, result.model.up.decision
+        names = kernel_names(lambda: result.model(x))
+        assert torch.allclose(result.model(x).float(), model(x).float(), atol=2e-2, rtol=2e-2)
+    assert any("upsample_nearest3d_out_frame" in n for n in names), names
+    assert not any(NEAREST in n for n in names), names
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["input_layout", "channels_last"])
