@@ -43,6 +43,13 @@ def _plain_cuda(t) -> bool:
     return type(t) in (torch.Tensor, nn.Parameter) and t.is_cuda
 
 
+def _packed(t: torch.Tensor) -> bool:
+    """Whether the copy kernels take `t`: packed in NCDHW or channels-last order (other
+    strides, a frame-major view, take ATen's kernels inside cutlassfuse's ops, and save
+    nothing)."""
+    return t.dim() == 5 and t.is_contiguous(memory_format=t.suggest_memory_format())
+
+
 def _convolution_then_bias_add(args: tuple) -> torch.Tensor | None:
     """aten.convolution(input, weight, bias, ...) of a 5-D input as the convolution without
     its bias, then bias_add: the values of ATen's convolution, which adds the bias after
@@ -80,9 +87,9 @@ class KernelMode(TorchDispatchMode):
         return func(*args, **kwargs)
 
     def _replacement(self, func, args: tuple) -> torch.Tensor | None:
-        if func is _aten.replication_pad3d.default:
+        if func is _aten.replication_pad3d.default and _packed(args[0]):
             return self._saving("replication_pad3d", REPLICATION_PAD3D(*args))
-        if func is _aten.upsample_nearest3d.default:
+        if func is _aten.upsample_nearest3d.default and _packed(args[0]):
             return self._saving("upsample_nearest3d", UPSAMPLE_NEAREST3D(*args))
         if func is _aten.convolution.default:
             out = _convolution_then_bias_add(args)

@@ -109,6 +109,21 @@ def test_mode_sends_atens_pads_and_upsampling_to_the_copy_kernels(memory_format)
     assert not any("upsample_nearest3d_out_frame" in n or "replication_pad_forward" in n for n in names), names
 
 
+def test_mode_leaves_unpacked_inputs_to_aten_and_counts_no_saving():
+    frames = case_input((1, 3, 16, 8, 8), torch.float16, torch.contiguous_format)  # (n, t, c, h, w) in memory
+    x = frames.permute(0, 2, 1, 3, 4)
+    mode = KernelMode()
+    with mode:
+        out = F.interpolate(F.pad(x, (1, 1, 1, 1, 2, 0), mode="replicate"), scale_factor=2, mode="nearest")
+    assert torch.equal(out, F.interpolate(F.pad(x, (1, 1, 1, 1, 2, 0), mode="replicate"), scale_factor=2,
+                                          mode="nearest"))
+    assert mode.cuda_ops and mode.saved_us > 0, "the padded output is packed: its upsampling is replaced"
+    pad_only = KernelMode()
+    with pad_only:
+        F.pad(x, (1, 1, 1, 1, 2, 0), mode="replicate")
+    assert pad_only.cuda_ops and pad_only.saved_us == 0
+
+
 def test_mode_keeps_atens_gradients():
     x = torch.randn(1, 4, 3, 4, 5, device="cuda", dtype=torch.float64, requires_grad=True)
     with KernelMode():
