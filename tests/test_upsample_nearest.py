@@ -12,7 +12,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import cutlassfuse
-from cutlassfuse.kernel_mode import HOST_US_PER_OP, KernelMode, WithKernelMode
+from cutlassfuse.kernel_mode import HOST_US_PER_OP, KernelMode, WithKernelMode, _packed
 
 UPSAMPLE = torch.ops.cutlassfuse.upsample_nearest3d.default
 CL = torch.channels_last_3d
@@ -131,6 +131,12 @@ def test_fuse_runs_untraced_code_under_the_kernel_mode():
     with torch.no_grad():
         assert torch.allclose(result.model(x), model(x), atol=1e-5)
     assert result.model.up.active is None, "calls without CUDA tensors leave the mode undecided"
+
+
+def test_kernel_mode_replaces_packed_inputs_only():
+    x = torch.randn(1, 4, 3, 5, 6)
+    assert _packed(x) and _packed(x.contiguous(memory_format=torch.channels_last_3d))
+    assert not _packed(x.transpose(1, 2)) and not _packed(x[:, :, :, 1:]) and not _packed(x[0])
 
 
 @pytest.mark.parametrize("ops, margin_us, pays", [(10, -1.0, False), (10, 1.0, True), (0, 0.0, False)])

@@ -47,7 +47,7 @@ def _packed(t: torch.Tensor) -> bool:
     """Whether the copy kernels take `t`: packed in NCDHW or channels-last order (other
     strides, a frame-major view, take ATen's kernels inside cutlassfuse's ops, and save
     nothing)."""
-    return t.dim() == 5 and t.is_contiguous(memory_format=t.suggest_memory_format())
+    return t.dim() == 5 and (t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last_3d))
 
 
 def _convolution_then_bias_add(args: tuple) -> torch.Tensor | None:
