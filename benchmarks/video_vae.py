@@ -1,16 +1,19 @@
-"""diffusers' HunyuanVideo autoencoder's decoder through `cutlassfuse.fuse`: eager against
-the fused decoder (the activations in the input's layout, as fuse() chooses for a model it
-traces in parts, and channels-last), with --compile also torch.compile of the decoder and
-of the fused decoder, under torch.no_grad() with random weights at the model's own
-configuration; with --grad-mode also eager and the fused decoder called in grad mode, as
-scripts call a model without torch.no_grad() (parameters requiring grad, no backward). Per
-dtype: the median ms over alternating rounds (each a median of --repeats calls on fresh
-latents), the kernel time per call split into convolutions, norms and the rest
-(torch.profiler, under torch.no_grad()), of it the replicate pads' kernels (ATen's
-replication_pad3d, or cutlassfuse's), and each decoder's max abs error against a float64
-copy of it on one latent. Needs diffusers.
+"""A diffusers video autoencoder's decoder through `cutlassfuse.fuse`: eager against the
+fused decoder (the activations in the input's layout, fuse()'s default, and channels-last),
+with --compile also torch.compile of the decoder and of the fused decoder, under
+torch.no_grad() with random weights at the model's own configuration; with --grad-mode also
+eager and the fused decoder called in grad mode, as scripts call a model without
+torch.no_grad() (parameters requiring grad, no backward). --vae picks the autoencoder:
+HunyuanVideo (its decoder called on the latent, default), CogVideoX, Wan, Mochi, LTX-Video
+(each through `vae.decode`, whose frame batches and caches their decoders need). Per dtype:
+the median ms over alternating rounds (each a median of --repeats calls on fresh latents),
+the kernel time per call split into convolutions, norms and the rest (torch.profiler, under
+torch.no_grad()), of it the replicate pads' kernels (ATen's replication_pad3d, or
+cutlassfuse's), and each decoder's max abs error against a float64 copy of it on one latent.
+Needs diffusers.
 
-    python benchmarks/video_vae.py [--dtypes float16,bfloat16] [--latent 5,32,32] [--compile] [--grad-mode]
+    python benchmarks/video_vae.py [--vae hunyuanvideo] [--dtypes float16,bfloat16] [--latent 5,32,32]
+                                   [--compile] [--grad-mode]
     python benchmarks/video_vae.py --device cpu --dtypes float32 --latent 2,8,8   # checks it without a GPU
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+from dataclasses import dataclass
 
 import torch
 
@@ -28,13 +32,50 @@ from cutlassfuse.block_bench import Timed, medians_over_rounds
 from cutlassfuse.network_bench import kernel_split_ms
 
 try:
-    from diffusers import AutoencoderKLHunyuanVideo
+    import diffusers
 except ImportError as error:
     raise SystemExit(f"video_vae.py needs diffusers (pip install diffusers): {error}") from error
 
 
-# On the CPU: the same architecture with fewer channels and one resnet per block.
-SMALL = dict(block_out_channels=(32, 32, 64, 64), norm_num_groups=8, layers_per_block=1)
+@dataclass(frozen=True)
+class VideoVAE:
+    cls: str  # diffusers' class
+    small: dict  # on the CPU: the same architecture with fewer channels and layers
+    latent: str  # the default latent's frames,height,width
+    whole_decoder: bool  # the decoder called on the latent, or vae.decode (frame batches, caches)
+
+
+VAES = {
+    "hunyuanvideo": VideoVAE("AutoencoderKLHunyuanVideo",
+                             dict(block_out_channels=(32, 32, 64, 64), norm_num_groups=8, layers_per_block=1),
+                             "5,32,32", True),
+    "cogvideox": VideoVAE("AutoencoderKLCogVideoX",
+                          dict(block_out_channels=(32, 32, 64, 64), norm_num_groups=8, layers_per_block=1),
+                          "3,32,32", False),
+    "wan": VideoVAE("AutoencoderKLWan", dict(base_dim=32, num_res_blocks=1), "3,32,32", False),
+    "mochi": VideoVAE("AutoencoderKLMochi",
+                      dict(decoder_block_out_channels=(32, 32, 64, 64), layers_per_block=(1, 1, 1, 1, 1)),
+                      "3,32,32", False),
+    "ltx": VideoVAE("AutoencoderKLLTXVideo",
+                    dict(decoder_block_out_channels=(32, 32, 64, 64), decoder_layers_per_block=(1, 1, 1, 1, 1)),
+                    "3,16,16", False),
+}
+
+
+class Decoding(torch.nn.Module):
+    """`vae.decode(latent).sample` as a module: a copy of `vae` with `decoder` (itself, not
+    a copy) in place of its own."""
+
+    def __init__(self, vae: torch.nn.Module, decoder: torch.nn.Module):
+        super().__init__()
+        self.vae = copy.deepcopy(vae, memo={id(vae.decoder): decoder})
+
+    def forward(self, latent: torch.Tensor) -> torch.Tensor:
+        return self.vae.decode(latent).sample
+
+
+def decoding(spec: VideoVAE, vae: torch.nn.Module, decoder: torch.nn.Module) -> torch.nn.Module:
+    return decoder if spec.whole_decoder else Decoding(vae, decoder)
 
 
 def pad_ms(model: torch.nn.Module, x: torch.Tensor) -> float:
@@ -48,8 +89,9 @@ def pad_ms(model: torch.nn.Module, x: torch.Tensor) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vae", choices=sorted(VAES), default="hunyuanvideo")
     parser.add_argument("--dtypes", default="float16,bfloat16", type=comma_list(DTYPES))
-    parser.add_argument("--latent", default="5,32,32", help="the latent's frames,height,width (16 channels)")
+    parser.add_argument("--latent", help="the latent's frames,height,width (default: the autoencoder's entry in VAES)")
     parser.add_argument("--grad-mode", action="store_true",
                         help="also eager and fuse called in grad mode (parameters requiring grad, no backward)")
     parser.add_argument("--compile", action="store_true",
@@ -61,27 +103,32 @@ def main() -> None:
     args = parser.parse_args()
 
     device = torch.device(args.device)
+    spec = VAES[args.vae]
     torch.manual_seed(0)
-    vae = AutoencoderKLHunyuanVideo(**({} if device.type == "cuda" else SMALL))
-    decoder = vae.decoder.eval()
-    fused = cutlassfuse.fuse(copy.deepcopy(decoder))
-    fused_channels_last = cutlassfuse.fuse(copy.deepcopy(decoder), channels_last=True)
+    vae = getattr(diffusers, spec.cls)(**({} if device.type == "cuda" else spec.small)).eval()
+    fused = cutlassfuse.fuse(copy.deepcopy(vae.decoder))
+    fused_channels_last = cutlassfuse.fuse(copy.deepcopy(vae.decoder), channels_last=True)
+    decoder = decoding(spec, vae, vae.decoder)
     dropped = sum(line.endswith("read by convolutions only)") for line in fused.replicate_pads)
     residuals = sum(" + " in line for line in fused.bias_adds)
     print(f"fuse: {len(fused.replaced)} chains fused, {len(fused.replicate_pads) - dropped} replicate pads replaced,"
           f" {dropped} dropped, {len(fused.bias_adds)} convolution biases on bias_add ({residuals} with a residual),"
           f" {len(fused.kernel_mode)} untraced module(s) under the kernel mode")
-    latent = (1, vae.config.latent_channels, *map(int, args.latent.split(",")))
+    channels = vae.config.get("latent_channels", vae.config.get("z_dim"))
+    latent = (1, channels, *map(int, (args.latent or spec.latent).split(",")))
     reference_model = copy.deepcopy(decoder).to(device, torch.float64)
     print(f"{'dtype':<10}{'decoder':<26}{'ms':>9}{'vs eager':>10}{'conv':>8}{'norm':>8}{'other':>8}"
           f"{'pads':>8}{'error':>11}")
     for dtype in (getattr(torch, name) for name in args.dtypes):
+        def fused_decoding(result):
+            return decoding(spec, vae, copy.deepcopy(result.model)).to(device, dtype)
+
         models = {"eager": copy.deepcopy(decoder).to(device, dtype),
-                  "fuse": copy.deepcopy(fused.model).to(device, dtype),
-                  "fuse, channels-last": copy.deepcopy(fused_channels_last.model).to(device, dtype)}
+                  "fuse": fused_decoding(fused),
+                  "fuse, channels-last": fused_decoding(fused_channels_last)}
         if args.compile:
             models["torch.compile"] = torch.compile(copy.deepcopy(decoder).to(device, dtype))
-            models["fuse, torch.compile"] = torch.compile(copy.deepcopy(fused.model).to(device, dtype))
+            models["fuse, torch.compile"] = torch.compile(fused_decoding(fused))
         inputs = rotating_tensors(latent, dtype, device)
         calls = {name: Timed(model, inputs) for name, model in models.items()}
         if args.grad_mode:

@@ -189,6 +189,17 @@ def test_video_vae_benchmark_runs_on_the_cpu():
     assert errors["fuse"] <= 10 * errors["eager"] + 1e-6, out
 
 
+def test_video_vae_benchmark_decodes_through_vae_decode_on_the_cpu():
+    pytest.importorskip("diffusers")
+    script = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "video_vae.py"
+    out = subprocess.run([sys.executable, str(script), "--vae", "wan", "--device", "cpu", "--dtypes", "float32",
+                          "--latent", "1,4,4", "--repeats", "1", "--rounds", "1"], capture_output=True, text=True,
+                         check=True, timeout=600).stdout
+    errors = {name: float(error) for name, error in re.findall(r"^float32\s+(eager|fuse)\s.*\s(\S+)$", out, re.M)}
+    assert errors.keys() == {"eager", "fuse"}, out
+    assert errors["fuse"] <= 10 * errors["eager"] + 1e-6, out
+
+
 def test_memory_bound_ops_benchmark_runs_on_the_cpu():
     script = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "memory_bound_ops.py"
     out = subprocess.run([sys.executable, str(script), "--device", "cpu", "--shapes", "1x3x2x5x7,2x4x3x6x9",
