@@ -112,19 +112,19 @@ at::Tensor forward_recorded(CUTLASSFUSE_OP_PARAMETERS) {
     return Forward(CUTLASSFUSE_OP_ARGUMENTS, kept_tensor == KeptTensor::kConvOutput,
                    kept_tensor == KeptTensor::kActivationSpaceToDepth);
   }();
-  auto node = make_node<ConvTransposeReluGroupNormBackward>();
-  auto* n = static_cast<ConvTransposeReluGroupNormBackward*>(node.get());
   const std::array<at::Tensor, kDifferentiable> differentiable{input, weight, or_undefined(bias),
                                                                or_undefined(norm_weight), or_undefined(norm_bias)};
-  n->set_next_edges(torch::autograd::collect_next_edges(differentiable[kInput], differentiable[kWeight],
-                                                        differentiable[kBias], differentiable[kNormWeight],
-                                                        differentiable[kNormBias]));
-  n->save(differentiable, kept, mean, rstd);
-  n->conv.save(stride, padding, output_padding, dilation, groups);
-  n->num_groups = num_groups;
-  n->eps = eps;
-  n->kept_tensor = kept_tensor;
-  torch::autograd::set_history(out, node);
+  record_node<ConvTransposeReluGroupNormBackward>(
+      out,
+      [&](ConvTransposeReluGroupNormBackward& n) {
+        n.save(differentiable, kept, mean, rstd);
+        n.conv.save(stride, padding, output_padding, dilation, groups);
+        n.num_groups = num_groups;
+        n.eps = eps;
+        n.kept_tensor = kept_tensor;
+      },
+      differentiable[kInput], differentiable[kWeight], differentiable[kBias], differentiable[kNormWeight],
+      differentiable[kNormBias]);
   return out;
 }
 

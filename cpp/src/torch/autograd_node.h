@@ -38,6 +38,18 @@ NodePointer make_node(Arguments&&... arguments) {
   }
 }
 
+// Records a call autograd tracks: a new `N` with edges to `inputs` (tensors, optional
+// tensors: an absent one an empty edge), filled by `save` with what its derivative reads,
+// then made `out`'s grad_fn.
+template <class N, class Save, class... Inputs>
+void record_node(at::Tensor& out, Save&& save, const Inputs&... inputs) {
+  NodePointer node = make_node<N>();
+  auto& n = static_cast<N&>(*node);
+  n.set_next_edges(torch::autograd::collect_next_edges(inputs...));
+  save(n);
+  torch::autograd::set_history(out, node);
+}
+
 // The node's inputs carry no forward-mode tangents: these nodes have no forward-mode
 // derivative, and a torch::autograd::Function raises for them as well.
 template <class... Tensors>

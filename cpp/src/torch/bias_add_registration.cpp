@@ -41,7 +41,7 @@ struct BiasAddBackward final : torch::autograd::Node {
       }
       result[1] = grad.sum(others).to(bias_type);
     }
-    if (num_outputs() > 2 && task_should_compute_output(2))
+    if (task_should_compute_output(2))  // an empty edge without a residual
       result[2] = at::sum_to(grad, residual_size).to(residual_type);
     return result;
   }
@@ -62,18 +62,18 @@ at::Tensor bias_add_autograd(const at::Tensor& input, const at::Tensor& bias,
   }();
   if (at::GradMode::is_enabled() &&
       (input.requires_grad() || bias.requires_grad() || (residual && residual->requires_grad()))) {
-    auto node = make_node<BiasAddBackward>();
-    auto* n = static_cast<BiasAddBackward*>(node.get());
-    n->set_next_edges(residual ? torch::autograd::collect_next_edges(input, bias, *residual)
-                               : torch::autograd::collect_next_edges(input, bias));
-    n->input_size = input.sizes().vec();
-    n->input_type = input.scalar_type();
-    n->bias_type = bias.scalar_type();
-    if (residual) {
-      n->residual_size = residual->sizes().vec();
-      n->residual_type = residual->scalar_type();
-    }
-    torch::autograd::set_history(out, node);
+    record_node<BiasAddBackward>(
+        out,
+        [&](BiasAddBackward& n) {
+          n.input_size = input.sizes().vec();
+          n.input_type = input.scalar_type();
+          n.bias_type = bias.scalar_type();
+          if (residual) {
+            n.residual_size = residual->sizes().vec();
+            n.residual_type = residual->scalar_type();
+          }
+        },
+        input, bias, residual);
   }
   return out;
 }

@@ -180,25 +180,25 @@ at::Tensor record_block(CUTLASSFUSE_BLOCK_PARAMETERS) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     return Forward(CUTLASSFUSE_BLOCK_ARGUMENTS);
   }();
-  auto node = make_node<ConvNormActivationBackward>();
-  auto* n = static_cast<ConvNormActivationBackward*>(node.get());
-  n->set_next_edges(
-      torch::autograd::collect_next_edges(input, weight, bias, norm_weight, norm_bias, activation_weight, residual));
-  const std::array<at::Tensor, kSavedBlockInputs> saved{input,
-                                                        weight,
-                                                        or_undefined(bias),
-                                                        or_undefined(norm_weight),
-                                                        or_undefined(norm_bias),
-                                                        or_undefined(activation_weight)};
-  n->save(saved, y, mean, rstd);
-  n->conv.save(stride, padding, output_padding, dilation, groups);
-  n->transposed = transposed;
-  n->num_groups = num_groups;
-  n->eps = eps;
-  n->activation = *activation_from_name(activation);
-  n->activation_parameter = activation_parameter;
-  n->before_norm = activation_before_norm;
-  torch::autograd::set_history(out, node);
+  record_node<ConvNormActivationBackward>(
+      out,
+      [&](ConvNormActivationBackward& n) {
+        const std::array<at::Tensor, kSavedBlockInputs> saved{input,
+                                                              weight,
+                                                              or_undefined(bias),
+                                                              or_undefined(norm_weight),
+                                                              or_undefined(norm_bias),
+                                                              or_undefined(activation_weight)};
+        n.save(saved, y, mean, rstd);
+        n.conv.save(stride, padding, output_padding, dilation, groups);
+        n.transposed = transposed;
+        n.num_groups = num_groups;
+        n.eps = eps;
+        n.activation = *activation_from_name(activation);
+        n.activation_parameter = activation_parameter;
+        n.before_norm = activation_before_norm;
+      },
+      input, weight, bias, norm_weight, norm_bias, activation_weight, residual);
   return out;
 }
 
@@ -210,17 +210,18 @@ at::Tensor record_norm(CUTLASSFUSE_NORM_PARAMETERS) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     return Forward(CUTLASSFUSE_NORM_ARGUMENTS);
   }();
-  auto node = make_node<GroupNormActivationBackward>();
-  auto* n = static_cast<GroupNormActivationBackward*>(node.get());
-  n->set_next_edges(torch::autograd::collect_next_edges(input, norm_weight, norm_bias, activation_weight));
-  const std::array<at::Tensor, kNormEdges> saved{input, or_undefined(norm_weight), or_undefined(norm_bias),
-                                                 or_undefined(activation_weight)};
-  n->save(saved, at::Tensor(), mean, rstd);
-  n->num_groups = num_groups;
-  n->eps = eps;
-  n->activation = *activation_from_name(activation);
-  n->activation_parameter = activation_parameter;
-  torch::autograd::set_history(out, node);
+  record_node<GroupNormActivationBackward>(
+      out,
+      [&](GroupNormActivationBackward& n) {
+        const std::array<at::Tensor, kNormEdges> saved{input, or_undefined(norm_weight), or_undefined(norm_bias),
+                                                       or_undefined(activation_weight)};
+        n.save(saved, at::Tensor(), mean, rstd);
+        n.num_groups = num_groups;
+        n.eps = eps;
+        n.activation = *activation_from_name(activation);
+        n.activation_parameter = activation_parameter;
+      },
+      input, norm_weight, norm_bias, activation_weight);
   return out;
 }
 

@@ -48,12 +48,13 @@ at::Tensor replication_pad3d_autograd(const at::Tensor& input, at::IntArrayRef p
     return op.call(input, padding);
   }();
   if (at::GradMode::is_enabled() && input.requires_grad()) {
-    auto node = make_node<ReplicationPad3dBackward>();
-    auto* n = static_cast<ReplicationPad3dBackward*>(node.get());
-    n->set_next_edges(torch::autograd::collect_next_edges(input));
-    n->input = torch::autograd::SavedVariable(input, false);
-    n->padding = padding.vec();
-    torch::autograd::set_history(out, node);
+    record_node<ReplicationPad3dBackward>(
+        out,
+        [&](ReplicationPad3dBackward& n) {
+          n.input = torch::autograd::SavedVariable(input, false);
+          n.padding = padding.vec();
+        },
+        input);
   }
   return out;
 }

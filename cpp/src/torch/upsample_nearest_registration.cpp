@@ -52,15 +52,16 @@ at::Tensor upsample_nearest3d_autograd(const at::Tensor& input, at::IntArrayRef 
     return op.call(input, output_size, scales_d, scales_h, scales_w);
   }();
   if (at::GradMode::is_enabled() && input.requires_grad()) {
-    auto node = make_node<UpsampleNearest3dBackward>();
-    auto* n = static_cast<UpsampleNearest3dBackward*>(node.get());
-    n->set_next_edges(torch::autograd::collect_next_edges(input));
-    n->input_size = input.sizes().vec();
-    n->output_size = output_size.vec();
-    n->scales_d = scales_d;
-    n->scales_h = scales_h;
-    n->scales_w = scales_w;
-    torch::autograd::set_history(out, node);
+    record_node<UpsampleNearest3dBackward>(
+        out,
+        [&](UpsampleNearest3dBackward& n) {
+          n.input_size = input.sizes().vec();
+          n.output_size = output_size.vec();
+          n.scales_d = scales_d;
+          n.scales_h = scales_h;
+          n.scales_w = scales_w;
+        },
+        input);
   }
   return out;
 }
@@ -102,13 +103,14 @@ at::Tensor causal_upsample_nearest3d_autograd(const at::Tensor& input, at::Array
     return op.call(input, scale_factor);
   }();
   if (at::GradMode::is_enabled() && input.requires_grad()) {
-    auto node = make_node<CausalUpsampleNearest3dBackward>();
-    auto* n = static_cast<CausalUpsampleNearest3dBackward*>(node.get());
-    n->set_next_edges(torch::autograd::collect_next_edges(input));
-    n->input_size = input.sizes().vec();
-    n->output_size = {out.size(2), out.size(3), out.size(4)};
-    n->scale_factor = scale_factor.vec();
-    torch::autograd::set_history(out, node);
+    record_node<CausalUpsampleNearest3dBackward>(
+        out,
+        [&](CausalUpsampleNearest3dBackward& n) {
+          n.input_size = input.sizes().vec();
+          n.output_size = {out.size(2), out.size(3), out.size(4)};
+          n.scale_factor = scale_factor.vec();
+        },
+        input);
   }
   return out;
 }
