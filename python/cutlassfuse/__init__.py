@@ -19,6 +19,7 @@ from . import backends  # noqa: E402
 from .block_modules import (  # noqa: E402
     Conv3dNormActivation,
     ConvTranspose3dNormActivation,
+    FrameGroupNormActivation,
     GroupNormActivation,
 )
 from .blocks import (  # noqa: E402
@@ -53,6 +54,7 @@ __all__ = [
     "explain",
     "explain_block",
     "float32_mode",
+    "FrameGroupNormActivation",
     "get_float32_mode",
     "GroupNormActivation",
     "group_norm_activation",

@@ -458,3 +458,31 @@ class GroupNormActivation(nn.Module):
         five_d = as_five_d(x) if isinstance(norm, nn.GroupNorm) else x
         return (five_d, _norm_groups(norm), module_tensor(norm, "weight"), module_tensor(norm, "bias"), norm.eps, name,
                 parameter, weight)
+
+
+class FrameGroupNormActivation(nn.Module):
+    """``act(group_norm(frame))`` of every frame of an (N, C, T, H, W) video tensor: a
+    GroupNorm whose statistics are per (sample, frame, group), as video autoencoders that
+    normalize frame by frame compute it (diffusers' Mochi decoder), by one
+    ``group_norm_activation`` op over the N * T frames.
+
+    The frames are the op's samples: in channels-last order an (N, C, T, H, W) tensor is
+    (N * T, C, 1, H, W) channels-last without a copy, so the input is made channels-last
+    (one conversion for NCDHW input, which a GroupNorm of the frames copies too) and the
+    output is channels-last. ``block`` is the GroupNormActivation that normalizes each
+    frame; its parameters are the module's.
+    """
+
+    def __init__(self, block: GroupNormActivation) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() != 5:
+            raise ValueError(f"cutlassfuse: FrameGroupNormActivation takes (N, C, T, H, W), got shape {tuple(x.shape)}")
+        n, c, t, h, w = x.shape
+        packed = x.contiguous(memory_format=torch.channels_last_3d)
+        # The frames with channels-last strides written out: a size-one dimension's stride
+        # is free, and PyTorch reads some choices of it as NCDHW.
+        frames = packed.as_strided((n * t, c, 1, h, w), (h * w * c, 1, h * w * c, w * c, c))
+        return self.block(frames).reshape(n, t, c, h, w).transpose(1, 2)

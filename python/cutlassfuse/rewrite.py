@@ -35,6 +35,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_weights
 from .block_modules import (
     Conv3dNormActivation,
     ConvTranspose3dNormActivation,
+    FrameGroupNormActivation,
     GroupNormActivation,
     _activation_module,
     _ConvNormActivation,
@@ -46,6 +47,7 @@ from .modules import ConvTranspose3dReLUGroupNorm
 from .few_channel_conv import FewChannelConv3d
 from .bias_add import conv3d_bias_add
 from .kernel_mode import WithKernelMode
+from .library_modules import replace_library_modules
 from .replication_pad import REPLICATION_PAD3D
 from .traceable_forwards import opaque_to_tracing, stand_in
 
@@ -54,7 +56,7 @@ _NORMS = (nn.GroupNorm, nn.InstanceNorm3d)
 # The layer kinds by their name in the report's reasons.
 _KIND_TEXT = {"running_norm": "norm"}
 _DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
-_FUSED = (ConvTranspose3dReLUGroupNorm, _ConvNormActivation, GroupNormActivation)
+_FUSED = (ConvTranspose3dReLUGroupNorm, _ConvNormActivation, GroupNormActivation, FrameGroupNormActivation)
 # Layers whose output is 5-D (N, C, D, H, W), given the batched input that 3-D layers take.
 _THREE_D = (*_CONVS, *_FUSED, nn.BatchNorm3d, nn.InstanceNorm3d, nn.MaxPool3d, nn.AvgPool3d, nn.AdaptiveMaxPool3d,
             nn.AdaptiveAvgPool3d)
@@ -109,13 +111,18 @@ class FuseResult:
     # one line per traced Conv3d whose bias, and the residual added to its output, cutlassfuse's
     # bias_add adds after the convolution: where, what
     bias_adds: list[str] = field(default_factory=list)
+    # one line per library module replaced by cutlassfuse's module of its computation
+    # (library_modules.py): where, what
+    library_modules: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         head = f"cutlassfuse.fuse: {len(self.replaced)} chain(s) fused"
+        if self.library_modules:
+            head += f", {len(self.library_modules)} library module(s) replaced"
         if self.folded:
             head += f", {len(self.folded)} norm(s) folded into their convolution"
-        changes = (self.replaced + self.residual_adds + self.folded + self.few_channel_convs + self.replicate_pads
-                   + self.bias_adds + self.kernel_mode)
+        changes = (self.library_modules + self.replaced + self.residual_adds + self.folded + self.few_channel_convs
+                   + self.replicate_pads + self.bias_adds + self.kernel_mode)
         lines = [head] + [f"  {line}" for line in changes]
         lines += [f"  left alone: {line}" for line in self.left_alone]
         if self.not_traced:
@@ -1438,6 +1445,7 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = N
     """
     original = model.state_dict(keep_vars=True)
     found = _Found()
+    library_modules = replace_library_modules(model)
     _fuse_sequentials(model, "", found)
     graph_module, not_traced = None, None
     if trace:
@@ -1452,7 +1460,7 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = N
     _keep_original_keys(model, original, found.folds)
     result = FuseResult(model, found.replaced, not_traced=not_traced, folded=found.folded,
                         residual_adds=found.residual_adds, replicate_pads=found.replicate_pads,
-                        bias_adds=found.bias_adds, kernel_mode=found.kernel_mode)
+                        bias_adds=found.bias_adds, kernel_mode=found.kernel_mode, library_modules=library_modules)
     if graph_module is not None:
         result.model = _fuse_graph(graph_module, model, found)
         if result.model is not model:

@@ -108,19 +108,27 @@ _STAND_INS: dict[tuple[str, str], tuple[Callable[..., Any], str]] = {
 
 @functools.cache
 def _source_digest(forward: Callable[..., Any]) -> str | None:
+    """The SHA-256 digest of ``forward``'s source, None where it has none."""
     try:
         return hashlib.sha256(inspect.getsource(forward).encode()).hexdigest()
     except (OSError, TypeError):  # no source to read (a compiled or generated class)
         return None
 
 
+def entry_for_forward(table: dict[tuple[str, str], tuple[Any, str]], module: nn.Module) -> Any:
+    """The entry of ``table`` ((class module, class name) -> (entry, digest of the forward()
+    source it was written against)) for ``module``'s class, None where there is none or
+    the class's forward() reads otherwise."""
+    cls = type(module)
+    entry = table.get((cls.__module__, cls.__qualname__))
+    if entry is None:
+        return None
+    value, digest = entry
+    return value if _source_digest(cls.forward) == digest else None
+
+
 def stand_in(module: nn.Module) -> Callable[..., Any] | None:
     """The traceable stand-in for ``module``'s forward() (called with the module and the
     forward's arguments), or None where its own forward() is traced: a
     class without one, or whose forward() is not the code the stand-in reproduces."""
-    cls = type(module)
-    entry = _STAND_INS.get((cls.__module__, cls.__qualname__))
-    if entry is None:
-        return None
-    replacement, digest = entry
-    return replacement if _source_digest(cls.forward) == digest else None
+    return entry_for_forward(_STAND_INS, module)

@@ -1,0 +1,101 @@
+"""FrameGroupNormActivation (a GroupNorm of each frame of a video tensor, with its
+activation) against F.group_norm of the frames, and fuse() replacing diffusers' Mochi
+per-frame norms and resnet blocks with it: the decoder's values, its checkpoint keys, only
+the forward() code it was written against (diffusers' Mochi tests skipped where diffusers
+is not installed)."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import cutlassfuse
+from cutlassfuse import FrameGroupNormActivation, GroupNormActivation
+
+CL = torch.channels_last_3d
+
+
+def frame_norm(activation: nn.Module, channels: int = 8, groups: int = 4) -> FrameGroupNormActivation:
+    torch.manual_seed(0)
+    norm = nn.GroupNorm(groups, channels)
+    nn.init.normal_(norm.weight)
+    nn.init.normal_(norm.bias)
+    return FrameGroupNormActivation(GroupNormActivation.from_modules(norm, activation)).double()
+
+
+def frames_reference(module: FrameGroupNormActivation, activation, x: torch.Tensor) -> torch.Tensor:
+    """Each frame normalized on its own, as diffusers' MochiChunkedGroupNorm3D does."""
+    n, c, t, h, w = x.shape
+    norm = module.block.norm
+    frames = x.transpose(1, 2).reshape(n * t, c, h, w)
+    out = activation(F.group_norm(frames, norm.num_groups, norm.weight, norm.bias, norm.eps))
+    return out.reshape(n, t, c, h, w).transpose(1, 2)
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, CL], ids=["ncdhw", "channels_last"])
+@pytest.mark.parametrize("activation", [nn.Identity(), nn.SiLU()], ids=["identity", "silu"])
+@pytest.mark.parametrize("shape", [(2, 8, 3, 4, 5), (1, 8, 1, 3, 3)], ids=["frames", "one_frame"])
+def test_frame_norm_normalizes_each_frame(shape, activation, memory_format):
+    module = frame_norm(activation)
+    x = torch.randn(shape, dtype=torch.float64).contiguous(memory_format=memory_format)
+    with torch.no_grad():
+        out = module(x)
+    torch.testing.assert_close(out, frames_reference(module, activation, x), rtol=1e-12, atol=1e-12)
+    assert out.is_contiguous(memory_format=CL)
+
+
+def test_frame_norm_gradients_match_the_frames_norm():
+    module = frame_norm(nn.SiLU(), channels=4, groups=2)
+    x = torch.randn(1, 4, 2, 3, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(module, (x,))
+
+
+def test_frame_norm_refuses_other_ranks():
+    with pytest.raises(ValueError, match=r"takes \(N, C, T, H, W\)"):
+        frame_norm(nn.SiLU())(torch.randn(2, 8, 4, 5, dtype=torch.float64))
+
+
+mochi = pytest.importorskip("diffusers.models.autoencoders.autoencoder_kl_mochi")
+
+
+def small_mochi_decoder() -> nn.Module:
+    torch.manual_seed(0)
+    from diffusers import AutoencoderKLMochi
+
+    vae = AutoencoderKLMochi(decoder_block_out_channels=(32, 32, 64, 64), layers_per_block=(1, 1, 1, 1, 1))
+    return vae.decoder.eval()
+
+
+def test_fuse_replaces_mochis_frame_norms_and_their_activations():
+    decoder = small_mochi_decoder()
+    result = cutlassfuse.fuse(copy.deepcopy(decoder))
+    resnets = [path for path, m in decoder.named_modules() if isinstance(m, mochi.MochiResnetBlock3D)]
+    assert [line.split(":")[0] for line in result.library_modules] == resnets, str(result)
+    assert "5 library module(s) replaced" in str(result).splitlines()[0]
+    assert not any(isinstance(m, mochi.MochiChunkedGroupNorm3D) for m in result.model.modules())
+    assert all(isinstance(m.nonlinearity, nn.Identity) for m in result.model.modules()
+               if isinstance(m, mochi.MochiResnetBlock3D))
+    assert result.model.state_dict().keys() == decoder.state_dict().keys()
+    z = torch.randn(1, 12, 2, 4, 4)
+    with torch.no_grad():
+        expected = copy.deepcopy(decoder).double()(z.double())[0]
+        eager, fused = decoder(z)[0], result.model(z)[0]
+    eager_error = (eager.double() - expected).abs().max().item()
+    assert (fused.double() - expected).abs().max().item() <= 4 * eager_error + 1e-6
+    decoder.load_state_dict(result.model.state_dict())
+
+
+def test_a_changed_forward_keeps_the_library_module():
+    norm = mochi.MochiChunkedGroupNorm3D(8, num_groups=4)
+
+    class Edited(type(norm)):
+        def forward(self, x=None):
+            return super().forward(x) * 2
+
+    Edited.__module__, Edited.__qualname__ = type(norm).__module__, type(norm).__qualname__
+    model = nn.Sequential(Edited(8, num_groups=4))
+    result = cutlassfuse.fuse(model)
+    assert result.library_modules == []
+    assert not any(isinstance(m, FrameGroupNormActivation) for m in result.model.modules())
