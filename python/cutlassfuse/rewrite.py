@@ -1377,6 +1377,11 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = N
     convs' parameters are new objects; the model's own convs and norms are left as they
     are.
 
+    Known library modules that compute a block no chain matches are replaced in place
+    first, by modules of the same computation holding their parameters
+    (library_modules.py: diffusers' Mochi per-frame GroupNorms, with the SiLU after them,
+    by FrameGroupNormActivation; ``result.library_modules``).
+
     nn.Sequential chains are replaced in place (model keeps its type), the first layer's
     slot taking the block and the others becoming nn.Identity; a chain may run on into
     nested nn.Sequentials (MONAI's Convolution: the conv, then its ADN's norm, dropout
