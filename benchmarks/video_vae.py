@@ -113,7 +113,8 @@ def main() -> None:
     residuals = sum(" + " in line for line in fused.bias_adds)
     print(f"fuse: {len(fused.replaced)} chains fused, {len(fused.replicate_pads) - dropped} replicate pads replaced,"
           f" {dropped} dropped, {len(fused.bias_adds)} convolution biases on bias_add ({residuals} with a residual),"
-          f" {len(fused.kernel_mode)} untraced module(s) under the kernel mode")
+          f" {len(fused.kernel_mode)} untraced module(s) under the kernel mode"
+          + (f", {len(fused.library_modules)} library module(s) replaced" if fused.library_modules else ""))
     channels = vae.config.get("latent_channels", vae.config.get("z_dim"))
     latent = (1, channels, *map(int, (args.latent or spec.latent).split(",")))
     reference_model = copy.deepcopy(decoder).to(device, torch.float64)

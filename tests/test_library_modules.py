@@ -1,8 +1,8 @@
 """FrameGroupNormActivation (a GroupNorm of each frame of a video tensor, with its
 activation) against F.group_norm of the frames, and fuse() replacing diffusers' Mochi
-per-frame norms and resnet blocks with it: the decoder's values, its checkpoint keys, only
-the forward() code it was written against (diffusers' Mochi tests skipped where diffusers
-is not installed)."""
+per-frame norms and resnet blocks with it and CogVideoX's spatial norms' GroupNorms with
+GroupNormActivation: the decoders' values, their checkpoint keys, only the forward() code
+it was written against (diffusers' tests skipped where diffusers is not installed)."""
 
 import copy
 
@@ -99,3 +99,31 @@ def test_a_changed_forward_keeps_the_library_module():
     result = cutlassfuse.fuse(model)
     assert result.library_modules == []
     assert not any(isinstance(m, FrameGroupNormActivation) for m in result.model.modules())
+
+
+cogvideox = pytest.importorskip("diffusers.models.autoencoders.autoencoder_kl_cogvideox")
+
+
+def small_cogvideox_decoder() -> nn.Module:
+    torch.manual_seed(0)
+    from diffusers import AutoencoderKLCogVideoX
+
+    vae = AutoencoderKLCogVideoX(block_out_channels=(32, 32, 64, 64), norm_num_groups=8, layers_per_block=1)
+    return vae.decoder.eval()
+
+
+def test_fuse_runs_cogvideoxs_spatial_norms_groupnorms_on_the_op():
+    decoder = small_cogvideox_decoder()
+    result = cutlassfuse.fuse(copy.deepcopy(decoder))
+    norms = [path for path, m in decoder.named_modules() if isinstance(m, cogvideox.CogVideoXSpatialNorm3D)]
+    assert sorted(line.split(":")[0] for line in result.library_modules) == sorted(norms), str(result)
+    assert all(isinstance(m.norm_layer, GroupNormActivation) for m in result.model.modules()
+               if isinstance(m, cogvideox.CogVideoXSpatialNorm3D))
+    assert result.model.state_dict().keys() == decoder.state_dict().keys()
+    z = torch.randn(1, 16, 3, 4, 4)
+    with torch.no_grad():
+        expected = copy.deepcopy(decoder).double()(z.double())[0]
+        eager, fused = decoder(z)[0], result.model(z)[0]
+    eager_error = (eager.double() - expected).abs().max().item()
+    assert (fused.double() - expected).abs().max().item() <= 4 * eager_error + 1e-6
+    decoder.load_state_dict(result.model.state_dict())

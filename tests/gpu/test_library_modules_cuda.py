@@ -1,7 +1,8 @@
 """On the GPU: FrameGroupNormActivation normalizes each frame with cutlassfuse's norm
 kernels (every output element written, channels-last out, no closer to float64 than
-PyTorch's per-frame GroupNorm is not), and fuse() runs diffusers' Mochi decoder with it:
-no ATen GroupNorm and no concatenation of normalized chunks left."""
+PyTorch's per-frame GroupNorm is not), and fuse() runs diffusers' Mochi decoder with it
+(no ATen GroupNorm and no concatenation of normalized chunks left) and CogVideoX's spatial
+norms' GroupNorms on cutlassfuse's norm."""
 
 import copy
 
@@ -12,7 +13,7 @@ from torch import nn
 
 import cutlassfuse
 from cutlassfuse.testing import poison_cuda_allocator
-from test_library_modules import frame_norm, frames_reference, small_mochi_decoder  # tests/
+from test_library_modules import frame_norm, frames_reference, small_cogvideox_decoder, small_mochi_decoder  # tests/
 from test_replication_pad_cuda import kernel_names  # tests/gpu
 
 pytestmark = pytest.mark.gpu
@@ -51,6 +52,21 @@ def test_fused_mochi_decoder_normalizes_frames_with_the_kernels():
         fused = result.model(z.half())[0]
         eager = decoder.half()(z.half())[0]
     assert not any(ATEN_GROUP_NORM in n or "CatArrayBatchedCopy" in n for n in names), names
+    fused_error = (fused.double() - expected).abs().max().item()
+    eager_error = (eager.double() - expected).abs().max().item()
+    assert fused_error <= 1.5 * eager_error + 1e-4, (fused_error, eager_error)
+
+
+def test_fused_cogvideox_decoder_normalizes_with_the_kernels():
+    decoder = small_cogvideox_decoder().cuda()
+    result = cutlassfuse.fuse(copy.deepcopy(decoder).half())
+    z = torch.randn(1, 16, 3, 8, 8, device="cuda")
+    with torch.no_grad():
+        names = kernel_names(lambda: result.model(z.half()))
+        expected = copy.deepcopy(decoder).double()(z.double())[0]
+        fused = result.model(z.half())[0]
+        eager = decoder.half()(z.half())[0]
+    assert not any(ATEN_GROUP_NORM in n for n in names), names
     fused_error = (fused.double() - expected).abs().max().item()
     eager_error = (eager.double() - expected).abs().max().item()
     assert fused_error <= 1.5 * eager_error + 1e-4, (fused_error, eager_error)
