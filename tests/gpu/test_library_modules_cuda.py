@@ -13,7 +13,8 @@ from torch import nn
 
 import cutlassfuse
 from cutlassfuse.testing import poison_cuda_allocator
-from test_library_modules import frame_norm, frames_reference, small_cogvideox_decoder, small_mochi_decoder  # tests/
+from test_library_modules import (errors_against_float64, frame_norm, frames_reference,  # tests/
+                                 small_cogvideox_decoder, small_mochi_decoder)
 from test_replication_pad_cuda import kernel_names  # tests/gpu
 
 pytestmark = pytest.mark.gpu
@@ -42,31 +43,25 @@ def test_frame_norm_runs_the_norm_kernels(memory_format, dtype):
     assert ours_error <= 1.25 * eager_error + 1e-6, (ours_error, eager_error)
 
 
-def test_fused_mochi_decoder_normalizes_frames_with_the_kernels():
-    decoder = small_mochi_decoder().cuda()
-    result = cutlassfuse.fuse(copy.deepcopy(decoder).half())
-    z = torch.randn(1, 12, 2, 8, 8, device="cuda")
+def fused_decoder_run(decoder: nn.Module, latent_channels: int) -> tuple[list[str], float, float]:
+    """The fp16 decoder fused: the kernels of one call, its error and the decoder's against
+    float64."""
+    decoder = decoder.cuda().half()
+    result = cutlassfuse.fuse(copy.deepcopy(decoder))
+    z = torch.randn(1, latent_channels, 3, 8, 8, device="cuda", dtype=torch.float16)
     with torch.no_grad():
-        names = kernel_names(lambda: result.model(z.half()))
-        expected = copy.deepcopy(decoder).double()(z.double())[0]
-        fused = result.model(z.half())[0]
-        eager = decoder.half()(z.half())[0]
+        names = kernel_names(lambda: result.model(z))
+    eager_error, fused_error = errors_against_float64(decoder, result.model, z)
+    return names, eager_error, fused_error
+
+
+def test_fused_mochi_decoder_normalizes_frames_with_the_kernels():
+    names, eager_error, fused_error = fused_decoder_run(small_mochi_decoder(), 12)
     assert not any(ATEN_GROUP_NORM in n or "CatArrayBatchedCopy" in n for n in names), names
-    fused_error = (fused.double() - expected).abs().max().item()
-    eager_error = (eager.double() - expected).abs().max().item()
     assert fused_error <= 1.5 * eager_error + 1e-4, (fused_error, eager_error)
 
 
 def test_fused_cogvideox_decoder_normalizes_with_the_kernels():
-    decoder = small_cogvideox_decoder().cuda()
-    result = cutlassfuse.fuse(copy.deepcopy(decoder).half())
-    z = torch.randn(1, 16, 3, 8, 8, device="cuda")
-    with torch.no_grad():
-        names = kernel_names(lambda: result.model(z.half()))
-        expected = copy.deepcopy(decoder).double()(z.double())[0]
-        fused = result.model(z.half())[0]
-        eager = decoder.half()(z.half())[0]
+    names, eager_error, fused_error = fused_decoder_run(small_cogvideox_decoder(), 16)
     assert not any(ATEN_GROUP_NORM in n for n in names), names
-    fused_error = (fused.double() - expected).abs().max().item()
-    eager_error = (eager.double() - expected).abs().max().item()
     assert fused_error <= 1.5 * eager_error + 1e-4, (fused_error, eager_error)
