@@ -52,6 +52,13 @@ def test_frame_norm_gradients_match_the_frames_norm():
     assert torch.autograd.gradcheck(module, (x,))
 
 
+def test_frame_norm_explains_its_frames_call():
+    module = frame_norm(nn.SiLU())
+    x = torch.randn(2, 8, 3, 4, 5, dtype=torch.float64)
+    assert module.explain(x) == module.block.explain(module._frames(x))
+    assert isinstance(module.explain(x), str) and module.explain(x)
+
+
 def test_frame_norm_refuses_other_ranks():
     with pytest.raises(ValueError, match=r"takes \(N, C, T, H, W\)"):
         frame_norm(nn.SiLU())(torch.randn(2, 8, 4, 5, dtype=torch.float64))

@@ -478,11 +478,22 @@ class FrameGroupNormActivation(nn.Module):
         self.block = block
 
     def forward(self, x: Tensor) -> Tensor:
+        frames = self._frames(x)
+        n, c, t, h, w = x.shape
+        return self.block(frames).reshape(n, t, c, h, w).transpose(1, 2)
+
+    def explain(self, x: Tensor) -> str:
+        """Which implementation ``self(x)`` runs on the frames and why, for a call that
+        keeps nothing for a backward."""
+        return self.block.explain(self._frames(x))
+
+    @staticmethod
+    def _frames(x: Tensor) -> Tensor:
+        """``x`` as (N * T, C, 1, H, W) channels-last, each frame a sample."""
         if x.dim() != 5:
             raise ValueError(f"cutlassfuse: FrameGroupNormActivation takes (N, C, T, H, W), got shape {tuple(x.shape)}")
         n, c, t, h, w = x.shape
         packed = x.contiguous(memory_format=torch.channels_last_3d)
-        # The frames with channels-last strides written out: a size-one dimension's stride
-        # is free, and PyTorch reads some choices of it as NCDHW.
-        frames = packed.as_strided((n * t, c, 1, h, w), (h * w * c, 1, h * w * c, w * c, c))
-        return self.block(frames).reshape(n, t, c, h, w).transpose(1, 2)
+        # The channels-last strides written out: a size-one dimension's stride is free, and
+        # PyTorch reads some choices of it as NCDHW.
+        return packed.as_strided((n * t, c, 1, h, w), (h * w * c, 1, h * w * c, w * c, c))
