@@ -1,8 +1,8 @@
 """FrameGroupNormActivation (a GroupNorm of each frame of a video tensor, with its
 activation) against F.group_norm of the frames, and fuse() replacing diffusers' Mochi
-per-frame norms and resnet blocks with it and CogVideoX's spatial norms' GroupNorms with
-GroupNormActivation: the decoders' values, their checkpoint keys, only the forward() code
-it was written against (diffusers' tests skipped where diffusers is not installed)."""
+per-frame norms and resnet blocks with it and CogVideoX's spatial norms with
+FusedCogVideoXSpatialNorm3D: the decoders' values, their checkpoint keys, only the forward()
+code it was written against (diffusers' tests skipped where diffusers is not installed)."""
 
 import copy
 
@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import cutlassfuse
-from cutlassfuse import FrameGroupNormActivation, GroupNormActivation
+from cutlassfuse import FrameGroupNormActivation, GroupNormActivation, library_modules
+from cutlassfuse.library_modules import FusedCogVideoXSpatialNorm3D
 
 CL = torch.channels_last_3d
 
@@ -123,14 +124,82 @@ def small_cogvideox_decoder() -> nn.Module:
     return vae.decoder.eval()
 
 
-def test_fuse_runs_cogvideoxs_spatial_norms_groupnorms_on_the_op():
+@pytest.mark.parametrize("frames", [1, 2, 3], ids=["one", "two", "three"])
+def test_fuse_replaces_cogvideoxs_spatial_norms(frames):
     decoder = small_cogvideox_decoder()
     result = cutlassfuse.fuse(copy.deepcopy(decoder))
     norms = [path for path, m in decoder.named_modules() if isinstance(m, cogvideox.CogVideoXSpatialNorm3D)]
     assert sorted(line.split(":")[0] for line in result.library_modules) == sorted(norms), str(result)
-    assert all(isinstance(m.norm_layer, GroupNormActivation) for m in result.model.modules()
-               if isinstance(m, cogvideox.CogVideoXSpatialNorm3D))
+    replaced = [m for m in result.model.modules() if isinstance(m, cogvideox.CogVideoXSpatialNorm3D)
+                or isinstance(m, FusedCogVideoXSpatialNorm3D)]
+    assert len(replaced) == len(norms) and all(isinstance(m, FusedCogVideoXSpatialNorm3D) for m in replaced)
     assert result.model.state_dict().keys() == decoder.state_dict().keys()
-    eager_error, fused_error = errors_against_float64(decoder, result.model, torch.randn(1, 16, 3, 4, 4))
+    eager_error, fused_error = errors_against_float64(decoder, result.model, torch.randn(1, 16, frames, 4, 4))
     assert fused_error <= 4 * eager_error + 1e-6
     decoder.load_state_dict(result.model.state_dict())
+
+
+def test_fuse_runs_cogvideoxs_decoder_channels_last_on_request():
+    decoder = small_cogvideox_decoder()
+    result = cutlassfuse.fuse(copy.deepcopy(decoder), channels_last=True)
+    assert result.channels_last and not result.replaced
+    assert all(p.is_contiguous(memory_format=CL) for p in result.model.parameters() if p.dim() == 5)
+    z = torch.randn(1, 16, 3, 4, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(result.model(z)[0], decoder(z)[0], rtol=1e-4, atol=1e-5)
+
+
+def spatial_norm(kernel_size: int = 1) -> nn.Module:
+    torch.manual_seed(0)
+    norm = cogvideox.CogVideoXSpatialNorm3D(8, 4, groups=4)
+    if kernel_size != 1:
+        norm.conv_y = cogvideox.CogVideoXCausalConv3d(4, 8, kernel_size=kernel_size)
+    nn.init.normal_(norm.norm_layer.weight)
+    nn.init.normal_(norm.norm_layer.bias)
+    return norm.double()
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, CL], ids=["ncdhw", "channels_last"])
+@pytest.mark.parametrize("shapes", [((5, 8, 12), (3, 2, 3)), ((4, 4, 4), (2, 4, 4)), ((3, 6, 6), (3, 2, 2))],
+                         ids=["odd_frames_powers_of_two", "even_frames_same_size", "factor_three"])
+def test_spatial_norm_matches_the_librarys(shapes, memory_format):
+    (t, h, w), (zt, zh, zw) = shapes
+    original = spatial_norm()
+    fused = FusedCogVideoXSpatialNorm3D(copy.deepcopy(original))
+    f = torch.randn(2, 8, t, h, w, dtype=torch.float64).contiguous(memory_format=memory_format)
+    zq = torch.randn(2, 4, zt, zh, zw, dtype=torch.float64)
+    with torch.no_grad():
+        out, cache = fused(f, zq)
+        expected, _ = original(f, zq)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    assert out.is_contiguous(memory_format=memory_format)
+    assert cache == {"conv_y": None, "conv_b": None}
+
+
+def test_spatial_norm_upsamples_powers_of_two_by_broadcasting(monkeypatch):
+    fused = FusedCogVideoXSpatialNorm3D(spatial_norm())
+    f, zq = torch.randn(1, 8, 5, 8, 8, dtype=torch.float64), torch.randn(1, 4, 3, 2, 4, dtype=torch.float64)
+    expected, _ = fused(f, zq)
+
+    def interpolate(*args, **kwargs):
+        raise AssertionError("a full-size upsampling of the latent's convolutions")
+
+    monkeypatch.setattr(library_modules.F, "interpolate", interpolate)
+    torch.testing.assert_close(fused(f, zq)[0], expected, rtol=0, atol=0)  # grad mode: the parameters' graph
+    with torch.no_grad():
+        torch.testing.assert_close(fused(f, zq)[0], expected, rtol=0, atol=0)
+
+
+def test_spatial_norm_gradients_match_the_librarys():
+    fused = FusedCogVideoXSpatialNorm3D(spatial_norm())
+    f = torch.randn(1, 8, 3, 4, 4, dtype=torch.float64, requires_grad=True)
+    zq = torch.randn(1, 4, 2, 2, 2, dtype=torch.float64, requires_grad=True)  # both parts broadcast
+    assert torch.autograd.gradcheck(lambda f, zq: fused(f, zq)[0], (f, zq))
+    assert torch.autograd.gradgradcheck(lambda f, zq: fused(f, zq)[0], (f, zq))
+
+
+def test_spatial_norm_with_other_convolutions_keeps_its_modulation():
+    model = nn.ModuleList([spatial_norm(kernel_size=3)])
+    lines = library_modules.replace_library_modules(model)
+    assert type(model[0]) is cogvideox.CogVideoXSpatialNorm3D and len(lines) == 1
+    assert isinstance(model[0].norm_layer, GroupNormActivation)

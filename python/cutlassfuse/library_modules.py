@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from torch import nn
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from .block_modules import FrameGroupNormActivation, GroupNormActivation
 from .traceable_forwards import entry_for_forward
@@ -31,10 +33,131 @@ def _frame_norm(norm: nn.Module, activation: nn.Module) -> FrameGroupNormActivat
     return FrameGroupNormActivation(GroupNormActivation.from_modules(norm.norm_layer, activation))
 
 
+def _power_of_two_factor(small: int, large: int) -> int | None:
+    """``large // small`` where it is a power of two (then nearest upsampling from
+    ``small`` to ``large`` repeats each element that many times exactly: ATen's source index
+    floor(i * small / large) has no rounding), else None."""
+    if small <= 0 or large < small or large % small:
+        return None
+    factor = large // small
+    return factor if factor & (factor - 1) == 0 else None
+
+
+def _upsampled(small: Tensor, like: Tensor, parts: list[slice]) -> Tensor:
+    """``small`` nearest-upsampled to ``like``'s frames and pixels, each range of frames in
+    ``parts`` on its own, as CogVideoXSpatialNorm3D upsamples its latent."""
+    if len(parts) == 1:
+        return F.interpolate(small, size=like.shape[2:])
+    return torch.cat([F.interpolate(small[:, :, p], size=like[:, :, p].shape[2:]) for p in parts], dim=2)
+
+
+def _modulation_reference(norm: Tensor, scale: Tensor, shift: Tensor, parts: list[slice]) -> Tensor:
+    return norm * _upsampled(scale, norm, parts) + _upsampled(shift, norm, parts)
+
+
+def _broadcast_shapes(like: Tensor, small: Tensor) -> tuple[list[int], list[int]] | None:
+    """Shapes that make nearest upsampling of ``small`` to ``like``'s size a broadcast:
+    ``like`` viewed as (N, C, t, ft, h, fh, w, fw) against ``small`` as (N, C, t, 1, h, 1,
+    w, 1); None unless every factor f is a power of two."""
+    factors = [_power_of_two_factor(s, n) for s, n in zip(small.shape[2:], like.shape[2:], strict=True)]
+    if None in factors:
+        return None
+    split, spread = [*like.shape[:2]], [*small.shape[:2]]
+    for size, factor in zip(small.shape[2:], factors, strict=True):
+        split += [size, factor]
+        spread += [size, 1]
+    return split, spread
+
+
+class _BroadcastModulation(torch.autograd.Function):
+    """``norm * up(scale) + up(shift)`` (``_modulation_reference``) with the upsampling a
+    broadcast (every part's factors powers of two): one addcmul per part of frames, each
+    written into its frames of the output, nothing else of the full size written, one
+    rounding (ATen's opmath). The gradients are the reference's, recomputed in the backward
+    (differentiable again)."""
+
+    @staticmethod
+    def forward(ctx, norm: Tensor, scale: Tensor, shift: Tensor, parts: list[slice]) -> Tensor:
+        out = torch.empty_like(norm)
+        for p in parts:
+            split, spread = _broadcast_shapes(norm[:, :, p], scale[:, :, p])
+            torch.addcmul(shift[:, :, p].reshape(spread), norm[:, :, p].view(split), scale[:, :, p].reshape(spread),
+                          out=out[:, :, p].view(split))
+        ctx.parts = parts
+        ctx.save_for_backward(norm, scale, shift)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        inputs = ctx.saved_tensors
+        wanted = [t for t, needed in zip(inputs, ctx.needs_input_grad[:3], strict=True) if needed]
+        with torch.enable_grad():
+            out = _modulation_reference(*inputs, ctx.parts)
+        grads = iter(torch.autograd.grad(out, wanted, grad, create_graph=torch.is_grad_enabled()))
+        return (*(next(grads) if needed else None for needed in ctx.needs_input_grad[:3]), None)
+
+
+def _modulate(norm: Tensor, scale: Tensor, shift: Tensor, parts: list[slice]) -> Tensor:
+    """``norm * up(scale) + up(shift)``, ``up`` the nearest upsampling of the (N, C, t, h,
+    w) ``scale`` and ``shift`` to ``norm``'s frames and pixels, each range of frames in
+    ``parts`` on its own: a broadcast where every factor is a power of two, else the
+    upsampled tensors written out."""
+    if all(_broadcast_shapes(norm[:, :, p], scale[:, :, p]) is not None for p in parts):
+        return _BroadcastModulation.apply(norm, scale, shift, parts)
+    return _modulation_reference(norm, scale, shift, parts)
+
+
+class FusedCogVideoXSpatialNorm3D(nn.Module):
+    """diffusers' CogVideoXSpatialNorm3D: ``group_norm(f) * conv_y(zq') + conv_b(zq')``,
+    ``zq'`` the latent ``zq`` nearest-upsampled to ``f``'s frames and pixels (f's first frame
+    from zq's first, the others from zq's others where f has an odd number of frames above
+    one), ``conv_y`` and ``conv_b`` 1x1x1 causal convolutions.
+
+    The convolutions run at the latent's resolution: a 1x1x1 convolution and a nearest
+    upsampling commute (both act on each pixel alone), so the upsampled latent and the two
+    full-size convolution outputs (and the library's copies of the upsampled latent, as the
+    1x1x1 convolutions' frame caches, which nothing reads) are never written. The GroupNorm
+    runs on ``group_norm_activation``, and the modulation is one addcmul reading the two
+    small tensors through broadcast views (``_modulate``). The output has ``f``'s layout;
+    the convolutions' frame caches returned are None (a 1x1x1 causal convolution reads no
+    earlier frames). The submodules are the original's, with the same parameter names.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.norm_layer = GroupNormActivation.from_modules(module.norm_layer, nn.Identity())
+        self.conv_y, self.conv_b = module.conv_y, module.conv_b
+
+    @staticmethod
+    def takes(module: nn.Module) -> bool:
+        """Whether ``module``'s conv_y and conv_b are 1x1x1 causal convolutions of stride 1
+        without padding, as CogVideoX builds them (their frame cache then unread)."""
+        return all(conv.time_kernel_size == 1 and conv.pad_mode == "constant"
+                   and conv.conv.kernel_size == (1, 1, 1) and conv.conv.stride == (1, 1, 1)
+                   and conv.conv.padding == (0, 0, 0) and conv.conv.groups == 1
+                   for conv in (module.conv_y, module.conv_b))
+
+    def forward(self, f: Tensor, zq: Tensor, conv_cache: dict | None = None) -> tuple[Tensor, dict]:
+        norm = self.norm_layer(f)
+        scale = F.conv3d(zq, self.conv_y.conv.weight, self.conv_y.conv.bias)
+        shift = F.conv3d(zq, self.conv_b.conv.weight, self.conv_b.conv.bias)
+        frames = f.shape[2]
+        # The library upsamples the first frame apart from the others where f has an odd
+        # number of frames above one.
+        parts = [slice(0, 1), slice(1, None)] if frames > 1 and frames % 2 == 1 else [slice(None)]
+        out = _modulate(norm, scale, shift, parts)
+        return out, {"conv_y": None, "conv_b": None}
+
+
 def _cogvideox_spatial_norm(module: nn.Module) -> tuple[nn.Module, str]:
-    """CogVideoXSpatialNorm3D, whose forward() calls its ``norm_layer`` (an nn.GroupNorm)
-    on the features and nowhere else: the GroupNorm as a GroupNormActivation without an
-    activation; the modulation by the latent after it stays the module's code."""
+    """CogVideoXSpatialNorm3D as FusedCogVideoXSpatialNorm3D where its convolutions are the
+    1x1x1 ones it builds; otherwise only its ``norm_layer`` (an nn.GroupNorm, which its
+    forward() calls on the features and nowhere else) as a GroupNormActivation without an
+    activation."""
+    if FusedCogVideoXSpatialNorm3D.takes(module):
+        return (FusedCogVideoXSpatialNorm3D(module),
+                "GroupNorm -> GroupNormActivation; the latent's 1x1x1 convolutions at its resolution, "
+                "the modulation one addcmul of their broadcast upsampling")
     module.norm_layer = GroupNormActivation.from_modules(module.norm_layer, nn.Identity())
     return module, "GroupNorm -> GroupNormActivation (the latent's modulation after it as it is)"
 

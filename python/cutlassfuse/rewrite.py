@@ -1420,10 +1420,11 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = N
     ``copy.deepcopy`` keeps; a torch.fx.GraphModule pickled whole (``torch.save(model)``)
     comes back without them, with the fused keys.
 
-    With ``channels_last`` (and any chain fused) the model's 5-D parameters and buffers
-    (the convolutions' weights) move to channels_last_3d: every convolution then writes
-    channels-last, so the activations run channels-last from the first layer on, one
-    layout conversion at the input in place of one per block; the returned model (its
+    With ``channels_last`` (and any chain fused or library module replaced) the model's
+    5-D parameters and buffers (the convolutions' weights) move to channels_last_3d: every
+    convolution then writes channels-last, so the activations run channels-last from the
+    first layer on, one layout conversion at the input in place of one per block; the
+    returned model (its
     trace's last node, or a forward hook) gives NCDHW outputs for NCDHW inputs, as the
     original model's. The
     parameters stay the same objects with the same values. ``channels_last=None`` (the
@@ -1478,7 +1479,7 @@ def fuse(model: nn.Module, *, trace: bool = True, channels_last: bool | None = N
         # trace may run ops that are slow on channels-last tensors or mix layouts (MONAI's
         # BasicUNet pads with mode="replicate" and concatenates its skip connections there).
         channels_last = trace and not_traced is None
-    result.channels_last = channels_last and bool(result.replaced)
+    result.channels_last = channels_last and bool(result.replaced or result.library_modules)
     if result.channels_last:
         _run_channels_last(result.model)
     if cuda_graphs:

@@ -2,7 +2,7 @@
 kernels (every output element written, channels-last out, no closer to float64 than
 PyTorch's per-frame GroupNorm is not), and fuse() runs diffusers' Mochi decoder with it
 (no ATen GroupNorm and no concatenation of normalized chunks left) and CogVideoX's spatial
-norms' GroupNorms on cutlassfuse's norm."""
+norms with their GroupNorms on cutlassfuse's norm and the latent's modulation broadcast."""
 
 import copy
 
@@ -13,7 +13,7 @@ from torch import nn
 
 import cutlassfuse
 from cutlassfuse.testing import poison_cuda_allocator
-from test_library_modules import (errors_against_float64, frame_norm, frames_reference,  # tests/
+from test_library_modules import (cogvideox, errors_against_float64, frame_norm, frames_reference,  # tests/
                                  small_cogvideox_decoder, small_mochi_decoder)
 from test_replication_pad_cuda import kernel_names  # tests/gpu
 
@@ -43,25 +43,35 @@ def test_frame_norm_runs_the_norm_kernels(memory_format, dtype):
     assert ours_error <= 1.25 * eager_error + 1e-6, (ours_error, eager_error)
 
 
-def fused_decoder_run(decoder: nn.Module, latent_channels: int) -> tuple[list[str], float, float]:
-    """The fp16 decoder fused: the kernels of one call, its error and the decoder's against
-    float64."""
+def fused_decoder_run(decoder: nn.Module, latent_channels: int, **fuse_options):
+    """The fp16 decoder fused: the kernels of one call of the decoder and of the fused one,
+    and their errors against float64."""
     decoder = decoder.cuda().half()
-    result = cutlassfuse.fuse(copy.deepcopy(decoder))
+    result = cutlassfuse.fuse(copy.deepcopy(decoder), **fuse_options)
     z = torch.randn(1, latent_channels, 3, 8, 8, device="cuda", dtype=torch.float16)
     with torch.no_grad():
-        names = kernel_names(lambda: result.model(z))
+        eager_names, names = kernel_names(lambda: decoder(z)), kernel_names(lambda: result.model(z))
     eager_error, fused_error = errors_against_float64(decoder, result.model, z)
-    return names, eager_error, fused_error
+    return eager_names, names, eager_error, fused_error
 
 
 def test_fused_mochi_decoder_normalizes_frames_with_the_kernels():
-    names, eager_error, fused_error = fused_decoder_run(small_mochi_decoder(), 12)
+    _, names, eager_error, fused_error = fused_decoder_run(small_mochi_decoder(), 12)
     assert not any(ATEN_GROUP_NORM in n or "CatArrayBatchedCopy" in n for n in names), names
     assert fused_error <= 1.5 * eager_error + 1e-4, (fused_error, eager_error)
 
 
-def test_fused_cogvideox_decoder_normalizes_with_the_kernels():
-    names, eager_error, fused_error = fused_decoder_run(small_cogvideox_decoder(), 16)
+@pytest.mark.parametrize("channels_last", [False, True], ids=["input_layout", "channels_last"])
+def test_fused_cogvideox_decoder_normalizes_with_the_kernels(channels_last):
+    decoder = small_cogvideox_decoder()
+    norms = sum(isinstance(m, cogvideox.CogVideoXSpatialNorm3D) for m in decoder.modules())
+    eager_names, names, eager_error, fused_error = fused_decoder_run(decoder, 16, channels_last=channels_last)
     assert not any(ATEN_GROUP_NORM in n for n in names), names
+    # The spatial norms' modulation reads the latent's convolutions through broadcasts: none
+    # of them upsamples the latent (each does once or twice in the library's code; the
+    # decoder's upsamplers remain).
+    upsamplings = [sum("upsample_nearest3d" in n for n in run) for run in (eager_names, names)]
+    assert upsamplings[1] <= upsamplings[0] - norms, upsamplings
+    if channels_last:  # every convolution writes channels-last: cuDNN converts no output back
+        assert not any("nhwcToNchw" in n for n in names), names
     assert fused_error <= 1.5 * eager_error + 1e-4, (fused_error, eager_error)
