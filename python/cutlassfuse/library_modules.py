@@ -24,13 +24,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .block_modules import FrameGroupNormActivation, GroupNormActivation
+from .blocks import activation_of_module
 from .traceable_forwards import entry_for_forward
+from .upsampled_modulation import UPSAMPLED_MODULATION
 
 
 def _frame_norm(norm: nn.Module, activation: nn.Module) -> FrameGroupNormActivation:
     """MochiChunkedGroupNorm3D (its nn.GroupNorm ``norm_layer`` applied to each frame),
     then ``activation``, as one FrameGroupNormActivation."""
     return FrameGroupNormActivation(GroupNormActivation.from_modules(norm.norm_layer, activation))
+
+
+_CL = torch.channels_last_3d
 
 
 def _power_of_two_factor(small: int, large: int) -> int | None:
@@ -108,25 +113,31 @@ def _modulate(norm: Tensor, scale: Tensor, shift: Tensor, parts: list[slice]) ->
 
 
 class FusedCogVideoXSpatialNorm3D(nn.Module):
-    """diffusers' CogVideoXSpatialNorm3D: ``group_norm(f) * conv_y(zq') + conv_b(zq')``,
-    ``zq'`` the latent ``zq`` nearest-upsampled to ``f``'s frames and pixels (f's first frame
-    from zq's first, the others from zq's others where f has an odd number of frames above
-    one), ``conv_y`` and ``conv_b`` 1x1x1 causal convolutions.
+    """diffusers' CogVideoXSpatialNorm3D, then ``activation``: ``act(group_norm(f) *
+    conv_y(zq') + conv_b(zq'))``, ``zq'`` the latent ``zq`` nearest-upsampled to ``f``'s
+    frames and pixels (f's first frame from zq's first, the others from zq's others where f
+    has an odd number of frames above one), ``conv_y`` and ``conv_b`` 1x1x1 causal
+    convolutions.
 
     The convolutions run at the latent's resolution: a 1x1x1 convolution and a nearest
     upsampling commute (both act on each pixel alone), so the upsampled latent and the two
     full-size convolution outputs (and the library's copies of the upsampled latent, as the
     1x1x1 convolutions' frame caches, which nothing reads) are never written. The GroupNorm
-    runs on ``group_norm_activation``, and the modulation is one addcmul reading the two
-    small tensors through broadcast views (``_modulate``). The output has ``f``'s layout;
-    the convolutions' frame caches returned are None (a 1x1x1 causal convolution reads no
-    earlier frames). The submodules are the original's, with the same parameter names.
+    runs on ``group_norm_activation``. The modulation and the activation: on channels-last
+    CUDA activations, ``upsampled_modulation``'s one pass reading the small tensors;
+    otherwise one addcmul reading them through broadcast views (``_modulate``), then the
+    activation. The output has ``f``'s layout; the convolutions' frame caches returned are
+    None (a 1x1x1 causal convolution reads no earlier frames). The submodules are the
+    original's, with the same parameter names.
     """
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, activation: nn.Module | None = None) -> None:
         super().__init__()
         self.norm_layer = GroupNormActivation.from_modules(module.norm_layer, nn.Identity())
         self.conv_y, self.conv_b = module.conv_y, module.conv_b
+        self.activation = activation if activation is not None else nn.Identity()
+        if activation_of_module(self.activation)[0] == "prelu":  # others the op computes, or ValueError
+            raise ValueError("cutlassfuse: the upsampled modulation takes no PReLU")
 
     @staticmethod
     def takes(module: nn.Module) -> bool:
@@ -144,8 +155,14 @@ class FusedCogVideoXSpatialNorm3D(nn.Module):
         frames = f.shape[2]
         # The library upsamples the first frame apart from the others where f has an odd
         # number of frames above one.
-        parts = [slice(0, 1), slice(1, None)] if frames > 1 and frames % 2 == 1 else [slice(None)]
-        out = _modulate(norm, scale, shift, parts)
+        causal = frames > 1 and frames % 2 == 1
+        if norm.is_cuda and norm.is_contiguous(memory_format=_CL) and scale.dtype == norm.dtype:
+            name, parameter, _ = activation_of_module(self.activation)
+            out = UPSAMPLED_MODULATION(norm, scale.contiguous(memory_format=_CL),
+                                       shift.contiguous(memory_format=_CL), causal, name, parameter)
+        else:
+            parts = [slice(0, 1), slice(1, None)] if causal else [slice(None)]
+            out = self.activation(_modulate(norm, scale, shift, parts))
         return out, {"conv_y": None, "conv_b": None}
 
 
@@ -157,9 +174,30 @@ def _cogvideox_spatial_norm(module: nn.Module) -> tuple[nn.Module, str]:
     if FusedCogVideoXSpatialNorm3D.takes(module):
         return (FusedCogVideoXSpatialNorm3D(module),
                 "GroupNorm -> GroupNormActivation; the latent's 1x1x1 convolutions at its resolution, "
-                "the modulation one addcmul of their broadcast upsampling")
+                "the modulation one pass (upsampled_modulation; broadcast addcmul off channels-last CUDA)")
     module.norm_layer = GroupNormActivation.from_modules(module.norm_layer, nn.Identity())
     return module, "GroupNorm -> GroupNormActivation (the latent's modulation after it as it is)"
+
+
+def _cogvideox_resnet(module: nn.Module) -> tuple[nn.Module, str] | None:
+    """CogVideoXResnetBlock3D, whose forward() applies its ``nonlinearity`` after each of its
+    two norms and, given a time embedding, before its ``temb_proj``: without a temb_proj
+    (a decoder's, built without time-embedding channels) and with both norms spatial norms
+    FusedCogVideoXSpatialNorm3D takes, both norms with the activation, the nonlinearity then
+    an nn.Identity. None otherwise (its norms are then replaced on their own)."""
+    norms = (module.norm1, module.norm2)
+    if getattr(module, "temb_proj", None) is not None or not all(
+            entry_for_forward(_REPLACEMENTS, norm) is _cogvideox_spatial_norm
+            and FusedCogVideoXSpatialNorm3D.takes(norm) for norm in norms):
+        return None
+    activation = module.nonlinearity
+    try:
+        module.norm1, module.norm2 = (FusedCogVideoXSpatialNorm3D(norm, activation) for norm in norms)
+    except ValueError:  # an activation the op does not compute
+        return None
+    module.nonlinearity = nn.Identity()
+    return module, (f"CogVideoXSpatialNorm3D + {type(activation).__name__}, twice -> FusedCogVideoXSpatialNorm3D "
+                    "(the modulation with the activation)")
 
 
 def _mochi_norm(module: nn.Module) -> tuple[nn.Module, str]:
@@ -179,15 +217,18 @@ def _mochi_resnet(module: nn.Module) -> tuple[nn.Module, str]:
 
 _DIFFUSERS_COGVIDEOX = "diffusers.models.autoencoders.autoencoder_kl_cogvideox"
 _DIFFUSERS_MOCHI = "diffusers.models.autoencoders.autoencoder_kl_mochi"
-# (class module, class name) -> (replacement, digest of the forward() source it reproduces).
-# The resnet comes first: it replaces its norms with their activation.
-_REPLACEMENTS: dict[tuple[str, str], tuple[Callable[[nn.Module], tuple[nn.Module, str]], str]] = {
+# (class module, class name) -> (replacement, digest of the forward() source it reproduces;
+# a replacement returning None keeps the module). The resnets come first: they replace their
+# norms with their activation.
+_REPLACEMENTS: dict[tuple[str, str], tuple[Callable[[nn.Module], tuple[nn.Module, str] | None], str]] = {
     # MochiResnetBlock3D.forward and MochiChunkedGroupNorm3D.forward as diffusers 0.42.1 writes them.
     (_DIFFUSERS_MOCHI, "MochiResnetBlock3D"):
         (_mochi_resnet, "d0855d30bbbce63ff5dccc8a5c7232e6379d298b90b2434da517f60ebf62d1cf"),
     (_DIFFUSERS_MOCHI, "MochiChunkedGroupNorm3D"):
         (_mochi_norm, "765ff3f4a4c02dc43a31115a31776af63490040acdab4eaa7863ad248daa43c3"),
-    # CogVideoXSpatialNorm3D.forward as diffusers 0.42.1 writes it.
+    # CogVideoXResnetBlock3D.forward and CogVideoXSpatialNorm3D.forward as diffusers 0.42.1 writes them.
+    (_DIFFUSERS_COGVIDEOX, "CogVideoXResnetBlock3D"):
+        (_cogvideox_resnet, "37e2eb624c4e01696fda66cbd6ceef0c7a46e8f3319e2b6095cdc99ccb441c5b"),
     (_DIFFUSERS_COGVIDEOX, "CogVideoXSpatialNorm3D"):
         (_cogvideox_spatial_norm, "d1c450ffaca13947d7fbb3f2ed2a8e9a3d292bdffc4c6dd4993d18bda1491fbe"),
 }
@@ -200,10 +241,11 @@ def replace_library_modules(model: nn.Module) -> list[str]:
     for path, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
             replace = entry_for_forward(_REPLACEMENTS, child)
-            if replace is None:
+            outcome = replace(child) if replace is not None else None
+            if outcome is None:
                 continue
             where = f"{path}.{name}" if path else name
-            replaced, what = replace(child)
+            replaced, what = outcome
             setattr(parent, name, replaced)
             lines.append(f"{where}: {type(child).__name__}: {what}")
     return lines

@@ -2,7 +2,8 @@
 kernels (every output element written, channels-last out, no closer to float64 than
 PyTorch's per-frame GroupNorm is not), and fuse() runs diffusers' Mochi decoder with it
 (no ATen GroupNorm and no concatenation of normalized chunks left) and CogVideoX's spatial
-norms with their GroupNorms on cutlassfuse's norm and the latent's modulation broadcast."""
+norms with their GroupNorms on cutlassfuse's norm and the latent's modulation broadcast
+(channels-last: one upsampled_modulation pass each)."""
 
 import copy
 
@@ -74,4 +75,6 @@ def test_fused_cogvideox_decoder_normalizes_with_the_kernels(channels_last):
     assert upsamplings[1] <= upsamplings[0] - norms, upsamplings
     if channels_last:  # every convolution writes channels-last: cuDNN converts no output back
         assert not any("nhwcToNchw" in n for n in names), names
+        # and the modulations (with the resnets' SiLU) run as one pass each
+        assert sum("upsampled_modulation_kernel" in n for n in names) == norms, names
     assert fused_error <= 1.5 * eager_error + 1e-4, (fused_error, eager_error)
