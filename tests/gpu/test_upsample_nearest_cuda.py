@@ -22,7 +22,7 @@ UPSAMPLE = torch.ops.cutlassfuse.upsample_nearest3d.default
 CL = torch.channels_last_3d
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.uint8]
 SHAPES = {"video_frames": (1, 16, 4, 8, 8), "odd_sizes": (2, 3, 3, 5, 7)}
-NEAREST = "cutlassfuse::(anonymous namespace)::NearestGrid"
+NEAREST = "cutlassfuse::NearestGrid"
 
 
 def case_input(shape, dtype, memory_format):
