@@ -48,16 +48,10 @@ def _power_of_two_factor(small: int, large: int) -> int | None:
     return factor if factor & (factor - 1) == 0 else None
 
 
-def _upsampled(small: Tensor, like: Tensor, parts: list[slice]) -> Tensor:
-    """``small`` nearest-upsampled to ``like``'s frames and pixels, each range of frames in
-    ``parts`` on its own, as CogVideoXSpatialNorm3D upsamples its latent."""
-    if len(parts) == 1:
-        return F.interpolate(small, size=like.shape[2:])
-    return torch.cat([F.interpolate(small[:, :, p], size=like[:, :, p].shape[2:]) for p in parts], dim=2)
-
-
-def _modulation_reference(norm: Tensor, scale: Tensor, shift: Tensor, parts: list[slice]) -> Tensor:
-    return norm * _upsampled(scale, norm, parts) + _upsampled(shift, norm, parts)
+def _frame_parts(causal_frames: bool) -> list[slice]:
+    """The ranges of frames upsampled apart: the first and the later ones with causal
+    frames, else all together."""
+    return [slice(0, 1), slice(1, None)] if causal_frames else [slice(None)]
 
 
 def _broadcast_shapes(like: Tensor, small: Tensor) -> tuple[list[int], list[int]] | None:
@@ -75,20 +69,20 @@ def _broadcast_shapes(like: Tensor, small: Tensor) -> tuple[list[int], list[int]
 
 
 class _BroadcastModulation(torch.autograd.Function):
-    """``norm * up(scale) + up(shift)`` (``_modulation_reference``) with the upsampling a
+    """``upsampled_modulation(norm, scale, shift, causal_frames)`` with the upsampling a
     broadcast (every part's factors powers of two): one addcmul per part of frames, each
     written into its frames of the output, nothing else of the full size written, one
-    rounding (ATen's opmath). The gradients are the reference's, recomputed in the backward
+    rounding (ATen's opmath). The gradients are the op's, recomputed in the backward
     (differentiable again)."""
 
     @staticmethod
-    def forward(ctx, norm: Tensor, scale: Tensor, shift: Tensor, parts: list[slice]) -> Tensor:
+    def forward(ctx, norm: Tensor, scale: Tensor, shift: Tensor, causal_frames: bool) -> Tensor:
         out = torch.empty_like(norm)
-        for p in parts:
+        for p in _frame_parts(causal_frames):
             split, spread = _broadcast_shapes(norm[:, :, p], scale[:, :, p])
             torch.addcmul(shift[:, :, p].reshape(spread), norm[:, :, p].view(split), scale[:, :, p].reshape(spread),
                           out=out[:, :, p].view(split))
-        ctx.parts = parts
+        ctx.causal_frames = causal_frames
         ctx.save_for_backward(norm, scale, shift)
         return out
 
@@ -97,19 +91,18 @@ class _BroadcastModulation(torch.autograd.Function):
         inputs = ctx.saved_tensors
         wanted = [t for t, needed in zip(inputs, ctx.needs_input_grad[:3], strict=True) if needed]
         with torch.enable_grad():
-            out = _modulation_reference(*inputs, ctx.parts)
+            out = UPSAMPLED_MODULATION(*inputs, ctx.causal_frames)
         grads = iter(torch.autograd.grad(out, wanted, grad, create_graph=torch.is_grad_enabled()))
         return (*(next(grads) if needed else None for needed in ctx.needs_input_grad[:3]), None)
 
 
-def _modulate(norm: Tensor, scale: Tensor, shift: Tensor, parts: list[slice]) -> Tensor:
-    """``norm * up(scale) + up(shift)``, ``up`` the nearest upsampling of the (N, C, t, h,
-    w) ``scale`` and ``shift`` to ``norm``'s frames and pixels, each range of frames in
-    ``parts`` on its own: a broadcast where every factor is a power of two, else the
-    upsampled tensors written out."""
-    if all(_broadcast_shapes(norm[:, :, p], scale[:, :, p]) is not None for p in parts):
-        return _BroadcastModulation.apply(norm, scale, shift, parts)
-    return _modulation_reference(norm, scale, shift, parts)
+def _modulate(norm: Tensor, scale: Tensor, shift: Tensor, causal_frames: bool) -> Tensor:
+    """``upsampled_modulation(norm, scale, shift, causal_frames)`` off its pass's scope: a
+    broadcast where every factor is a power of two, else the op's ATen ops (the upsampled
+    tensors written out)."""
+    if all(_broadcast_shapes(norm[:, :, p], scale[:, :, p]) is not None for p in _frame_parts(causal_frames)):
+        return _BroadcastModulation.apply(norm, scale, shift, causal_frames)
+    return UPSAMPLED_MODULATION(norm, scale, shift, causal_frames)
 
 
 class FusedCogVideoXSpatialNorm3D(nn.Module):
@@ -136,8 +129,10 @@ class FusedCogVideoXSpatialNorm3D(nn.Module):
         self.norm_layer = GroupNormActivation.from_modules(module.norm_layer, nn.Identity())
         self.conv_y, self.conv_b = module.conv_y, module.conv_b
         self.activation = activation if activation is not None else nn.Identity()
-        if activation_of_module(self.activation)[0] == "prelu":  # others the op computes, or ValueError
+        name, parameter, _ = activation_of_module(self.activation)  # ValueError for others
+        if name == "prelu":
             raise ValueError("cutlassfuse: the upsampled modulation takes no PReLU")
+        self._activation_arguments = (name, parameter)
 
     @staticmethod
     def takes(module: nn.Module) -> bool:
@@ -152,17 +147,18 @@ class FusedCogVideoXSpatialNorm3D(nn.Module):
         norm = self.norm_layer(f)
         scale = F.conv3d(zq, self.conv_y.conv.weight, self.conv_y.conv.bias)
         shift = F.conv3d(zq, self.conv_b.conv.weight, self.conv_b.conv.bias)
+        # The type norm_f * conv_y + conv_b promotes to (a float32 norm under autocast).
+        dtype = torch.promote_types(norm.dtype, scale.dtype)
+        norm, scale, shift = norm.to(dtype), scale.to(dtype), shift.to(dtype)
         frames = f.shape[2]
         # The library upsamples the first frame apart from the others where f has an odd
         # number of frames above one.
         causal = frames > 1 and frames % 2 == 1
-        if norm.is_cuda and norm.is_contiguous(memory_format=_CL) and scale.dtype == norm.dtype:
-            name, parameter, _ = activation_of_module(self.activation)
-            out = UPSAMPLED_MODULATION(norm, scale.contiguous(memory_format=_CL),
-                                       shift.contiguous(memory_format=_CL), causal, name, parameter)
+        if norm.is_cuda and norm.is_contiguous(memory_format=_CL):
+            out = UPSAMPLED_MODULATION(norm, scale.contiguous(memory_format=_CL), shift.contiguous(memory_format=_CL),
+                                       causal, *self._activation_arguments)
         else:
-            parts = [slice(0, 1), slice(1, None)] if causal else [slice(None)]
-            out = self.activation(_modulate(norm, scale, shift, parts))
+            out = self.activation(_modulate(norm, scale, shift, causal))
         return out, {"conv_y": None, "conv_b": None}
 
 
