@@ -131,7 +131,8 @@ def test_fuse_replaces_cogvideoxs_spatial_norms(frames):
     norms = [path for path, m in decoder.named_modules() if isinstance(m, cogvideox.CogVideoXSpatialNorm3D)]
     # each resnet replaces its two norms; the decoder's last norm is replaced on its own
     resnets = [path for path, m in decoder.named_modules() if isinstance(m, cogvideox.CogVideoXResnetBlock3D)]
-    assert sorted(line.split(":")[0] for line in result.library_modules) == sorted([*resnets, "norm_out"]), str(result)
+    norm_lines = [line for line in result.library_modules if ": CogVideoXCausalConv3d:" not in line]
+    assert sorted(line.split(":")[0] for line in norm_lines) == sorted([*resnets, "norm_out"]), str(result)
     replaced = [m for m in result.model.modules() if isinstance(m, cogvideox.CogVideoXSpatialNorm3D)
                 or isinstance(m, FusedCogVideoXSpatialNorm3D)]
     assert len(replaced) == len(norms) and all(isinstance(m, FusedCogVideoXSpatialNorm3D) for m in replaced)
@@ -203,5 +204,36 @@ def test_spatial_norm_gradients_match_the_librarys():
 def test_spatial_norm_with_other_convolutions_keeps_its_modulation():
     model = nn.ModuleList([spatial_norm(kernel_size=3)])
     lines = library_modules.replace_library_modules(model)
-    assert type(model[0]) is cogvideox.CogVideoXSpatialNorm3D and len(lines) == 1
+    assert type(model[0]) is cogvideox.CogVideoXSpatialNorm3D
+    assert [line.split(": ")[1] for line in lines] == ["CogVideoXSpatialNorm3D", "CogVideoXCausalConv3d",
+                                                        "CogVideoXCausalConv3d"]  # its conv_y and conv_b
     assert isinstance(model[0].norm_layer, GroupNormActivation)
+
+
+@pytest.mark.parametrize("kernel_size", [3, 1])
+def test_causal_convolution_matches_the_librarys_over_two_calls(kernel_size):
+    torch.manual_seed(0)
+    original = cogvideox.CogVideoXCausalConv3d(4, 6, kernel_size=kernel_size, pad_mode="first").double()
+    fused = library_modules.FusedCogVideoXCausalConv3d(copy.deepcopy(original))
+    cache, expected_cache = None, None
+    for frames in (3, 2):  # a first call pads with its first frame, the next reads the cache
+        x = torch.randn(1, 4, frames, 5, 5, dtype=torch.float64)
+        (out, cache), (expected, expected_cache) = fused(x, cache), original(x, expected_cache)
+        torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+        if kernel_size > 1:
+            assert torch.equal(cache, expected_cache)
+        else:  # nothing reads a 1x1x1 convolution's cache
+            assert cache is None
+    assert fused.state_dict().keys() == original.state_dict().keys()
+
+
+def test_fuse_puts_cogvideoxs_convolution_biases_on_bias_add_but_not_mochis():
+    decoder = small_cogvideox_decoder()
+    result = cutlassfuse.fuse(copy.deepcopy(decoder))
+    # (the spatial norms' 1x1x1 convolutions, conv_y and conv_b, run at the latent's resolution)
+    convs = [path for path, m in decoder.named_modules() if isinstance(m, cogvideox.CogVideoXCausalConv3d)
+             and path.rsplit(".", 1)[-1] not in ("conv_y", "conv_b")]
+    replaced = [line.split(":")[0] for line in result.library_modules if ": CogVideoXCausalConv3d:" in line]
+    assert sorted(replaced) == sorted(convs) and convs, str(result)
+    mochi_result = cutlassfuse.fuse(copy.deepcopy(small_mochi_decoder()))  # replicate pads: left to the trace
+    assert not any("CogVideoXCausalConv3d" in line for line in mochi_result.library_modules)

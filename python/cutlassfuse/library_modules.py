@@ -25,7 +25,8 @@ from torch import Tensor, nn
 
 from .block_modules import FrameGroupNormActivation, GroupNormActivation
 from .blocks import activation_of_module
-from .traceable_forwards import entry_for_forward
+from .bias_add import conv3d_bias_add
+from .traceable_forwards import entry_for_forward, source_digest
 from .upsampled_modulation import UPSAMPLED_MODULATION
 
 
@@ -162,6 +163,56 @@ class FusedCogVideoXSpatialNorm3D(nn.Module):
         return out, {"conv_y": None, "conv_b": None}
 
 
+class FusedCogVideoXCausalConv3d(nn.Module):
+    """diffusers' CogVideoXCausalConv3d with zero padding in space: a 3-D convolution whose
+    input is extended in time by the frames the previous call handed on (``conv_cache``)
+    or, on a first call, by copies of its first frame; it hands on its input's last
+    ``time_kernel_size - 1`` frames.
+
+    The convolution's bias goes to ``bias_add`` where the library's CogVideoXSafeConv3d
+    runs one convolution (inputs under its 2 GiB split): ATen adds it after cuDNN's
+    convolution in a broadcasting pass at about half of memory bandwidth, slower still on
+    channels-last tensors. A 1x1x1 convolution hands on None (the library copies its whole
+    input, which no call reads). ``conv`` is the original's, with the same parameter names.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.conv = module.conv
+        self.time_kernel_size = module.time_kernel_size
+
+    @staticmethod
+    def takes(module: nn.Module) -> bool:
+        """Whether ``module`` pads with zeros in space (any pad_mode but "replicate":
+        CogVideoX's; Mochi's replicate pads stay traceable) and extends its input in time as
+        the code this module reproduces."""
+        conv = module.conv
+        return (module.pad_mode != "replicate" and conv.padding_mode == "zeros" and isinstance(conv.padding, tuple)
+                and source_digest(type(module).fake_context_parallel_forward) == _COGVIDEOX_TIME_PADDING)
+
+    def forward(self, inputs: Tensor, conv_cache: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        frames = self.time_kernel_size - 1
+        cache = None
+        if frames > 0:
+            earlier = [conv_cache] if conv_cache is not None else [inputs[:, :, :1]] * frames
+            inputs = torch.cat([*earlier, inputs], dim=2)
+            cache = inputs[:, :, -frames:].clone()
+        return self._convolution(inputs), cache
+
+    def _convolution(self, x: Tensor) -> Tensor:
+        conv = self.conv
+        # The library splits inputs of over 2^30 elements in time (its "2 GB" of 16-bit ones).
+        if conv.bias is None or x.numel() > 1024**3:
+            return conv(x)
+        return conv3d_bias_add(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups)
+
+
+def _cogvideox_causal_conv(module: nn.Module) -> tuple[nn.Module, str] | None:
+    if not FusedCogVideoXCausalConv3d.takes(module):
+        return None
+    return FusedCogVideoXCausalConv3d(module), "the convolution's bias on bias_add"
+
+
 def _cogvideox_spatial_norm(module: nn.Module) -> tuple[nn.Module, str]:
     """CogVideoXSpatialNorm3D as FusedCogVideoXSpatialNorm3D where its convolutions are the
     1x1x1 ones it builds; otherwise only its ``norm_layer`` (an nn.GroupNorm, which its
@@ -222,26 +273,38 @@ _REPLACEMENTS: dict[tuple[str, str], tuple[Callable[[nn.Module], tuple[nn.Module
         (_mochi_resnet, "d0855d30bbbce63ff5dccc8a5c7232e6379d298b90b2434da517f60ebf62d1cf"),
     (_DIFFUSERS_MOCHI, "MochiChunkedGroupNorm3D"):
         (_mochi_norm, "765ff3f4a4c02dc43a31115a31776af63490040acdab4eaa7863ad248daa43c3"),
-    # CogVideoXResnetBlock3D.forward and CogVideoXSpatialNorm3D.forward as diffusers 0.42.1 writes them.
+    # CogVideoXResnetBlock3D.forward, CogVideoXSpatialNorm3D.forward and
+    # CogVideoXCausalConv3d.forward as diffusers 0.42.1 writes them.
     (_DIFFUSERS_COGVIDEOX, "CogVideoXResnetBlock3D"):
         (_cogvideox_resnet, "37e2eb624c4e01696fda66cbd6ceef0c7a46e8f3319e2b6095cdc99ccb441c5b"),
     (_DIFFUSERS_COGVIDEOX, "CogVideoXSpatialNorm3D"):
         (_cogvideox_spatial_norm, "d1c450ffaca13947d7fbb3f2ed2a8e9a3d292bdffc4c6dd4993d18bda1491fbe"),
+    (_DIFFUSERS_COGVIDEOX, "CogVideoXCausalConv3d"):
+        (_cogvideox_causal_conv, "ce0570bf0ae334bd2b2639ab54b0d3e3ec3d1edb658a353eee88adf6acb244ed"),
 }
+# CogVideoXCausalConv3d.fake_context_parallel_forward (its padding in time) as diffusers 0.42.1 writes it.
+_COGVIDEOX_TIME_PADDING = "087db175adcb04e91d91a213d28d1a3edb4bdedf803d01fb7ab260b29d64289d"
 
 
 def replace_library_modules(model: nn.Module) -> list[str]:
     """Replaces, in place, each known library module under ``model`` (not ``model``
-    itself) by its cutlassfuse module; one report line per replacement: where, what."""
+    itself) by its cutlassfuse module; one report line per replacement: where, what. The
+    walk descends into each module as it is after its replacement (a replaced resnet's new
+    norms, not its old ones), but not into cutlassfuse's modules."""
     lines = []
-    for path, parent in list(model.named_modules()):
+
+    def visit(parent: nn.Module, path: str) -> None:
         for name, child in list(parent.named_children()):
+            where = f"{path}.{name}" if path else name
             replace = entry_for_forward(_REPLACEMENTS, child)
             outcome = replace(child) if replace is not None else None
-            if outcome is None:
-                continue
-            where = f"{path}.{name}" if path else name
-            replaced, what = outcome
-            setattr(parent, name, replaced)
-            lines.append(f"{where}: {type(child).__name__}: {what}")
+            if outcome is not None:
+                replaced, what = outcome
+                setattr(parent, name, replaced)
+                lines.append(f"{where}: {type(child).__name__}: {what}")
+                child = replaced
+            if not type(child).__module__.startswith("cutlassfuse."):  # cutlassfuse's modules are done
+                visit(child, where)
+
+    visit(model, "")
     return lines

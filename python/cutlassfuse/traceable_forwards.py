@@ -107,7 +107,7 @@ _STAND_INS: dict[tuple[str, str], tuple[Callable[..., Any], str]] = {
 
 
 @functools.cache
-def _source_digest(forward: Callable[..., Any]) -> str | None:
+def source_digest(forward: Callable[..., Any]) -> str | None:
     """The SHA-256 digest of ``forward``'s source, None where it has none."""
     try:
         return hashlib.sha256(inspect.getsource(forward).encode()).hexdigest()
@@ -124,7 +124,7 @@ def entry_for_forward(table: dict[tuple[str, str], tuple[Any, str]], module: nn.
     if entry is None:
         return None
     value, digest = entry
-    return value if _source_digest(cls.forward) == digest else None
+    return value if source_digest(cls.forward) == digest else None
 
 
 def stand_in(module: nn.Module) -> Callable[..., Any] | None:

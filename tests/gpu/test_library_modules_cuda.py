@@ -68,6 +68,9 @@ def test_fused_cogvideox_decoder_normalizes_with_the_kernels(channels_last):
     norms = sum(isinstance(m, cogvideox.CogVideoXSpatialNorm3D) for m in decoder.modules())
     eager_names, names, eager_error, fused_error = fused_decoder_run(decoder, 16, channels_last=channels_last)
     assert not any(ATEN_GROUP_NORM in n for n in names), names
+    # each causal convolution's bias on bias_add
+    convs = sum(isinstance(m, cogvideox.CogVideoXCausalConv3d) and m.time_kernel_size > 1 for m in decoder.modules())
+    assert sum("bias_add_kernel" in n for n in names) >= convs, names
     # The spatial norms' modulation reads the latent's convolutions through broadcasts: none
     # of them upsamples the latent (each does once or twice in the library's code; the
     # decoder's upsamplers remain).
