@@ -413,3 +413,34 @@ def test_channels_last_model_of_one_channel_input_returns_the_original_layout():
     torch.testing.assert_close(out, model(x))
     x_channels_last = torch.empty_like(x, memory_format=torch.channels_last_3d).copy_(x)
     assert result.model(x_channels_last).is_contiguous(memory_format=torch.channels_last_3d)
+
+
+class CachedFrames(nn.Module):
+    """A video decoder's shape: its output and the frames it hands the next call."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = nn.Sequential(nn.Conv3d(8, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.ReLU())
+        self.cache_layouts = []
+
+    def forward(self, x, conv_cache=None):
+        if conv_cache is not None:
+            self.cache_layouts.append(conv_cache["frames"].is_contiguous(memory_format=torch.channels_last_3d))
+            x = torch.cat([conv_cache["frames"], x], dim=2)
+        out = self.block(x)
+        return out, {"frames": out[:, :, -2:].clone()}
+
+
+def test_channels_last_untraced_model_takes_its_state_back_channels_last():
+    """The untraced channels-last model returns its frame caches NCDHW for NCDHW input, as
+    the original; handed back, they enter channels-last, as its activations run."""
+    model = randomized(CachedFrames().double(), seed=0)
+    result = cutlassfuse.fuse(copy.deepcopy(model), trace=False, channels_last=True)
+    assert result.channels_last and result.replaced
+    x = torch.rand(1, 8, 3, 4, 4, dtype=torch.float64)
+    cache, expected_cache = None, None
+    for _ in range(2):
+        (out, cache), (expected, expected_cache) = result.model(x, conv_cache=cache), model(x, expected_cache)
+        assert out.is_contiguous() and cache["frames"].is_contiguous()
+        torch.testing.assert_close(out, expected)
+    assert result.model.cache_layouts == [True]

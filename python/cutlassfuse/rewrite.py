@@ -21,7 +21,7 @@ import copy
 import functools
 import operator
 import os
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -1233,15 +1233,32 @@ def _keep_unused_tensors(graph_module: nn.Module, model: nn.Module, folds: list[
             missing.discard(id(tensor))
 
 
+def _map_5d_tensors(value: Any, function: Callable[[Tensor], Tensor]) -> Any:
+    """``value`` with ``function`` applied to its 5-D tensors (tuples, lists and dicts kept)."""
+    if isinstance(value, Tensor):
+        return function(value) if value.dim() == 5 else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_map_5d_tensors(item, function) for item in value)
+    if isinstance(value, dict):
+        return {key: _map_5d_tensors(item, function) for key, item in value.items()}
+    return value
+
+
 def _contiguous_outputs(output: Any) -> Any:
-    """The forward's outputs with their 5-D tensors NCDHW (tuples, lists and dicts kept)."""
-    if isinstance(output, Tensor):
-        return output.contiguous() if output.dim() == 5 else output
-    if isinstance(output, (tuple, list)):
-        return type(output)(_contiguous_outputs(item) for item in output)
-    if isinstance(output, dict):
-        return {key: _contiguous_outputs(value) for key, value in output.items()}
-    return output
+    """The forward's outputs with their 5-D tensors NCDHW."""
+    return _map_5d_tensors(output, Tensor.contiguous)
+
+
+def _state_in_channels_last(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Forward pre-hook of an untraced model whose activations run channels-last: its 5-D
+    tensor arguments after the first channels-last. They are state a caller hands back (a
+    video decoder's frame caches, which the model returned in its input's layout): NCDHW,
+    they would mix layouts with the activations they meet (a concatenation of both writes
+    NCDHW, and every convolution after it converts)."""
+    def channels_last(tensor: Tensor) -> Tensor:
+        return tensor.contiguous(memory_format=torch.channels_last_3d)
+
+    return (*args[:1], *_map_5d_tensors(args[1:], channels_last)), _map_5d_tensors(kwargs, channels_last)
 
 
 @opaque_to_tracing
@@ -1337,7 +1354,8 @@ def _run_channels_last(model: nn.Module) -> None:
     the activations stay channels-last from the first layer on: one layout conversion at
     the input instead of one per block (and none of the weights per call). A traced
     model's one-channel inputs take channels-last strides too. Its last node (elsewhere a
-    forward hook) returns NCDHW outputs for NCDHW inputs."""
+    forward hook) returns NCDHW outputs for NCDHW inputs; an untraced model's 5-D arguments
+    after the first enter channels-last (a forward pre-hook)."""
     with torch.no_grad():
         for tensor in [*model.parameters(), *model.buffers()]:
             if tensor.dim() == 5:
@@ -1346,6 +1364,7 @@ def _run_channels_last(model: nn.Module) -> None:
         _inputs_through(model, _one_channel_input_as_channels_last)
         _output_through(model, _outputs_in_layout_of)
     else:
+        model.register_forward_pre_hook(_state_in_channels_last, with_kwargs=True)
         model.register_forward_hook(_outputs_in_input_layout)
 
 
