@@ -19,8 +19,14 @@ its output equals ATen's bit for bit.
   then multiply, add, SiLU); scale and shift at CogVideoX's latent resolution (3x32x32, or
   the input's where smaller); default shapes: the decoder's norm inputs. (One rounding
   against ATen's three: "equal" is False.)
+- rms_norm: torch.ops.cutlassfuse.channel_rms_norm(x, gamma, None, 1e-12 / sqrt(C), True,
+  "silu") against Wan's resnet norm and SiLU as diffusers writes them (WanRMS_norm:
+  F.normalize of the float32 input over the channels, rounded, times sqrt(C) and gamma;
+  then SiLU); default shapes: Wan's decoder's norm inputs of a 4-frame chunk at 256x256
+  and its smaller stages. (One rounding against ATen's four: "equal" is False.)
 
-    python benchmarks/memory_bound_ops.py [--ops pad,upsample,bias_add,modulation] [--shapes 1x128x17x256x256,...]
+    python benchmarks/memory_bound_ops.py [--ops pad,upsample,bias_add,modulation,rms_norm]
+                                          [--shapes 1x128x17x256x256,...]
     python benchmarks/memory_bound_ops.py --device cpu --shapes 1x3x2x5x7   # checks them without a GPU
 """
 
@@ -43,7 +49,8 @@ LAYOUTS = {"ncdhw": torch.contiguous_format, "channels_last": torch.channels_las
 DEFAULT_SHAPES = {"pad": "1x128x17x256x256,1x512x9x128x128,1x512x5x32x32",
                   "upsample": "1x256x16x128x128,1x512x8x64x64,1x512x4x32x32",
                   "bias_add": "1x128x17x256x256,1x256x17x128x128,1x512x9x64x64",
-                  "modulation": "1x128x9x256x256,1x256x9x128x128,1x512x3x32x32"}
+                  "modulation": "1x128x9x256x256,1x256x9x128x128,1x512x3x32x32",
+                  "rms_norm": "1x96x4x256x256,1x192x4x128x128,1x384x2x64x64"}
 LATENT = (3, 32, 32)  # CogVideoX's latent frames, height and width at the default benchmark size
 
 
@@ -74,6 +81,8 @@ def op_calls(op: str, scale: tuple[int, int, int], like: Tensor) -> tuple[Callab
                 (lambda x: F.interpolate(x, scale_factor=scale, mode="nearest")), 1)
     if op == "modulation":
         return modulation_calls(like)
+    if op == "rms_norm":
+        return rms_norm_calls(like)
     bias_add = torch.ops.cutlassfuse.bias_add.default
     bias, residual = torch.randn_like(like[0, :, 0, 0, 0]), torch.randn_like(like)
     shaped_bias = bias.view(1, -1, 1, 1, 1)
@@ -101,9 +110,18 @@ def modulation_calls(like: Tensor) -> tuple[Callable, Callable, int]:
             (lambda x: F.silu(x * upsampled(scale, size, causal) + upsampled(shift, size, causal))), 1)
 
 
+def rms_norm_calls(like: Tensor) -> tuple[Callable, Callable, int]:
+    rms_norm = torch.ops.cutlassfuse.channel_rms_norm.default
+    channels = like.shape[1]
+    gamma = 1 + 0.1 * torch.randn(channels, dtype=like.dtype, device=like.device)
+    shaped_gamma = gamma.view(-1, 1, 1, 1)
+    return ((lambda x: rms_norm(x, gamma, None, 1e-12 / channels**0.5, True, "silu", 0.0)),
+            (lambda x: F.silu(F.normalize(x.float(), dim=1).to(x.dtype) * channels**0.5 * shaped_gamma + 0.0)), 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ops", default="pad,upsample,bias_add,modulation", type=comma_list(tuple(DEFAULT_SHAPES)))
+    parser.add_argument("--ops", default=",".join(DEFAULT_SHAPES), type=comma_list(tuple(DEFAULT_SHAPES)))
     parser.add_argument("--shapes", type=shape_list, help="NxCxDxHxW,... (default: each op's shapes above)")
     parser.add_argument("--scale", type=scale_factors, default=(2, 2, 2), help="upsample's D,H,W factors")
     parser.add_argument("--dtypes", default="float16,float32", type=comma_list(DTYPES))

@@ -251,6 +251,7 @@ if wanted video; then
     "$PYTHON" benchmarks/video_vae.py --vae mochi --dtypes float16
     "$PYTHON" benchmarks/video_vae.py --vae cogvideox --dtypes float16
     "$PYTHON" benchmarks/video_vae.py --vae cogvideox --dtypes float16 --latent 13,32,32 --rounds 3
+    "$PYTHON" benchmarks/video_vae.py --vae wan --dtypes float16
     "$PYTHON" benchmarks/memory_bound_ops.py --dtypes float16; } 2>&1 | tee "$LOGS/video.log"
 fi
 

@@ -237,3 +237,58 @@ def test_fuse_puts_cogvideoxs_convolution_biases_on_bias_add_but_not_mochis():
     assert sorted(replaced) == sorted(convs) and convs, str(result)
     mochi_result = cutlassfuse.fuse(copy.deepcopy(small_mochi_decoder()))  # replicate pads: left to the trace
     assert not any("CogVideoXCausalConv3d" in line for line in mochi_result.library_modules)
+
+
+wan = pytest.importorskip("diffusers.models.autoencoders.autoencoder_kl_wan")
+
+
+def small_wan_vae() -> nn.Module:
+    torch.manual_seed(0)
+    from diffusers import AutoencoderKLWan
+
+    vae = AutoencoderKLWan(base_dim=32, num_res_blocks=1).double().eval()
+    with torch.no_grad():  # norms' affine and the convolutions' biases away from their initial values
+        for name, p in vae.named_parameters():
+            if "gamma" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    return vae
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["input_layout", "channels_last"])
+def test_fuse_replaces_wans_norms_and_causal_convolutions(channels_last):
+    vae = small_wan_vae()
+    result = cutlassfuse.fuse(copy.deepcopy(vae.decoder), channels_last=channels_last)
+    model = result.model
+    assert not any(isinstance(m, (wan.WanRMS_norm, wan.WanCausalConv3d)) for m in model.modules())
+    resnets = [m for m in model.modules() if isinstance(m, wan.WanResidualBlock)]
+    assert resnets and all(isinstance(m.nonlinearity, nn.Identity) for m in resnets)
+    assert all(m.norm1._activation_arguments == ("silu", 0.0) for m in resnets)
+    assert model.state_dict().keys() == vae.decoder.state_dict().keys()
+    fused = copy.deepcopy(vae)
+    fused.decoder = model
+    z = torch.randn(1, 16, 4, 4, 4, dtype=torch.float64)  # four chunks: the caches' every case
+    with torch.no_grad():
+        torch.testing.assert_close(fused.decode(z).sample, vae.decode(z).sample, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(("kernel_size", "padding", "stride"), [(3, 1, 1), ((3, 1, 1), (1, 0, 0), 1), (1, 0, 1),
+                                                                 (3, 1, (1, 2, 2))])
+def test_wan_causal_convolution_matches_the_librarys(kernel_size, padding, stride):
+    torch.manual_seed(0)
+    original = wan.WanCausalConv3d(4, 6, kernel_size, stride=stride, padding=padding).double()
+    fused = library_modules.FusedWanCausalConv3d(original)
+    x = torch.randn(1, 4, 3, 5, 6, dtype=torch.float64)
+    for cache in (None, x[:, :, -1:], x[:, :, -2:]):
+        torch.testing.assert_close(fused(x, cache), original(x, cache), rtol=1e-12, atol=1e-12)
+
+
+def test_wan_norm_keeps_the_librarys_type_promotion():
+    torch.manual_seed(0)
+    norm = wan.WanRMS_norm(8, images=False, bias=True)
+    fused = library_modules.FusedWanRMSNorm(norm, nn.SiLU())
+    x = torch.randn(2, 8, 3, 4, 4).half()
+    with torch.no_grad():
+        expected = F.silu(norm(x))  # float16 normalized values times float32 gamma: float32
+        out = fused(x)
+    assert out.dtype == expected.dtype == torch.float32
+    torch.testing.assert_close(out, expected, rtol=2e-3, atol=2e-3)

@@ -444,3 +444,24 @@ def test_channels_last_untraced_model_takes_its_state_back_channels_last():
         assert out.is_contiguous() and cache["frames"].is_contiguous()
         torch.testing.assert_close(out, expected)
     assert result.model.cache_layouts == [True]
+
+
+class ListCachedFrames(CachedFrames):
+    """A video decoder that keeps its frame caches in a list its caller hands it, as
+    diffusers' Wan decoder does."""
+
+    def forward(self, x, feat_cache=None):
+        out, cache = super().forward(x, None if feat_cache[0] is None else {"frames": feat_cache[0]})
+        feat_cache[0] = cache["frames"]
+        return out
+
+
+def test_channels_last_untraced_model_writes_into_the_callers_list():
+    model = randomized(ListCachedFrames().double(), seed=0)
+    result = cutlassfuse.fuse(copy.deepcopy(model), trace=False, channels_last=True)
+    x = torch.rand(1, 8, 3, 4, 4, dtype=torch.float64)
+    cache, expected_cache = [None], [None]
+    for _ in range(3):
+        torch.testing.assert_close(result.model(x, feat_cache=cache), model(x, feat_cache=expected_cache))
+        torch.testing.assert_close(cache[0], expected_cache[0])
+    assert result.model.cache_layouts == [True, True]

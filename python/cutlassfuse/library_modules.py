@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from .block_modules import FrameGroupNormActivation, GroupNormActivation
 from .blocks import activation_of_module
 from .bias_add import conv3d_bias_add
+from .channel_rms_norm import CHANNEL_RMS_NORM
 from .traceable_forwards import entry_for_forward, source_digest
 from .upsampled_modulation import UPSAMPLED_MODULATION
 
@@ -207,6 +208,85 @@ class FusedCogVideoXCausalConv3d(nn.Module):
         return conv3d_bias_add(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups)
 
 
+class FusedWanRMSNorm(nn.Module):
+    """diffusers' WanRMS_norm over channels (``F.normalize(x, dim=1) * sqrt(C) * gamma +
+    bias``), then ``activation``, as one ``channel_rms_norm`` call: ``x / max(rms(x),
+    1e-12 / sqrt(C)) * gamma + bias``, the same value (F.normalize's eps over sqrt(C)),
+    computed in float32 and rounded once where the library rounds the normalized values,
+    their scaling and the affine's each, and the activation a pass of its own. The output
+    has the type the library's expression promotes to (its input's, for a model in one
+    type). ``gamma`` and ``bias`` are the original's parameters (bias the float 0 where it
+    has none)."""
+
+    def __init__(self, module: nn.Module, activation: nn.Module | None = None) -> None:
+        super().__init__()
+        self.gamma = module.gamma
+        self.bias = module.bias
+        self.eps = 1e-12 / module.scale
+        name, parameter, _ = activation_of_module(activation if activation is not None else nn.Identity())
+        if name == "prelu":
+            raise ValueError("cutlassfuse: channel_rms_norm takes no PReLU")
+        self._activation_arguments = (name, parameter)
+
+    @staticmethod
+    def takes(module: nn.Module) -> bool:
+        """Whether ``module`` normalizes over dimension 1 with the scale sqrt(C) its
+        constructor sets."""
+        channels = module.gamma.shape[0]
+        return (module.channel_first and module.gamma.numel() == channels and module.scale == channels**0.5
+                and (isinstance(module.bias, Tensor) and module.bias.numel() == channels or module.bias == 0.0))
+
+    def forward(self, x: Tensor) -> Tensor:
+        bias = self.bias.view(-1) if isinstance(self.bias, Tensor) else None
+        dtype = x.dtype if bias is None else torch.promote_types(x.dtype, bias.dtype)
+        x = x.to(torch.promote_types(dtype, self.gamma.dtype))
+        return CHANNEL_RMS_NORM(x, self.gamma.view(-1), bias, self.eps, True, *self._activation_arguments)
+
+
+class FusedWanCausalConv3d(nn.Module):
+    """diffusers' WanCausalConv3d: a 3-D convolution whose input is extended in time by
+    the frames the caller hands it (``cache_x``) and zero frames for the rest of its
+    causal padding, and zero-padded in space. The library pads with F.pad (a copy of the
+    whole input) after concatenating the cached frames (another); here the convolution pads
+    in space itself, and one concatenation adds the earlier frames. The bias goes to
+    ``bias_add`` (conv3d_bias_add). ``weight`` and ``bias`` are the original's."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.weight, self.bias = module.weight, module.bias
+        self.stride, self.dilation, self.groups = module.stride, module.dilation, module.groups
+        pad_w, _, pad_h, _, self.time_padding, _ = module._padding
+        self.padding = (0, pad_h, pad_w)
+
+    @staticmethod
+    def takes(module: nn.Module) -> bool:
+        """Whether ``module`` pads as the library's constructor sets it: zeros, symmetric in
+        space, causal in time, none left to the convolution."""
+        padding = getattr(module, "_padding", None)
+        return (isinstance(module, nn.Conv3d) and module.padding_mode == "zeros" and module.padding == (0, 0, 0)
+                and isinstance(padding, tuple) and len(padding) == 6 and padding[0] == padding[1]
+                and padding[2] == padding[3] and padding[5] == 0)
+
+    def forward(self, x: Tensor, cache_x: Tensor | None = None) -> Tensor:
+        time_padding = self.time_padding
+        earlier = []
+        if cache_x is not None and time_padding > 0:
+            earlier = [cache_x.to(x.device)]
+            time_padding -= cache_x.shape[2]
+        if time_padding > 0:
+            layout = _CL if x.is_contiguous(memory_format=_CL) and not x.is_contiguous() else torch.contiguous_format
+            zeros = torch.empty((x.shape[0], x.shape[1], time_padding, *x.shape[3:]), dtype=x.dtype, device=x.device,
+                                memory_format=layout)
+            earlier.insert(0, zeros.zero_())
+        elif time_padding < 0:  # F.pad's negative padding: the first frames dropped
+            earlier[0] = earlier[0][:, :, -time_padding:]
+        if earlier:
+            x = torch.cat([*earlier, x], dim=2)
+        if self.bias is None:
+            return F.conv3d(x, self.weight, None, self.stride, self.padding, self.dilation, self.groups)
+        return conv3d_bias_add(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
 def _cogvideox_causal_conv(module: nn.Module) -> tuple[nn.Module, str] | None:
     if not FusedCogVideoXCausalConv3d.takes(module):
         return None
@@ -262,8 +342,37 @@ def _mochi_resnet(module: nn.Module) -> tuple[nn.Module, str]:
     return module, f"GroupNorm per frame + {type(activation).__name__}, twice -> FrameGroupNormActivation"
 
 
+def _wan_norm(module: nn.Module) -> tuple[nn.Module, str] | None:
+    if not FusedWanRMSNorm.takes(module):
+        return None
+    return FusedWanRMSNorm(module), "F.normalize * sqrt(C) * gamma -> channel_rms_norm"
+
+
+def _wan_causal_conv(module: nn.Module) -> tuple[nn.Module, str] | None:
+    if not FusedWanCausalConv3d.takes(module):
+        return None
+    return FusedWanCausalConv3d(module), "F.pad in space -> the convolution's padding; the bias on bias_add"
+
+
+def _wan_resnet(module: nn.Module) -> tuple[nn.Module, str] | None:
+    """WanResidualBlock, whose forward() applies its ``nonlinearity`` after each of its two
+    norms and nowhere else: both norms with the activation, the nonlinearity then an
+    nn.Identity. None where a norm is not one FusedWanRMSNorm takes (its norms are then
+    replaced on their own)."""
+    activation = module.nonlinearity
+    if not (FusedWanRMSNorm.takes(module.norm1) and FusedWanRMSNorm.takes(module.norm2)):
+        return None
+    try:
+        module.norm1, module.norm2 = (FusedWanRMSNorm(norm, activation) for norm in (module.norm1, module.norm2))
+    except ValueError:  # an activation the op does not compute
+        return None
+    module.nonlinearity = nn.Identity()
+    return module, f"WanRMS_norm + {type(activation).__name__}, twice -> channel_rms_norm with the activation"
+
+
 _DIFFUSERS_COGVIDEOX = "diffusers.models.autoencoders.autoencoder_kl_cogvideox"
 _DIFFUSERS_MOCHI = "diffusers.models.autoencoders.autoencoder_kl_mochi"
+_DIFFUSERS_WAN = "diffusers.models.autoencoders.autoencoder_kl_wan"
 # (class module, class name) -> (replacement, digest of the forward() source it reproduces;
 # a replacement returning None keeps the module). The resnets come first: they replace their
 # norms with their activation.
@@ -281,6 +390,13 @@ _REPLACEMENTS: dict[tuple[str, str], tuple[Callable[[nn.Module], tuple[nn.Module
         (_cogvideox_spatial_norm, "d1c450ffaca13947d7fbb3f2ed2a8e9a3d292bdffc4c6dd4993d18bda1491fbe"),
     (_DIFFUSERS_COGVIDEOX, "CogVideoXCausalConv3d"):
         (_cogvideox_causal_conv, "ce0570bf0ae334bd2b2639ab54b0d3e3ec3d1edb658a353eee88adf6acb244ed"),
+    # WanResidualBlock.forward, WanRMS_norm.forward and WanCausalConv3d.forward as diffusers
+    # 0.42.1 writes them.
+    (_DIFFUSERS_WAN, "WanResidualBlock"):
+        (_wan_resnet, "82e9104df2acf11ae16c91b6f61d479a3bff498e863a5fedc855c33f79f16007"),
+    (_DIFFUSERS_WAN, "WanRMS_norm"): (_wan_norm, "fc44101b65138738706ef4e60103556e615ee77152a633d198ffe671a8de9657"),
+    (_DIFFUSERS_WAN, "WanCausalConv3d"):
+        (_wan_causal_conv, "afffb99acd515ba2c94ce5b3e4862141effa2236ce8e87a45fae67ca00a2cc29"),
 }
 # CogVideoXCausalConv3d.fake_context_parallel_forward (its padding in time) as diffusers 0.42.1 writes it.
 _COGVIDEOX_TIME_PADDING = "087db175adcb04e91d91a213d28d1a3edb4bdedf803d01fb7ab260b29d64289d"

@@ -1233,14 +1233,21 @@ def _keep_unused_tensors(graph_module: nn.Module, model: nn.Module, folds: list[
             missing.discard(id(tensor))
 
 
-def _map_5d_tensors(value: Any, function: Callable[[Tensor], Tensor]) -> Any:
-    """``value`` with ``function`` applied to its 5-D tensors (tuples, lists and dicts kept)."""
+def _map_5d_tensors(value: Any, function: Callable[[Tensor], Tensor], *, in_place: bool = False) -> Any:
+    """``value`` with ``function`` applied to its 5-D tensors (tuples, lists and dicts kept;
+    with ``in_place``, its lists and dicts themselves updated)."""
     if isinstance(value, Tensor):
         return function(value) if value.dim() == 5 else value
+    if in_place and isinstance(value, list):
+        value[:] = [_map_5d_tensors(item, function, in_place=True) for item in value]
+        return value
+    if in_place and isinstance(value, dict):
+        value.update((key, _map_5d_tensors(item, function, in_place=True)) for key, item in value.items())
+        return value
     if isinstance(value, (tuple, list)):
-        return type(value)(_map_5d_tensors(item, function) for item in value)
+        return type(value)(_map_5d_tensors(item, function, in_place=in_place) for item in value)
     if isinstance(value, dict):
-        return {key: _map_5d_tensors(item, function) for key, item in value.items()}
+        return {key: _map_5d_tensors(item, function, in_place=in_place) for key, item in value.items()}
     return value
 
 
@@ -1258,7 +1265,11 @@ def _state_in_channels_last(module: nn.Module, args: tuple, kwargs: dict) -> tup
     def channels_last(tensor: Tensor) -> Tensor:
         return tensor.contiguous(memory_format=torch.channels_last_3d)
 
-    return (*args[:1], *_map_5d_tensors(args[1:], channels_last)), _map_5d_tensors(kwargs, channels_last)
+    # A list or dict argument is the caller's object: the model may write its state into it
+    # (Wan's decoder stores its frame caches in the list it is handed), so it is updated in
+    # place.
+    return ((*args[:1], *_map_5d_tensors(args[1:], channels_last, in_place=True)),
+            _map_5d_tensors(kwargs, channels_last, in_place=True))
 
 
 @opaque_to_tracing

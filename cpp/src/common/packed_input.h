@@ -16,4 +16,7 @@ inline bool packed_5d_cuda_input(const at::Tensor& input) {
          reinterpret_cast<uintptr_t>(input.const_data_ptr()) % input.element_size() == 0;
 }
 
+// Whether `t`'s data starts on a 16-byte boundary (the kernels' vector accesses).
+inline bool aligned_16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0; }
+
 }  // namespace cutlassfuse

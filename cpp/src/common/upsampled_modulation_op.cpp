@@ -16,8 +16,6 @@
 namespace cutlassfuse {
 namespace {
 
-bool aligned_16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0; }
-
 // A packed channels-last CUDA tensor of `input`'s type and device, aligned to 16 bytes.
 bool channels_last_operand(const at::Tensor& t, const at::Tensor& input) {
   return packed_5d_cuda_input(t) && t.scalar_type() == input.scalar_type() && t.device() == input.device() &&
