@@ -7,9 +7,9 @@ Video autoencoders normalize this way (diffusers' Wan decoder: ``F.normalize(x, 
 sqrt(C) * gamma``, which is ``clamp`` with ``eps = 1e-12 / sqrt(C)``; LTX-Video's RMSNorm
 over moved channels). Written as PyTorch ops it is about eight full-size passes in float32
 and the input's type; the op's CUDA kernel reads the input once and writes once,
-computing in float32 and rounding once (cutlassfuse/norm/channel_rms_norm.h), for 16-bit
-or float32 input packed NC... or channels-last (channels a multiple of 8); every other call
-runs ATen's ops. A call that autograd records runs the same kernel and records ATen's ops'
+computing in float32 and rounding once (cutlassfuse/norm/channel_rms_norm.h), for dense
+16-bit or float32 input of any layout (channels-last: channels a multiple of 8 up to 1024);
+every other call runs ATen's ops. A call that autograd records runs the same kernel and records ATen's ops'
 derivatives.
 """
 

@@ -1,8 +1,8 @@
 """On the GPU: torch.ops.cutlassfuse.channel_rms_norm's kernel against float64 (no further
 from it than diffusers' Wan norm written in PyTorch's ops in the same type), every output
-element written, deterministic, for packed NC... and channels-last input; other calls take
-ATen's ops; calls that autograd records the kernel with the formula's derivatives; Wan's
-fused decoder normalizes with it."""
+element written, deterministic, for dense input of any layout; other calls take ATen's
+ops; calls that autograd records the kernel with the formula's derivatives; Wan's fused
+decoder normalizes with it."""
 
 import copy
 import math
@@ -22,8 +22,12 @@ pytestmark = pytest.mark.gpu
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 KERNEL = "channel_rms_norm_"
 EPS = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
-# shape, memory format: Wan's channel counts, pixels not a multiple of the 32-pixel tile
+# shape, memory format (None: (N, T, C, H, W) memory, a plane per frame): Wan's channel
+# counts; pixels a multiple of 8 (16-byte lanes) and not (a lane per pixel), and not of the
+# 32-lane tile
 LAYOUTS = {"ncdhw_96": ((2, 96, 3, 5, 7), torch.contiguous_format),
+           "ncdhw_64": ((2, 64, 3, 8, 12), torch.contiguous_format),
+           "frames_96": ((2, 96, 3, 8, 10), None),
            "channels_last_3d_96": ((2, 96, 3, 5, 7), torch.channels_last_3d),
            "channels_last_3d_384": ((1, 384, 2, 9, 8), torch.channels_last_3d),
            "channels_last_3d_8": ((3, 8, 4, 4, 5), torch.channels_last_3d),
@@ -35,7 +39,11 @@ ACTIVATIONS = {"identity": lambda x: x, "silu": F.silu, "gelu": F.gelu}
 def case(layout, dtype=torch.float64):
     shape, memory_format = LAYOUTS[layout]
     g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(shape, device="cuda", generator=g, dtype=torch.float64).contiguous(memory_format=memory_format)
+    if memory_format is None:
+        n, c, t, h, w = shape
+        x = torch.randn(n, t, c, h, w, device="cuda", generator=g, dtype=torch.float64).transpose(1, 2)
+    else:
+        x = torch.randn(shape, device="cuda", generator=g, dtype=torch.float64).contiguous(memory_format=memory_format)
     weight, bias = (torch.randn(shape[1], device="cuda", generator=g, dtype=torch.float64) for _ in range(2))
     return x.to(dtype), weight.to(dtype), bias.to(dtype)
 
@@ -66,8 +74,11 @@ def test_kernel_matches_float64(layout, activation, dtype):
     assert torch.equal(out, again)
     ours = (out.double() - expected).abs().max().item()
     theirs = (eager.double() - expected).abs().max().item()
-    # One rounding where the library's ops round four times; an ulp of slack for float32 math.
-    assert ours <= theirs + EPS[dtype] * expected.abs().max().item(), (ours, theirs)
+    # One rounding where the library's ops round four times; slack for the float32 math: an
+    # ulp of 16-bit output, a few of float32 (the kernel's sequential sum and fast-math exp
+    # against ATen's reduction tree and exp).
+    slack = (4 if dtype == torch.float32 else 1) * EPS[dtype]
+    assert ours <= theirs + slack * expected.abs().max().item(), (ours, theirs)
 
 
 def test_without_clamp_or_affine_matches_float64():

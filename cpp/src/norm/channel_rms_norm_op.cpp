@@ -1,11 +1,12 @@
 // torch.ops.cutlassfuse.channel_rms_norm's CUDA kernel: this project's kernel
-// (cutlassfuse/norm/channel_rms_norm.h) for 16-bit or float32 input packed NC... or
-// channels-last, ATen's ops for every other call.
+// (cutlassfuse/norm/channel_rms_norm.h) for dense 16-bit or float32 input (channels-last:
+// channels a multiple of 8 up to 1024), ATen's ops for every other call.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <optional>
+#include <utility>
 
 #include "common/packed_input.h"
 #include "cutlassfuse/norm/channel_rms_norm.h"
@@ -15,8 +16,18 @@
 namespace cutlassfuse {
 namespace {
 
-// Whether `t` holds its channels innermost, densely: (N, pixels, C) in memory.
-bool channels_innermost(const at::Tensor& t) { return t.dim() >= 3 && t.movedim(1, -1).is_contiguous(); }
+// A dense tensor's memory as ChannelRMSNorm's layout: the dimensions with strides below the
+// channels' hold `pixels` adjacent elements (the channels' stride), those above it
+// `planes` blocks of C of them; channels-last where the channels are innermost. The
+// kernel normalizes each memory position's pixel, whatever the logical order of planes
+// and pixels, and the output has the input's strides.
+void set_layout(ChannelRMSNorm& p, const at::Tensor& t) {
+  p.channels = t.size(1);
+  p.pixels = p.channels == 1 ? t.numel() : t.stride(1);
+  p.planes = t.numel() / (p.channels * p.pixels);
+  p.channels_last = p.channels > 1 && p.pixels == 1;
+  if (p.channels_last) std::swap(p.planes, p.pixels);  // one plane of pixels, channels adjacent
+}
 
 // The problem where the kernel takes the call (a valid one).
 std::optional<ChannelRMSNorm> kernel_problem(const at::Tensor& input, const std::optional<at::Tensor>& weight,
@@ -24,14 +35,14 @@ std::optional<ChannelRMSNorm> kernel_problem(const at::Tensor& input, const std:
                                              ActivationKind kind, double parameter) {
   const std::optional<ElementType> element = element_type(input.scalar_type());
   const std::optional<ElementType> affine = affine_element_type(weight, bias);
-  if (!element || !affine || input.is_neg() || input.is_conj() || input.numel() == 0) return std::nullopt;
+  if (!element || !affine || input.is_neg() || input.is_conj() || input.numel() == 0 ||
+      !input.is_non_overlapping_and_dense() ||
+      reinterpret_cast<uintptr_t>(input.const_data_ptr()) % input.element_size())
+    return std::nullopt;
   ChannelRMSNorm p;
-  p.batch = input.size(0);
-  p.channels = input.size(1);
-  p.pixels = input.numel() / (p.batch * p.channels);
+  set_layout(p, input);
+  if (p.channels_last && !aligned_16(input)) return std::nullopt;
   p.element = *element;
-  p.channels_last = !input.is_contiguous() && channels_innermost(input);
-  if (!input.is_contiguous() && !(p.channels_last && aligned_16(input))) return std::nullopt;
   p.eps = static_cast<float>(eps);
   p.clamp = clamp;
   p.affine_element = *affine;
@@ -52,7 +63,7 @@ at::Tensor channel_rms_norm_cuda(const at::Tensor& input, const std::optional<at
   std::optional<at::Tensor> weight_data, bias_data;
   p->weight = data_or_null(weight, weight_data);
   p->bias = data_or_null(bias, bias_data);
-  at::Tensor out = at::empty_like(input);  // the input's strides (dense)
+  at::Tensor out = at::empty_like(input);  // the input's strides (dense, non-overlapping)
   channel_rms_norm(input.const_data_ptr(), out.data_ptr(), *p, at::cuda::getCurrentCUDAStream());
   return out;
 }

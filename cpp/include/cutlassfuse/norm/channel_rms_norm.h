@@ -7,10 +7,12 @@
 // multiplies, an add and the activation's pass: eight full-size passes where this kernel
 // reads the input once and writes once, computing in float32 and rounding once.
 //
-// Both layouts read each pixel's channels twice, the second time from L1 (a pixel's
-// channels are read by one warp, or one block, just before): channels-last by a group of
-// lanes per pixel, 16-byte vectors of channels; NCDHW by a block of 32 pixels whose warps
-// share the channels, one element per lane.
+// Any dense layout is one of two: channels innermost (channels-last), each pixel's C
+// channels adjacent, read by a group of lanes per pixel that hold them in registers; or
+// `planes` blocks of C channels of `pixels` adjacent elements each (NCDHW: a plane per
+// sample; a (N, T, C, H, W) tensor viewed as (N, C, T, H, W): a plane per frame), read by
+// a block per 32 lanes of pixels (8 adjacent pixels a lane where 16-byte aligned) whose
+// warps share the channels, the second read from L1 or L2.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -23,9 +25,11 @@
 namespace cutlassfuse {
 
 struct ChannelRMSNorm {
-  int64_t batch = 0, channels = 0, pixels = 0;  // pixels: of one sample (the product of the spatial sizes)
+  // Element (plane, c, pixel) at (plane * channels + c) * pixels + pixel; channels-last:
+  // pixel (plane * pixels + pixel)'s channels adjacent.
+  int64_t planes = 0, channels = 0, pixels = 0;
   ElementType element = ElementType::kFloat16;
-  bool channels_last = false;  // (N, pixels, C) packed; else (N, C, pixels)
+  bool channels_last = false;
   float eps = 0.f;
   bool clamp = false;
   const void* weight = nullptr;  // C values of affine_element, or none
@@ -35,11 +39,12 @@ struct ChannelRMSNorm {
 };
 
 // Whether channel_rms_norm takes `p`: 1 to 2^31 - 1 elements; channels-last: channels a
-// multiple of 8 (16-byte vectors); an activation other than PReLU.
+// multiple of 8 up to 1024 (16-byte vectors, up to 4 a lane); an activation other than
+// PReLU.
 bool channel_rms_norm_takes(const ChannelRMSNorm& p);
 
-// out = the normalization of `input`, both packed in p's layout; channels-last pointers
-// aligned to 16 bytes.
+// out = the normalization of `input`, both in p's layout; channels-last pointers aligned
+// to 16 bytes.
 void channel_rms_norm(const void* input, void* out, const ChannelRMSNorm& p, cudaStream_t stream);
 
 }  // namespace cutlassfuse
