@@ -29,10 +29,13 @@ void set_layout(ChannelRMSNorm& p, const at::Tensor& t) {
   if (p.channels_last) std::swap(p.planes, p.pixels);  // one plane of pixels, channels adjacent
 }
 
-// The problem where the kernel takes the call (a valid one).
+// The problem where the kernel takes the call (a valid one); weight and bias read through
+// contiguous copies kept alive by `weight_data` and `bias_data` if needed.
 std::optional<ChannelRMSNorm> kernel_problem(const at::Tensor& input, const std::optional<at::Tensor>& weight,
                                              const std::optional<at::Tensor>& bias, double eps, bool clamp,
-                                             ActivationKind kind, double parameter) {
+                                             ActivationKind kind, double parameter,
+                                             std::optional<at::Tensor>& weight_data,
+                                             std::optional<at::Tensor>& bias_data) {
   const std::optional<ElementType> element = element_type(input.scalar_type());
   const std::optional<ElementType> affine = affine_element_type(weight, bias);
   if (!element || !affine || input.is_neg() || input.is_conj() || input.numel() == 0 ||
@@ -46,6 +49,8 @@ std::optional<ChannelRMSNorm> kernel_problem(const at::Tensor& input, const std:
   p.eps = static_cast<float>(eps);
   p.clamp = clamp;
   p.affine_element = *affine;
+  p.weight = data_or_null(weight, weight_data);
+  p.bias = data_or_null(bias, bias_data);
   p.activation = {kind, static_cast<float>(parameter)};
   if (!channel_rms_norm_takes(p)) return std::nullopt;
   return p;
@@ -57,12 +62,11 @@ at::Tensor channel_rms_norm_cuda(const at::Tensor& input, const std::optional<at
                                  const std::optional<at::Tensor>& bias, double eps, bool clamp,
                                  c10::string_view activation, double activation_parameter) {
   const ActivationKind kind = check_channel_rms_norm(input, weight, bias, eps, activation);
-  std::optional<ChannelRMSNorm> p = kernel_problem(input, weight, bias, eps, clamp, kind, activation_parameter);
-  if (!p) return aten_channel_rms_norm(input, weight, bias, eps, clamp, activation, activation_parameter);
   const c10::cuda::CUDAGuard device_guard(input.device());
   std::optional<at::Tensor> weight_data, bias_data;
-  p->weight = data_or_null(weight, weight_data);
-  p->bias = data_or_null(bias, bias_data);
+  const std::optional<ChannelRMSNorm> p =
+      kernel_problem(input, weight, bias, eps, clamp, kind, activation_parameter, weight_data, bias_data);
+  if (!p) return aten_channel_rms_norm(input, weight, bias, eps, clamp, activation, activation_parameter);
   at::Tensor out = at::empty_like(input);  // the input's strides (dense, non-overlapping)
   channel_rms_norm(input.const_data_ptr(), out.data_ptr(), *p, at::cuda::getCurrentCUDAStream());
   return out;

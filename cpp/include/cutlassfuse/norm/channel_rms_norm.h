@@ -11,8 +11,8 @@
 // channels adjacent, read by a group of lanes per pixel that hold them in registers; or
 // `planes` blocks of C channels of `pixels` adjacent elements each (NCDHW: a plane per
 // sample; a (N, T, C, H, W) tensor viewed as (N, C, T, H, W): a plane per frame), read by
-// a block per 32 lanes of pixels (8 adjacent pixels a lane where 16-byte aligned) whose
-// warps share the channels, the second read from L1 or L2.
+// a block per 32 lanes of pixels (two adjacent pixels a lane on large tensors) whose warps
+// share the channels, the second read from L1.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -32,14 +32,15 @@ struct ChannelRMSNorm {
   bool channels_last = false;
   float eps = 0.f;
   bool clamp = false;
-  const void* weight = nullptr;  // C values of affine_element, or none
+  const void* weight = nullptr;  // C values of affine_element (float32 or `element`), or none
   const void* bias = nullptr;
   ElementType affine_element = ElementType::kFloat32;
   ActivationConstant activation;  // not PReLU
 };
 
-// Whether channel_rms_norm takes `p`: 1 to 2^31 - 1 elements; channels-last: channels a
-// multiple of 8 up to 1024 (16-byte vectors, up to 4 a lane); an activation other than
+// Whether channel_rms_norm takes `p`: 1 to 2^31 - 1 elements; weight and bias of float32
+// or the input's type; channels-last: channels a multiple of 8 up to 1024 (16-byte
+// vectors, up to 4 a lane), weight and bias aligned to 16 bytes; an activation other than
 // PReLU.
 bool channel_rms_norm_takes(const ChannelRMSNorm& p);
 
