@@ -110,8 +110,8 @@ def test_float32_affine_on_16_bit_input_runs_the_kernel(layout):
 @pytest.mark.parametrize("layout", ["channels_last_12", "channels_last_1032", "strided", "bfloat16_affine"])
 def test_other_calls_take_atens_ops(layout):
     if layout.startswith("channels_last"):  # channels not a multiple of 8, or above 1024
-        channels = int(layout.split("_")[-1])
-        x = torch.randn(2, channels, 3, 4, 5, device="cuda").contiguous(memory_format=torch.channels_last_3d)
+        count = int(layout.split("_")[-1])
+        x = torch.randn(2, count, 3, 4, 5, device="cuda").contiguous(memory_format=torch.channels_last_3d)
     elif layout == "strided":  # not dense
         x = torch.randn(2, 16, 3, 4, 10, device="cuda")[..., ::2]
     else:  # weight and bias neither float32 nor the input's type
