@@ -37,9 +37,10 @@
 #                   through cutlassfuse.fuse against eager and torch.compile, fp16 and bf16, NCDHW;
 #                   output and gradient errors against float64; needs MONAI's wheel in .whl/; CSV)
 #        video      benchmarks/video_vae.py (diffusers' HunyuanVideo decoder through fuse against eager,
-#                   fp16 and bf16, then Mochi's and CogVideoX's, fp16, CogVideoX's also on 13 latent frames (six
+#                   fp16 and bf16, then Mochi's, CogVideoX's and Wan's, fp16, CogVideoX's also on 13 latent frames (six
 #                   frame batches); needs diffusers' wheel in .whl/), then benchmarks/memory_bound_ops.py
-#                   (the replicate pad, nearest upsampling and bias add against ATen's, fp16)
+#                   (the replicate pad, nearest upsampling, bias add, upsampled modulation and channel RMS
+#                   norm against ATen's, fp16)
 #        kernelbench benchmarks/kernelbench_harness.py (level2/61 judged by KernelBench's own
 #                   evaluation method: correctness trials, grad-mode timing; fp32, fp16, bf16)
 #        examples   examples/*.py
